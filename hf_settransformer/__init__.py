@@ -1,0 +1,111 @@
+"""hf_settransformer: ScaleNorm pre-norm Transformer encoder/decoder, Set Transformer and Perceiver IO as Hugging Face
+models with selectable softmax or linear attention. Importing the package registers every class with transformers'
+Auto classes and for `save_pretrained`'s remote-code export."""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
+
+from .attention import (
+    AttentionMask,
+    LinearAttentionState,
+    MultiHeadAttention,
+    causal_linear_attention,
+    linear_attention,
+    linear_attention_step,
+)
+from .blocks import ISAB, MAB, PMA
+from .configuration_base import HfstConfig
+from .configuration_decoder import TransformerDecoderConfig
+from .configuration_encoder import TransformerEncoderConfig
+from .configuration_perceiver_io import PerceiverIOConfig
+from .configuration_set_transformer import SetTransformerConfig
+from .layers import ScaleNorm
+from .modeling_decoder import TransformerDecoderForCausalLM, TransformerDecoderModel
+from .modeling_encoder import (
+    TransformerEncoderForMaskedLM,
+    TransformerEncoderForNextTokenPrediction,
+    TransformerEncoderForSequenceClassification,
+    TransformerEncoderModel,
+)
+from .modeling_perceiver_io import (
+    PerceiverIOForMaskedLM,
+    PerceiverIOForNextTokenPrediction,
+    PerceiverIOForSequenceClassification,
+    PerceiverIOModel,
+)
+from .modeling_set_transformer import (
+    SetTransformerForNextTokenPrediction,
+    SetTransformerForSequenceClassification,
+    SetTransformerModel,
+)
+
+
+__version__ = "0.1.0"
+
+# config -> {Auto class: model class}
+FAMILIES = {
+    TransformerEncoderConfig: {
+        AutoModel: TransformerEncoderModel,
+        AutoModelForMaskedLM: TransformerEncoderForMaskedLM,
+        AutoModelForSequenceClassification: TransformerEncoderForSequenceClassification,
+        AutoModelForCausalLM: TransformerEncoderForNextTokenPrediction,
+    },
+    TransformerDecoderConfig: {
+        AutoModel: TransformerDecoderModel,
+        AutoModelForCausalLM: TransformerDecoderForCausalLM,
+    },
+    SetTransformerConfig: {
+        AutoModel: SetTransformerModel,
+        AutoModelForSequenceClassification: SetTransformerForSequenceClassification,
+        AutoModelForCausalLM: SetTransformerForNextTokenPrediction,
+    },
+    PerceiverIOConfig: {
+        AutoModel: PerceiverIOModel,
+        AutoModelForMaskedLM: PerceiverIOForMaskedLM,
+        AutoModelForSequenceClassification: PerceiverIOForSequenceClassification,
+        AutoModelForCausalLM: PerceiverIOForNextTokenPrediction,
+    },
+}
+
+for _config_class, _models in FAMILIES.items():
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    _config_class.register_for_auto_class()
+    for _auto_class, _model_class in _models.items():
+        _auto_class.register(_config_class, _model_class, exist_ok=True)
+        _model_class.register_for_auto_class(_auto_class.__name__)
+
+__all__ = [
+    "AttentionMask",
+    "HfstConfig",
+    "ISAB",
+    "LinearAttentionState",
+    "MAB",
+    "MultiHeadAttention",
+    "PMA",
+    "PerceiverIOConfig",
+    "PerceiverIOForMaskedLM",
+    "PerceiverIOForNextTokenPrediction",
+    "PerceiverIOForSequenceClassification",
+    "PerceiverIOModel",
+    "ScaleNorm",
+    "SetTransformerConfig",
+    "SetTransformerForNextTokenPrediction",
+    "SetTransformerForSequenceClassification",
+    "SetTransformerModel",
+    "TransformerDecoderConfig",
+    "TransformerDecoderForCausalLM",
+    "TransformerDecoderModel",
+    "TransformerEncoderConfig",
+    "TransformerEncoderForMaskedLM",
+    "TransformerEncoderForNextTokenPrediction",
+    "TransformerEncoderForSequenceClassification",
+    "TransformerEncoderModel",
+    "causal_linear_attention",
+    "linear_attention",
+    "linear_attention_step",
+]

@@ -1,0 +1,291 @@
+"""Multi-head attention and its kernels.
+
+Shape legend: b batch, n queries, m keys, h heads, d query/key head dim, e value head dim, c chunk length,
+k number of chunks.
+
+Two questions are kept apart:
+- *what* is computed, `config.attention_type`: `"softmax"` (Vaswani et al. 2017) or `"linear"` with
+  `config.feature_map` `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021);
+- *how* softmax is computed, transformers' `config._attn_implementation`: `"sdpa"`
+  (`torch.nn.functional.scaled_dot_product_attention`) or `"eager"` (explicit weights, returned on request).
+
+Linear attention is `phi(Q) (phi(K)^T V) / (phi(Q) (phi(K)^T 1))`:
+- non-causal `"exp"` is Shen et al.'s efficient attention: softmax over the feature dim for queries and over the
+  sequence for keys (the denominator is then exactly 1);
+- causal `"exp"` cannot normalise keys over the sequence (that would read the future), so it is the ratio above
+  with phi = exp, stabilised by subtracting per-feature maxima of the keys (folded into the queries, so the ratio
+  is unchanged) and the per-query maximum of the queries;
+- causal attention is computed in chunks (quadratic inside a chunk of `c` tokens, a d x e state carried between
+  chunks by a cumulative sum over the k chunk states); no n x d x e tensor is built. The same state advances one
+  token at a time in `linear_attention_step` (the RNN view of Katharopoulos et al.).
+All sums over the sequence run in float32, also under fp16/bf16 autocast.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+EPS = 1e-6  # floor of the linear-attention denominator: zero only when every key is masked
+
+
+@dataclass
+class AttentionMask:
+    """A mask built once per forward and handed to every attention layer that shares it.
+
+    key_mask: (b, m) bool, True for real keys, or None when every key is real.
+    causal: query i sees keys j <= i (self-attention only).
+    dense: (b, 1, n or 1, m) bool mask for the softmax kernels, or None (no mask, or plain causal).
+    has_keys: (b, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0).
+    """
+
+    key_mask: torch.Tensor | None = None
+    causal: bool = False
+    dense: torch.Tensor | None = None
+    has_keys: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, key_mask, causal=False, num_queries=None, for_softmax=True):
+        """`key_mask` (b, m), 1/True for real keys. `num_queries` is needed when `causal`."""
+        if key_mask is not None:
+            key_mask = key_mask.bool()
+            if not torch.compiler.is_compiling() and bool(key_mask.all()):
+                key_mask = None  # all real: take the unmasked fast paths
+        if key_mask is None or not for_softmax:
+            return cls(key_mask=key_mask, causal=causal)
+        dense = key_mask[:, None, None, :]  # (b, 1, 1, m)
+        if causal:
+            m = key_mask.shape[-1]
+            n = num_queries
+            tri = torch.ones(n, m, dtype=torch.bool, device=key_mask.device).tril(m - n)  # (n, m)
+            dense = dense & tri  # (b, 1, n, m)
+        has_keys = dense.any(-1, keepdim=True)  # (b, 1, n or 1, 1)
+        # Rows without any key would give NaN in softmax: let them attend to everything, then zero them.
+        dense = dense | ~has_keys
+        return cls(key_mask=key_mask, causal=causal, dense=dense, has_keys=has_keys)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# softmax kernels: (q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask, dropout_p) -> (out (b,h,n,e), weights | None)
+
+
+def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0, need_weights=False):
+    attn_mask, is_causal = mask.dense, mask.causal and mask.dense is None
+    n, m = q.shape[-2], k.shape[-2]
+    if is_causal and n != m:  # SDPA's is_causal aligns top-left; queries here are the last n of m positions
+        attn_mask, is_causal = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    if mask.has_keys is not None:
+        out = out * mask.has_keys
+    return out, None
+
+
+def softmax_attention_eager(q, k, v, mask: AttentionMask, dropout_p=0.0, need_weights=True):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (b, h, n, m)
+    allowed = mask.dense
+    if allowed is None and mask.causal:
+        n, m = scores.shape[-2:]
+        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if mask.has_keys is not None:
+        weights = weights * mask.has_keys
+    weights = F.dropout(weights, p=dropout_p, training=dropout_p > 0)
+    return torch.matmul(weights, v), weights
+
+
+SOFTMAX_KERNELS = {"sdpa": softmax_attention_sdpa, "eager": softmax_attention_eager}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# linear kernels, all in float32
+
+
+def _elu_feature(x):
+    return F.elu(x) + 1.0
+
+
+def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
+    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) -> (b,h,n,e) fp32."""
+    q, k, v = q.float(), k.float(), v.float()
+    keep = None if key_mask is None else key_mask[:, None, :, None]  # (b, 1, m, 1)
+    if feature_map == "elu":
+        phi_q = _elu_feature(q)
+        phi_k = _elu_feature(k)
+        if keep is not None:
+            phi_k = phi_k * keep
+    else:  # Shen et al.: softmax over features for queries, over the sequence for keys
+        phi_q = torch.softmax(q, dim=-1)
+        if keep is not None:
+            k = k.masked_fill(~keep, float("-inf"))
+        k_max = k.amax(dim=-2, keepdim=True).clamp_min(torch.finfo(k.dtype).min)  # (b, h, 1, d), finite
+        phi_k = torch.exp(k - k_max)  # masked keys -> exp(-inf) = 0
+        phi_k = phi_k / phi_k.sum(dim=-2, keepdim=True).clamp_min(EPS)
+    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
+    z = phi_k.sum(dim=-2)  # (b, h, d)
+    num = torch.matmul(phi_q, kv)  # (b, h, n, e)
+    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, n, 1)
+    return num / den.clamp_min(EPS)
+
+
+@dataclass
+class LinearAttentionState:
+    """Recurrent state of causal linear attention for one layer: everything the past contributes.
+
+    kv: (b, h, d, e) sum of phi(k) v^T;  z: (b, h, d) sum of phi(k);
+    k_max: (b, h, d) per-feature key maximum the sums are scaled by (`"exp"` only; None for `"elu"`).
+    The sizes do not depend on how many tokens were seen.
+    """
+
+    kv: torch.Tensor
+    z: torch.Tensor
+    k_max: torch.Tensor | None = None
+
+
+def _causal_features(q, k, key_mask, feature_map, state):
+    """Feature maps of the causal kernels; for `"exp"` also rescales `state` to the new key maxima."""
+    keep = None if key_mask is None else key_mask[:, None, :, None]  # (b, 1, n, 1)
+    if feature_map == "elu":
+        phi_q, phi_k = _elu_feature(q), _elu_feature(k)
+        if keep is not None:
+            phi_k = phi_k * keep
+        return phi_q, phi_k, state, None
+    k_masked = k if keep is None else k.masked_fill(~keep, float("-inf"))
+    k_max = k_masked.amax(dim=-2)  # (b, h, d)
+    if state is not None and state.k_max is not None:
+        k_max = torch.maximum(k_max, state.k_max)
+    k_max = k_max.clamp_min(-1e30)  # all masked so far: any finite reference works
+    if state is not None:
+        scale = torch.exp(state.k_max - k_max) if state.k_max is not None else 1.0  # (b, h, d), <= 1
+        state = LinearAttentionState(kv=state.kv * scale[..., None], z=state.z * scale, k_max=k_max)
+    phi_k = torch.exp(k_masked - k_max[:, :, None, :])  # (b, h, n, d), <= 1, 0 where masked
+    # exp(q_f) * exp(k_f) = exp(q_f + k_max_f) * exp(k_f - k_max_f): fold the key maxima into the queries
+    q_fold = q + k_max[:, :, None, :]
+    phi_q = torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))  # per-query shift cancels in the ratio
+    return phi_q, phi_k, state, k_max
+
+
+def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, state=None):
+    """Causal linear attention in chunks.
+
+    q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
+    `state` continues from earlier tokens (chunked prefill, generation).
+    """
+    q, k, v = q.float(), k.float(), v.float()
+    b, h, n, d = q.shape
+    e = v.shape[-1]
+    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
+    c = min(chunk_size, n)
+    pad = (-n) % c
+    if pad:
+        phi_q = F.pad(phi_q, (0, 0, 0, pad))
+        phi_k = F.pad(phi_k, (0, 0, 0, pad))
+        v = F.pad(v, (0, 0, 0, pad))
+    nk = (n + pad) // c
+    phi_q = phi_q.reshape(b, h, nk, c, d)
+    phi_k = phi_k.reshape(b, h, nk, c, d)
+    v = v.reshape(b, h, nk, c, e)
+
+    # inside each chunk: masked quadratic form
+    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
+    scores = scores * torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    num = torch.matmul(scores, v)  # (b, h, k, c, e)
+    den = scores.sum(dim=-1)  # (b, h, k, c)
+
+    # across chunks: the state before each chunk is an exclusive cumulative sum of the chunk states
+    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
+    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
+    kv_before = torch.cumsum(kv_chunks, dim=2) - kv_chunks
+    z_before = torch.cumsum(z_chunks, dim=2) - z_chunks
+    if state is not None:
+        kv_before = kv_before + state.kv[:, :, None]
+        z_before = z_before + state.z[:, :, None]
+    num = num + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
+    den = den + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
+    out = num / den.clamp_min(EPS).unsqueeze(-1)
+    out = out.reshape(b, h, nk * c, e)[:, :, :n]
+
+    new_state = LinearAttentionState(
+        kv=kv_before[:, :, -1] + kv_chunks[:, :, -1], z=z_before[:, :, -1] + z_chunks[:, :, -1], k_max=k_max
+    )
+    return out, new_state
+
+
+def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu"):
+    """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e) -> (out (b,h,1,e), new state).
+
+    Cost and memory are independent of the number of tokens already in `state`.
+    """
+    q, k, v = q.float(), k.float(), v.float()
+    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
+    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
+    z = phi_k.squeeze(-2)  # (b, h, d)
+    if state is not None:
+        kv, z = kv + state.kv, z + state.z
+    num = torch.matmul(phi_q, kv)  # (b, h, 1, e)
+    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, 1, 1)
+    return num / den.clamp_min(EPS), LinearAttentionState(kv=kv, z=z, k_max=k_max)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """Queries from `hidden_states`, keys and values from `context` (the same stream for self-attention).
+
+    Self-attention uses one fused q/k/v projection; cross-attention a query projection and a fused k/v one.
+    """
+
+    def __init__(self, config, self_attention=True, causal=False, num_heads=None):
+        super().__init__()
+        self.config = config  # read at call time: `model.set_attn_implementation` may change it
+        self.hidden_size = config.hidden_size
+        self.num_heads = num_heads or config.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_heads
+        self.self_attention = self_attention
+        self.causal = causal
+        self.attention_type = config.attention_type
+        self.feature_map = config.feature_map
+        self.chunk_size = config.linear_attention_chunk_size
+        self.dropout = config.attention_probs_dropout_prob
+        if self_attention:
+            self.qkv_proj = nn.Linear(self.hidden_size, 3 * self.hidden_size)
+        else:
+            self.q_proj = nn.Linear(self.hidden_size, self.hidden_size)
+            self.kv_proj = nn.Linear(self.hidden_size, 2 * self.hidden_size)
+        self.o_proj = nn.Linear(self.hidden_size, self.hidden_size)
+
+    def _split_heads(self, x):
+        b, n, _ = x.shape
+        return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
+
+    def project(self, hidden_states, context=None):
+        """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,d)."""
+        if self.self_attention:
+            q, k, v = self.qkv_proj(hidden_states).chunk(3, dim=-1)  # 3 x (b, n, hidden)
+        else:
+            q = self.q_proj(hidden_states)
+            k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def forward(self, hidden_states, context=None, mask=None, output_attentions=False):
+        """Returns (output (b, n, hidden), weights (b, h, n, m) or None)."""
+        mask = mask if mask is not None else AttentionMask(causal=self.causal)
+        q, k, v = self.project(hidden_states, context)
+        weights = None
+        if self.attention_type == "softmax":
+            dropout_p = self.dropout if self.training else 0.0
+            impl = "eager" if output_attentions else self.config._attn_implementation
+            kernel = SOFTMAX_KERNELS.get(impl, softmax_attention_sdpa)
+            out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+        elif self.causal:
+            out, _ = causal_linear_attention(q, k, v, mask.key_mask, self.feature_map, self.chunk_size)
+        else:
+            out = linear_attention(q, k, v, mask.key_mask, self.feature_map)
+        b, _, n, _ = out.shape
+        out = out.to(hidden_states.dtype) if out.dtype != hidden_states.dtype else out
+        out = out.transpose(1, 2).reshape(b, n, self.hidden_size)  # (b, n, hidden)
+        return self.o_proj(out), weights

@@ -1,0 +1,92 @@
+"""The one block every model here is built from, and the Set Transformer blocks made of it.
+
+`MAB(X, Y) = H + FF(Norm(H))`, `H = X + MultiHead(Norm(X), Norm(Y))` (Lee et al. 2019, eq. 6-7, pre-normalised as
+in Nguyen & Salazar 2019). With Y = X it is the encoder block / SAB; causal, with an optional cross-attention
+sublayer, it is the decoder block; ISAB and PMA choose other query and context streams.
+
+Departures from the official Set Transformer code, on purpose: attention is scaled by the head dimension
+(the official `1/sqrt(dim_V)` scales by the full width), blocks are pre-normalised with ScaleNorm instead of
+post-norm LayerNorm, PMA applies the paper's rFF to its input (the official code omits it), and every block
+honours an `attention_mask` (the official code has none).
+"""
+
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .attention import MultiHeadAttention
+from .layers import FeedForward, LearnedVectors, make_norm
+
+
+class MAB(GradientCheckpointingLayer):
+    """Multihead attention block: queries from `hidden_states`, keys/values from `context` (itself when None)."""
+
+    def __init__(self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False):
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.context_norm = None if self_attention else make_norm(config)
+        self.attention = MultiHeadAttention(config, self_attention=self_attention, causal=causal, num_heads=num_heads)
+        self.cross_attention = None
+        if cross_attention:  # decoder block of an encoder-decoder (Vaswani et al. 2017, fig. 1)
+            self.cross_norm = make_norm(config)
+            self.cross_context_norm = make_norm(config)
+            self.cross_attention = MultiHeadAttention(config, self_attention=False)
+        self.ffn_norm = make_norm(config)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, context=None, mask=None, cross_states=None, cross_mask=None,
+                output_attentions=False):
+        """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None)."""
+        normed = self.attn_norm(hidden_states)
+        context = normed if self.context_norm is None else self.context_norm(context)
+        attended, weights = self.attention(normed, context, mask, output_attentions)
+        hidden_states = hidden_states + self.dropout(attended)
+        cross_weights = None
+        if self.cross_attention is not None and cross_states is not None:
+            attended, cross_weights = self.cross_attention(
+                self.cross_norm(hidden_states), self.cross_context_norm(cross_states), cross_mask, output_attentions
+            )
+            hidden_states = hidden_states + self.dropout(attended)
+        hidden_states = hidden_states + self.dropout(self.ffn(self.ffn_norm(hidden_states)))
+        return hidden_states, weights, cross_weights
+
+
+class ISAB(nn.Module):
+    """Induced set attention block: `ISAB_m(X) = MAB(X, MAB(I, X))` with m learned inducing points I (Lee et al. eq. 9)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.inducing_points = LearnedVectors(config.num_inducing_points, config.hidden_size)
+        self.induce = MAB(config, self_attention=False)  # I attends to X
+        self.broadcast = MAB(config, self_attention=False)  # X attends to H
+
+    def forward(self, hidden_states, mask=None, output_attentions=False):
+        """(b, n, hidden) -> ((b, n, hidden), (weights I<-X, weights X<-H) or None)."""
+        inducing = self.inducing_points(hidden_states.shape[0])  # (b, m, hidden)
+        induced, w_in, _ = self.induce(inducing, hidden_states, mask, None, None, output_attentions)
+        out, w_out, _ = self.broadcast(hidden_states, induced, None, None, None, output_attentions)
+        return out, (w_in, w_out)
+
+
+class PMA(nn.Module):
+    """Pooling by multihead attention: `PMA_k(X) = MAB(S, rFF(X))` with k learned seeds S (Lee et al. eq. 11)."""
+
+    def __init__(self, config, num_seeds=1):
+        super().__init__()
+        self.seeds = LearnedVectors(num_seeds, config.hidden_size)
+        self.ffn = FeedForward(config)
+        self.pool = MAB(config, self_attention=False)
+
+    def forward(self, hidden_states, mask=None, output_attentions=False):
+        """(b, n, hidden) -> ((b, k, hidden), weights (b, h, k, n) or None)."""
+        seeds = self.seeds(hidden_states.shape[0])  # (b, k, hidden)
+        out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask, None, None, output_attentions)
+        return out, weights
+
+
+def masked_mean(hidden_states, key_mask=None):
+    """(b, n, hidden), (b, n) bool -> (b, hidden); a row with no real element gives zeros."""
+    if key_mask is None:
+        return hidden_states.mean(dim=1)
+    weights = key_mask.to(hidden_states.dtype).unsqueeze(-1)  # (b, n, 1)
+    return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)

@@ -1,0 +1,149 @@
+"""Fields and validation shared by every hf_settransformer config.
+
+Each family's config (encoder, decoder, Set Transformer, Perceiver IO) subclasses `HfstConfig` and adds its
+own fields. Every config has its own `__init__(..., **kwargs)` (transformers 5 wraps configs without one and
+would skip a parent's), and invalid values are rejected at construction with a `ValueError` that names the
+field and the allowed values.
+"""
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+
+ATTENTION_TYPES = ("softmax", "linear")
+FEATURE_MAPS = ("elu", "exp")
+NORM_TYPES = ("scalenorm", "layernorm")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
+POOLING_TYPES = ("pma", "mean")
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+
+
+def check_positive(name, value, allow_none=False, allow_zero=False):
+    if value is None and allow_none:
+        return
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"`{name}` must be {what} integer, got {value!r}.")
+
+
+def check_probability(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+
+
+def check_heads(hidden_name, hidden_size, heads_name, num_heads):
+    if hidden_size % num_heads != 0:
+        raise ValueError(
+            f"`{hidden_name}` ({hidden_size}) must be divisible by `{heads_name}` ({num_heads})."
+        )
+
+
+class HfstConfig(PreTrainedConfig):
+    r"""
+    Base of the hf_settransformer configs. Arguments shared by every family:
+
+    vocab_size (`int`, *optional*): size of the token vocabulary (token inputs, language-model heads).
+    input_size (`int`, *optional*): size of continuous input features (`input_features` of shape (b, n, input_size)).
+        With neither, the model takes `inputs_embeds` of size `hidden_size`.
+    hidden_size (`int`, defaults to 256): width of every block.
+    num_hidden_layers (`int`, defaults to 4): number of blocks in the main stack.
+    num_attention_heads (`int`, defaults to 4): heads of every attention layer.
+    intermediate_size (`int`, *optional*): width of the feed-forward layers; defaults to `4 * hidden_size`.
+    hidden_act (`str`, defaults to `"relu"`): feed-forward activation (a key of `transformers.activations.ACT2FN`).
+    hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and on every residual branch.
+    attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on softmax attention weights (linear
+        attention has no weight matrix and ignores it).
+    max_position_embeddings (`int`, defaults to 512): longest sequence for learned positions.
+    position_embedding_type (`str`): `"sinusoidal"` (Vaswani et al.), `"learned"` or `"none"` (permutation
+        equivariant model).
+    scale_embedding (`bool`, defaults to `True`): multiply token embeddings by sqrt(hidden_size) (Vaswani et al.).
+    norm_type (`str`, defaults to `"scalenorm"`): `"scalenorm"` (Nguyen & Salazar 2019) or `"layernorm"`.
+    norm_eps (`float`, defaults to 1e-5): floor of the norm in ScaleNorm, epsilon of LayerNorm.
+    attention_type (`str`, defaults to `"softmax"`): `"softmax"` or `"linear"`.
+    feature_map (`str`, defaults to `"elu"`): linear attention's feature map, `"elu"` (elu(x)+1, Katharopoulos
+        et al. 2020) or `"exp"` (Shen et al. 2021).
+    linear_attention_chunk_size (`int`, defaults to 64): chunk length of causal linear attention.
+    pooling (`str`, defaults to `"pma"`): how sequence-level heads pool: `"pma"` (attention pooling with one seed,
+        Lee et al. 2019) or `"mean"` (masked mean).
+    context_length (`int`, defaults to 64): tokens seen by the `*ForNextTokenPrediction` heads.
+    initializer_range (`float`, defaults to 0.02): std of the normal initialisation.
+    """
+
+    def __init__(
+        self,
+        vocab_size=None,
+        input_size=None,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=None,
+        hidden_act="relu",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=512,
+        position_embedding_type="sinusoidal",
+        scale_embedding=True,
+        norm_type="scalenorm",
+        norm_eps=1e-5,
+        attention_type="softmax",
+        feature_map="elu",
+        linear_attention_chunk_size=64,
+        pooling="pma",
+        context_length=64,
+        initializer_range=0.02,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = 4 * hidden_size if intermediate_size is None else intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embedding_type = position_embedding_type
+        self.scale_embedding = scale_embedding
+        self.norm_type = norm_type
+        self.norm_eps = norm_eps
+        self.attention_type = attention_type
+        self.feature_map = feature_map
+        self.linear_attention_chunk_size = linear_attention_chunk_size
+        self.pooling = pooling
+        self.context_length = context_length
+        self.initializer_range = initializer_range
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self):
+        """Raise a `ValueError` naming the first invalid field. Families extend it."""
+        check_positive("vocab_size", self.vocab_size, allow_none=True)
+        check_positive("input_size", self.input_size, allow_none=True)
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "linear_attention_chunk_size", "context_length"):
+            check_positive(name, getattr(self, name))
+        check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
+        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        check_choice("attention_type", self.attention_type, ATTENTION_TYPES)
+        check_choice("feature_map", self.feature_map, FEATURE_MAPS)
+        check_choice("norm_type", self.norm_type, NORM_TYPES)
+        check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        check_choice("pooling", self.pooling, POOLING_TYPES)
+        check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))
+        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            raise ValueError(f"`norm_eps` must be a positive number, got {self.norm_eps!r}.")

@@ -1,0 +1,151 @@
+"""Building blocks shared by every family: ScaleNorm, the position-wise feed-forward, input embeddings."""
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm (Nguyen & Salazar 2019, eq. 4): `g * x / max(||x||, eps)`, one learnable scalar g = sqrt(hidden)."""
+
+    def __init__(self, hidden_size, eps=1e-5):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.full((1,), math.sqrt(hidden_size)))
+
+    def forward(self, x):
+        norm = torch.linalg.vector_norm(x.float(), dim=-1, keepdim=True).clamp_min(self.eps)  # fp32 sum of squares
+        return (x.float() * (self.weight / norm)).to(x.dtype)
+
+    def extra_repr(self):
+        return f"{self.hidden_size}, eps={self.eps}"
+
+
+class LearnedVectors(nn.Module):
+    """k learned vectors shared by every example: inducing points, PMA seeds, latents, output queries."""
+
+    def __init__(self, num_vectors, hidden_size):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_vectors, hidden_size))
+
+    def forward(self, batch_size):
+        return self.weight.unsqueeze(0).expand(batch_size, -1, -1)  # (b, k, hidden)
+
+
+def make_norm(config):
+    if config.norm_type == "layernorm":
+        return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+    return ScaleNorm(config.hidden_size, eps=config.norm_eps)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward (Vaswani et al. 2017, eq. 2; the rFF of Lee et al. 2019)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x):
+        return self.fc_out(self.dropout(self.act(self.fc_in(x))))
+
+
+def sinusoidal_positions(position_ids, hidden_size, dtype):
+    """Vaswani et al. 2017, sec. 3.5: (b, n) positions -> (b, n, hidden) [sin(p w_i), cos(p w_i)], w_i = 1e4^(-2i/h)."""
+    half = (hidden_size + 1) // 2
+    inv_freq = torch.exp(
+        torch.arange(half, device=position_ids.device, dtype=torch.float32) * (-2.0 * math.log(10000.0) / hidden_size)
+    )
+    angles = position_ids.float()[..., None] * inv_freq  # (b, n, half)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)[..., :hidden_size].to(dtype)
+
+
+def position_ids_from_mask(attention_mask, length):
+    """Positions that skip padding (left or right): (b, total) mask -> (b, length) ids of the last `length` tokens."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp_min(0)[:, -length:]
+
+
+class InputEmbeddings(nn.Module):
+    """Tokens (`input_ids`), continuous features (`input_features`) or ready vectors (`inputs_embeds`) -> (b, n, hidden),
+    plus position embeddings when the config asks for them."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if config.vocab_size else None
+        self.feature_projection = nn.Linear(config.input_size, config.hidden_size) if config.input_size else None
+        self.position_embeddings = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.position_embedding_type == "learned"
+            else None
+        )
+        self.token_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def embed(self, input_ids=None, input_features=None, inputs_embeds=None):
+        """Validates the inputs and embeds them, without positions: -> (b, n, hidden)."""
+        given = [name for name, x in (("input_ids", input_ids), ("input_features", input_features),
+                                      ("inputs_embeds", inputs_embeds)) if x is not None]
+        if len(given) != 1:
+            raise ValueError(f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}.")
+        if input_ids is not None:
+            if self.embed_tokens is None:
+                raise ValueError("This model has no token embedding (`vocab_size` is None): pass `input_features`.")
+            if input_ids.is_floating_point() or input_ids.dim() != 2:
+                raise ValueError(
+                    f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(input_ids.shape)} "
+                    f"{input_ids.dtype}; pass continuous inputs as `input_features`."
+                )
+            if input_ids.numel() and not torch.compiler.is_compiling():
+                low, high = int(input_ids.min()), int(input_ids.max())
+                if low < 0 or high >= self.config.vocab_size:
+                    raise ValueError(
+                        f"`input_ids` hold ids in [{low}, {high}], outside the vocabulary [0, {self.config.vocab_size - 1}]."
+                    )
+            return self.embed_tokens(input_ids) * self.token_scale
+        if input_features is not None:
+            if self.feature_projection is None:
+                raise ValueError("This model takes no continuous features (`input_size` is None): pass `input_ids`.")
+            if input_features.dim() != 3 or input_features.shape[-1] != self.config.input_size:
+                raise ValueError(
+                    f"`input_features` must have shape (batch, set size, input_size={self.config.input_size}), "
+                    f"got {tuple(input_features.shape)}."
+                )
+            return self.feature_projection(input_features.to(self.feature_projection.weight.dtype))
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"`inputs_embeds` must have shape (batch, length, hidden_size={self.hidden_size}), "
+                f"got {tuple(inputs_embeds.shape)}."
+            )
+        return inputs_embeds
+
+    def positions(self, position_ids, dtype):
+        """(b, n) ids -> (b, n, hidden), or None without position embeddings."""
+        kind = self.config.position_embedding_type
+        if kind == "none":
+            return None
+        if kind == "sinusoidal":
+            return sinusoidal_positions(position_ids, self.hidden_size, dtype)
+        if not torch.compiler.is_compiling() and position_ids.numel():
+            longest = int(position_ids.max()) + 1
+            if longest > self.config.max_position_embeddings:
+                raise ValueError(
+                    f"Sequence needs {longest} positions but `max_position_embeddings` is "
+                    f"{self.config.max_position_embeddings} (learned position embeddings cannot extrapolate)."
+                )
+        return self.position_embeddings(position_ids)
+
+    def forward(self, input_ids=None, input_features=None, inputs_embeds=None, position_ids=None):
+        x = self.embed(input_ids, input_features, inputs_embeds)
+        if self.config.position_embedding_type != "none":
+            if position_ids is None:
+                position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+            x = x + self.positions(position_ids, x.dtype)
+        return self.dropout(x)

@@ -1,0 +1,325 @@
+"""What every family's models share: the `PreTrainedModel` base (initialisation, remote-code `auto_map`), input
+and mask checks, and the sequence-level heads (classification, next-token prediction) written once."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.utils import ModelOutput, logging
+
+from .attention import AttentionMask
+from .blocks import PMA, masked_mean
+from .layers import LearnedVectors, ScaleNorm
+
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class SetModelOutput(ModelOutput):
+    """Output of models that pool a set.
+
+    last_hidden_state: (b, n, hidden) one vector per element (permutation equivariant).
+    pooler_output: (b, k, hidden) the k pooled vectors (permutation invariant).
+    hidden_states: embeddings and the output of every encoder layer, when asked.
+    attentions: softmax weights of every attention, when asked (two per ISAB: inducing<-set, set<-inducing).
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    pooler_output: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class PerceiverIOModelOutput(ModelOutput):
+    """Output of [`PerceiverIOModel`].
+
+    last_hidden_state: (b, q, hidden) the decoded output queries (one per input position unless learned).
+    latent_hidden_state: (b, num_latents, hidden) the latents after the last block.
+    hidden_states: the embedded inputs, then the latents after the cross-attention and after every self-attention.
+    attentions: self-attention weights over the latents, when asked.
+    cross_attentions: (encoder cross-attention, decoder cross-attention) weights, when asked.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    latent_hidden_state: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+def check_attention_mask(attention_mask, batch_size, length, name="attention_mask"):
+    """(b, n) mask of 1 (real) / 0 (padding) -> bool (b, n), or None."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch_size, length):
+        raise ValueError(
+            f"`{name}` must have shape (batch, length) = ({batch_size}, {length}) matching the inputs, "
+            f"got {tuple(attention_mask.shape)}."
+        )
+    return attention_mask.bool()
+
+
+def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
+    for x in (input_ids, input_features, inputs_embeds):
+        if x is not None:
+            return x.shape[0], x.shape[1]
+    raise ValueError("Pass one of `input_ids`, `input_features` or `inputs_embeds`.")
+
+
+def warn_if_no_weights(config, output_attentions):
+    if output_attentions and config.attention_type == "linear":
+        logger.warning_once(
+            "output_attentions=True: linear attention never forms an attention matrix, so `attentions` is None."
+        )
+
+
+def run_stack(layers, hidden_states, mask, output_attentions, output_hidden_states, context=None,
+              cross_states=None, cross_mask=None, hidden_states_so_far=(), attentions_so_far=()):
+    """Apply a list of MABs in turn, collecting per-layer states and weights when asked.
+
+    Returns (hidden_states, all hidden states or None, attention weights or None, cross weights or None)."""
+    all_states = hidden_states_so_far + (hidden_states,) if output_hidden_states else None
+    all_weights = attentions_so_far if output_attentions else None
+    all_cross = () if output_attentions and cross_states is not None else None
+    for layer in layers:
+        hidden_states, weights, cross_weights = layer(
+            hidden_states, context, mask, cross_states, cross_mask, output_attentions
+        )
+        if output_hidden_states:
+            all_states += (hidden_states,)
+        if output_attentions:
+            all_weights += (weights,)
+            if all_cross is not None:
+                all_cross += (cross_weights,)
+    return hidden_states, all_states, all_weights, all_cross
+
+
+def resolve_output_flags(config, output_attentions, output_hidden_states, return_dict):
+    output_attentions = config.output_attentions if output_attentions is None else output_attentions
+    output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    return_dict = config.return_dict if return_dict is None else return_dict
+    warn_if_no_weights(config, output_attentions)
+    # linear attention has no weights: report None rather than a tuple of Nones
+    return output_attentions and config.attention_type == "softmax", output_hidden_states, return_dict
+
+
+class HfstPreTrainedModel(PreTrainedModel):
+    """Base of every hf_settransformer model."""
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["MAB", "ISAB", "PMA"]
+    # Auto class -> class name, for every model of the family: written into `config.auto_map` on save so that a
+    # checkpoint loads through any of them with `trust_remote_code=True` (transformers writes only the saved one).
+    family_auto_map: dict = {}
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, ScaleNorm):
+            init.constant_(module.weight, math.sqrt(module.hidden_size))
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, LearnedVectors):
+            init.normal_(module.weight, mean=0.0, std=std)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if self._auto_class is not None:  # registered: the modeling code travels with the weights
+            module = self.__class__.__module__.rsplit(".", 1)[-1]
+            config_module = self.config.__class__.__module__.rsplit(".", 1)[-1]
+            auto_map = dict(getattr(self.config, "auto_map", None) or {})
+            auto_map["AutoConfig"] = f"{config_module}.{self.config.__class__.__name__}"
+            auto_map.update({auto: f"{module}.{name}" for auto, name in self.family_auto_map.items()})
+            self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def get_input_embeddings(self):
+        return self.base_model.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.base_model.embeddings.embed_tokens = value
+
+
+class SequencePool(nn.Module):
+    """Sequence -> one vector: PMA with one seed (Lee et al. 2019) or a masked mean, per `config.pooling`."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.pma = PMA(config, num_seeds=1) if config.pooling == "pma" else None
+
+    def forward(self, hidden_states, key_mask=None):
+        """(b, n, hidden), (b, n) bool -> (b, hidden)."""
+        if self.pma is None:
+            return masked_mean(hidden_states, key_mask)
+        mask = AttentionMask.build(key_mask, for_softmax=self.pma.pool.attention.attention_type == "softmax")
+        return self.pma(hidden_states, mask)[0][:, 0]
+
+
+class PooledHeadMixin:
+    """A head that reads one vector per example from the base model. Families override `pool_outputs`."""
+
+    def make_head_pool(self, config):
+        return SequencePool(config)
+
+    def pool_outputs(self, outputs, key_mask):
+        """Default: pool the per-element states with this head's own `SequencePool`."""
+        return self.head_pool(outputs.last_hidden_state, key_mask)
+
+    def run_base_model(self, attention_mask, output_attentions, output_hidden_states, **inputs):
+        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
+        outputs = self.model(
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **inputs,
+        )
+        b, n = input_shape(inputs.get("input_ids"), inputs.get("input_features"), inputs.get("inputs_embeds"))
+        key_mask = check_attention_mask(attention_mask, b, n)
+        return outputs, self.pool_outputs(outputs, key_mask)
+
+
+class ForMaskedLMMixin:
+    """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not config.vocab_size:
+            raise ValueError("`vocab_size` must be set for a masked language modelling head.")
+        self.model = self.base_model_class(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        r"""labels (`torch.LongTensor` of shape (batch, length)): token ids to predict, -100 elsewhere."""
+        model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            **model_kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (b, n, vocab)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                attentions=outputs.attentions)
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+
+
+class ForSequenceClassificationMixin(PooledHeadMixin):
+    """Set/sequence classification or regression, with transformers' `problem_type` conventions."""
+
+    accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = self.base_model_class(config)
+        self.head_pool = self.make_head_pool(config)
+        self.head_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, input_features=None, inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        r"""labels (`torch.LongTensor` of shape (batch,), or float (batch, num_labels) for multi-label/regression)."""
+        outputs, pooled = self.run_base_model(
+            attention_mask, output_attentions, output_hidden_states,
+            input_ids=input_ids, input_features=input_features, inputs_embeds=inputs_embeds, **kwargs,
+        )
+        logits = self.classifier(self.head_dropout(pooled))  # (b, num_labels)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+
+
+class ForNextTokenPredictionMixin(PooledHeadMixin):
+    """The design document's WikiText-2 model: the last `context_length` tokens go through the family's stack, an
+    attention pooling summarises them, a vocabulary projection predicts the next token.
+
+    `input_ids` (b, t) -> `logits` (b, 1, vocab) for the token after position t; `labels` (b,) holds that token.
+    `generate()` slides a window over the last `context_length` tokens (the family's class lists `GenerationMixin`
+    after its `PreTrainedModel`, as transformers requires).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+    accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not config.vocab_size:
+            raise ValueError("`vocab_size` must be set for a next-token prediction head.")
+        self.model = self.base_model_class(config)
+        self.head_pool = self.make_head_pool(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        r"""labels (`torch.LongTensor` of shape (batch,)): the token that follows each window; -100 is ignored."""
+        window = self.config.context_length
+        input_ids = None if input_ids is None else input_ids[:, -window:]
+        inputs_embeds = None if inputs_embeds is None else inputs_embeds[:, -window:]
+        attention_mask = None if attention_mask is None else attention_mask[:, -window:]
+        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        outputs, pooled = self.run_base_model(
+            attention_mask, output_attentions, output_hidden_states,
+            input_ids=input_ids, inputs_embeds=inputs_embeds, **kwargs,
+        )
+        logits = self.lm_head(pooled).unsqueeze(1)  # (b, 1, vocab)
+        loss = None
+        if labels is not None:
+            if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
+                raise ValueError(
+                    "`labels` of a next-token prediction head hold the one token that follows each window: shape "
+                    f"(batch,) = ({logits.shape[0]},), got {tuple(labels.shape)}."
+                )
+            loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
+        output = CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                attentions=outputs.attentions)
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
+        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
+        window = self.config.context_length
+        inputs = {"input_ids": input_ids[:, -window:]}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -window:]
+        return inputs
+
+    def _supports_default_dynamic_cache(self):
+        return False

@@ -1,0 +1,85 @@
+"""Pre-norm Transformer encoder (Vaswani et al. 2017) with ScaleNorm (Nguyen & Salazar 2019) and selectable
+softmax or linear attention. Each block is `MAB(X, X)`: `H = X + Attn(Norm(X))`, `out = H + FF(Norm(H))`; a final
+norm closes the stack. With `position_embedding_type="none"` the encoder is permutation equivariant."""
+
+from torch import nn
+from transformers import GenerationMixin
+from transformers.modeling_outputs import BaseModelOutput
+
+from .attention import AttentionMask
+from .blocks import MAB
+from .configuration_encoder import TransformerEncoderConfig
+from .layers import InputEmbeddings, make_norm, position_ids_from_mask
+from .modeling_common import (
+    ForMaskedLMMixin,
+    ForNextTokenPredictionMixin,
+    ForSequenceClassificationMixin,
+    HfstPreTrainedModel,
+    check_attention_mask,
+    input_shape,
+    resolve_output_flags,
+    run_stack,
+)
+
+
+class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
+    config_class = TransformerEncoderConfig
+    family_auto_map = {
+        "AutoModel": "TransformerEncoderModel",
+        "AutoModelForMaskedLM": "TransformerEncoderForMaskedLM",
+        "AutoModelForSequenceClassification": "TransformerEncoderForSequenceClassification",
+        "AutoModelForCausalLM": "TransformerEncoderForNextTokenPrediction",
+    }
+
+
+class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
+    """Embeddings -> `num_hidden_layers` self-attention blocks -> final norm. Output: `BaseModelOutput`."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embeddings = InputEmbeddings(config)
+        self.layers = nn.ModuleList([MAB(config) for _ in range(config.num_hidden_layers)])
+        self.final_norm = make_norm(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, input_features=None,
+                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        b, n = input_shape(input_ids, input_features, inputs_embeds)
+        key_mask = check_attention_mask(attention_mask, b, n)
+        if position_ids is None and key_mask is not None:
+            position_ids = position_ids_from_mask(key_mask, n)
+        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
+        mask = AttentionMask.build(key_mask, for_softmax=self.config.attention_type == "softmax")
+        hidden_states, all_states, all_weights, _ = run_stack(
+            self.layers, hidden_states, mask, output_attentions, output_hidden_states
+        )
+        hidden_states = self.final_norm(hidden_states)
+        if output_hidden_states:
+            all_states = all_states[:-1] + (hidden_states,)
+        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_states, attentions=all_weights)
+        return output if return_dict else output.to_tuple()
+
+
+class TransformerEncoderForMaskedLM(ForMaskedLMMixin, TransformerEncoderPreTrainedModel):
+    """Encoder with a (tied) vocabulary projection at every position."""
+
+    base_model_class = TransformerEncoderModel
+
+
+class TransformerEncoderForSequenceClassification(ForSequenceClassificationMixin, TransformerEncoderPreTrainedModel):
+    """Encoder, attention pooling (PMA, one seed) or mean pooling, linear classifier."""
+
+    base_model_class = TransformerEncoderModel
+
+
+class TransformerEncoderForNextTokenPrediction(
+    ForNextTokenPredictionMixin, TransformerEncoderPreTrainedModel, GenerationMixin
+):
+    """Encoder over the last `context_length` tokens, PMA pooling, vocabulary projection (the design document's
+    WikiText-2 language model)."""
+
+    base_model_class = TransformerEncoderModel

@@ -1,0 +1,137 @@
+"""Perceiver IO (Jaegle et al. 2022) with pre-norm ScaleNorm blocks and selectable attention.
+
+Encode: `num_latents` learned latents cross-attend to the embedded inputs (`num_cross_attention_heads` heads), then a
+block of `num_self_attends_per_block` latent self-attention layers is applied `num_blocks` times with shared weights
+(as transformers' `PerceiverModel` does). Decode: output queries cross-attend to the latents. Queries are the embedded
+inputs (`output_query_type="inputs"`, one per input position), their position embeddings only (`"positions"`), or
+`num_output_queries` learned vectors (`"learned"`). Cost is linear in the input length for either attention type.
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+
+from .attention import AttentionMask
+from .blocks import MAB
+from .configuration_perceiver_io import PerceiverIOConfig
+from .layers import InputEmbeddings, LearnedVectors, make_norm, position_ids_from_mask
+from .modeling_common import (
+    ForMaskedLMMixin,
+    ForNextTokenPredictionMixin,
+    ForSequenceClassificationMixin,
+    HfstPreTrainedModel,
+    PerceiverIOModelOutput,
+    check_attention_mask,
+    input_shape,
+    resolve_output_flags,
+    run_stack,
+)
+
+
+class PerceiverIOPreTrainedModel(HfstPreTrainedModel):
+    config_class = PerceiverIOConfig
+    family_auto_map = {
+        "AutoModel": "PerceiverIOModel",
+        "AutoModelForMaskedLM": "PerceiverIOForMaskedLM",
+        "AutoModelForSequenceClassification": "PerceiverIOForSequenceClassification",
+        "AutoModelForCausalLM": "PerceiverIOForNextTokenPrediction",
+    }
+
+
+class PerceiverIOModel(PerceiverIOPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        heads = config.num_cross_attention_heads
+        self.embeddings = InputEmbeddings(config)
+        self.latents = LearnedVectors(config.num_latents, config.hidden_size)
+        self.encoder_cross_attention = MAB(config, self_attention=False, num_heads=heads)
+        self.latent_layers = nn.ModuleList([MAB(config) for _ in range(config.num_self_attends_per_block)])
+        self.latent_norm = make_norm(config)
+        self.output_queries = (
+            LearnedVectors(config.num_output_queries, config.hidden_size)
+            if config.output_query_type == "learned"
+            else None
+        )
+        self.decoder_cross_attention = MAB(config, self_attention=False, num_heads=heads)
+        self.final_norm = make_norm(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, input_features=None,
+                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        b, n = input_shape(input_ids, input_features, inputs_embeds)
+        key_mask = check_attention_mask(attention_mask, b, n)
+        if position_ids is None and self.config.position_embedding_type != "none":
+            position_ids = position_ids_from_mask(key_mask, n) if key_mask is not None else None
+        inputs = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)  # (b, n, hidden)
+        mask = AttentionMask.build(key_mask, for_softmax=self.config.attention_type == "softmax")
+
+        latents, enc_weights, _ = self.encoder_cross_attention(
+            self.latents(b), inputs, mask, None, None, output_attentions
+        )  # (b, num_latents, hidden)
+        all_states = (inputs, latents) if output_hidden_states else None
+        all_weights = () if output_attentions else None
+        for _ in range(self.config.num_blocks):  # the same weights every time
+            latents, all_states, all_weights, _ = run_stack(
+                self.latent_layers, latents, AttentionMask(), output_attentions, output_hidden_states,
+                hidden_states_so_far=all_states[:-1] if output_hidden_states else (),
+                attentions_so_far=all_weights or (),
+            )
+        latents = self.latent_norm(latents)
+
+        queries = self.decoder_queries(inputs, position_ids, b, n)  # (b, q, hidden)
+        outputs, dec_weights, _ = self.decoder_cross_attention(queries, latents, None, None, None, output_attentions)
+        outputs = self.final_norm(outputs)
+        output = PerceiverIOModelOutput(
+            last_hidden_state=outputs,
+            latent_hidden_state=latents,
+            hidden_states=all_states,
+            attentions=all_weights,
+            cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def decoder_queries(self, inputs, position_ids, batch_size, length):
+        kind = self.config.output_query_type
+        if kind == "inputs":
+            return inputs
+        if kind == "learned":
+            return self.output_queries(batch_size)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=inputs.device).expand(batch_size, -1)
+        return self.embeddings.positions(position_ids, inputs.dtype)
+
+
+class PerceiverPooledHeadMixin:
+    def pool_outputs(self, outputs, key_mask):
+        per_input = self.config.output_query_type != "learned"
+        return self.head_pool(outputs.last_hidden_state, key_mask if per_input else None)
+
+
+class PerceiverIOForMaskedLM(ForMaskedLMMixin, PerceiverIOPreTrainedModel):
+    """Perceiver IO with one output query per input position and a (tied) vocabulary projection."""
+
+    base_model_class = PerceiverIOModel
+
+    def __init__(self, config):
+        if config.output_query_type == "learned":
+            raise ValueError(
+                "PerceiverIOForMaskedLM needs one output query per input position: set `output_query_type` to "
+                "'inputs' or 'positions', not 'learned'."
+            )
+        super().__init__(config)
+
+
+class PerceiverIOForSequenceClassification(
+    PerceiverPooledHeadMixin, ForSequenceClassificationMixin, PerceiverIOPreTrainedModel
+):
+    base_model_class = PerceiverIOModel
+
+
+class PerceiverIOForNextTokenPrediction(
+    PerceiverPooledHeadMixin, ForNextTokenPredictionMixin, PerceiverIOPreTrainedModel, GenerationMixin
+):
+    base_model_class = PerceiverIOModel
