@@ -20,7 +20,7 @@ class PerceiverIOConfig(HfstConfig):
         `"learned"` (`num_output_queries` learned vectors).
     num_output_queries (`int`, defaults to 1): number of learned output queries.
 
-    `num_hidden_layers` is `num_blocks * num_self_attends_per_block` (read-only, for tools that count layers).
+    `num_hidden_layers` is derived: `num_blocks * num_self_attends_per_block` (for tools that count layers).
     """
 
     model_type = "hfst_perceiver_io"
@@ -42,15 +42,20 @@ class PerceiverIOConfig(HfstConfig):
         self.num_cross_attention_heads = num_cross_attention_heads
         self.output_query_type = output_query_type
         self.num_output_queries = num_output_queries
-        kwargs.pop("num_hidden_layers", None)  # derived, see below
-        layers = num_blocks * num_self_attends_per_block if isinstance(num_blocks, int) else num_blocks
+        check_positive("num_blocks", num_blocks)
+        check_positive("num_self_attends_per_block", num_self_attends_per_block)
+        layers = num_blocks * num_self_attends_per_block
+        given = kwargs.pop("num_hidden_layers", layers)  # derived; a saved config repeats it
+        if given != layers:
+            raise ValueError(
+                f"`num_hidden_layers` of Perceiver IO is num_blocks * num_self_attends_per_block = {layers}; got "
+                f"{given!r}. Set `num_blocks` and `num_self_attends_per_block` instead."
+            )
         super().__init__(vocab_size=vocab_size, num_hidden_layers=layers, **kwargs)
 
     def check_fields(self):
         super().check_fields()
         check_positive("num_latents", self.num_latents)
-        check_positive("num_blocks", self.num_blocks)
-        check_positive("num_self_attends_per_block", self.num_self_attends_per_block)
         check_positive("num_cross_attention_heads", self.num_cross_attention_heads)
         check_positive("num_output_queries", self.num_output_queries)
         check_heads("hidden_size", self.hidden_size, "num_cross_attention_heads", self.num_cross_attention_heads)

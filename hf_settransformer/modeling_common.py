@@ -70,7 +70,7 @@ def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
     for x in (input_ids, input_features, inputs_embeds):
         if x is not None:
             return x.shape[0], x.shape[1]
-    raise ValueError("Pass one of `input_ids`, `input_features` or `inputs_embeds`.")
+    raise ValueError("Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got none.")
 
 
 def warn_if_no_weights(config, output_attentions):

@@ -1,0 +1,69 @@
+"""Tiny models for the tests: hidden 32, 2 layers, 4 heads, no dropout, fixed seeds."""
+
+import pytest
+import torch
+
+import hf_settransformer as hfst
+
+
+VOCAB = 37
+FAMILIES = ["encoder", "decoder", "set_transformer", "perceiver_io"]
+ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
+ATTENTION_IDS = ["softmax", "linear-elu", "linear-exp"]
+
+CONFIG_CLASSES = {
+    "encoder": hfst.TransformerEncoderConfig,
+    "decoder": hfst.TransformerDecoderConfig,
+    "set_transformer": hfst.SetTransformerConfig,
+    "perceiver_io": hfst.PerceiverIOConfig,
+}
+FAMILY_EXTRAS = {
+    "encoder": {},
+    "decoder": {},
+    "set_transformer": {"num_inducing_points": 3, "num_seeds": 1, "num_decoder_layers": 1},
+    "perceiver_io": {"num_latents": 5, "num_blocks": 2, "num_self_attends_per_block": 2, "num_cross_attention_heads": 2},
+}
+# every (family, class) pair of the public API
+MODEL_CLASSES = [
+    (family, cls)
+    for family, config_class in CONFIG_CLASSES.items()
+    for cls in hfst.FAMILIES[config_class].values()
+]
+
+
+def tiny_config(family, attention_type="softmax", feature_map="elu", **overrides):
+    kwargs = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attention_type=attention_type,
+        feature_map=feature_map,
+        linear_attention_chunk_size=4,
+        max_position_embeddings=64,
+        context_length=8,
+        num_labels=3,
+    )
+    kwargs.update(FAMILY_EXTRAS[family])
+    if family == "perceiver_io":
+        kwargs.pop("num_hidden_layers")
+    kwargs.update(overrides)
+    return CONFIG_CLASSES[family](**kwargs)
+
+
+def make_model(cls, config, seed=0):
+    torch.manual_seed(seed)
+    return cls(config).eval()
+
+
+def main_output(output):
+    """The tensor a user reads first: logits for heads, last_hidden_state for base models."""
+    return output.logits if "logits" in output else output.last_hidden_state
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,371 @@
+"""Behaviour every family promises: permutation symmetry, padding independence, causality, output formats,
+ScaleNorm, initialisation and clear errors on bad input."""
+
+import math
+
+import pytest
+import torch
+
+import hf_settransformer as hfst
+from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, VOCAB, main_output, make_model, tiny_config
+
+
+ATOL = 1e-5
+
+
+def batch_of_tokens(b=2, n=6):
+    return torch.randint(0, VOCAB, (b, n))
+
+
+# ------------------------------------------------------------------------------------------------ blocks
+
+
+def test_scalenorm_formula_and_init():
+    norm = hfst.ScaleNorm(16, eps=1e-5)
+    assert torch.allclose(norm.weight, torch.tensor([4.0]))
+    x = torch.randn(3, 5, 16)
+    expected = 4.0 * x / x.norm(dim=-1, keepdim=True)
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+    assert torch.equal(norm(torch.zeros(2, 16)), torch.zeros(2, 16))  # max(||x||, eps): no NaN at zero
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_init_covers_raw_parameters(family):
+    """ScaleNorm gains start at sqrt(hidden); inducing points, seeds and latents are drawn, not left as torch.empty."""
+    config = tiny_config(family, initializer_range=0.02)
+    for cls in hfst.FAMILIES[type(config)].values():
+        model = cls(config)
+        gains = [m.weight.item() for m in model.modules() if isinstance(m, hfst.ScaleNorm)]
+        assert gains and all(g == pytest.approx(math.sqrt(32)) for g in gains), cls.__name__
+        for name, p in model.named_parameters():
+            assert torch.isfinite(p).all(), name
+            if name.endswith(("inducing_points.weight", "seeds.weight", "latents.weight")):
+                assert 0.005 < p.std().item() < 0.05, name
+
+
+def test_norm_type_layernorm_is_used():
+    model = hfst.TransformerEncoderModel(tiny_config("encoder", norm_type="layernorm"))
+    assert not any(isinstance(m, hfst.ScaleNorm) for m in model.modules())
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+
+
+def test_isab_and_pma_are_used_by_the_set_transformer():
+    model = hfst.SetTransformerModel(tiny_config("set_transformer", num_inducing_points=3, num_seeds=2))
+    assert all(isinstance(layer, hfst.ISAB) for layer in model.encoder_layers)
+    assert model.pma.seeds.weight.shape == (2, 32)
+    sab = hfst.SetTransformerModel(tiny_config("set_transformer", num_inducing_points=0))
+    assert all(isinstance(layer, hfst.MAB) for layer in sab.encoder_layers)
+    out = sab(input_ids=batch_of_tokens())
+    assert out.pooler_output.shape == (2, 1, 32)
+
+
+def test_attention_scales_by_head_dim():
+    """The official Set Transformer scales by sqrt(hidden); here it is sqrt(head_dim) (eager path checked)."""
+    config = tiny_config("encoder")
+    attn = hfst.MultiHeadAttention(config).eval()
+    x = torch.randn(1, 5, 32)
+    _, weights = attn(x, output_attentions=True)
+    q, k, _ = attn.project(x)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    assert torch.allclose(weights, expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ permutation
+
+
+def permutation_cases():
+    return [
+        ("set_transformer", {}),
+        ("encoder", {"position_embedding_type": "none"}),
+        ("perceiver_io", {"position_embedding_type": "none"}),
+    ]
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("family,overrides", permutation_cases(), ids=[c[0] for c in permutation_cases()])
+def test_permutation_equivariance_and_invariance(family, overrides, attention_type, feature_map):
+    config = tiny_config(family, attention_type, feature_map, **overrides)
+    classes = hfst.FAMILIES[type(config)]
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    base = make_model(classes[AutoModel], config)
+    head = make_model(classes[AutoModelForSequenceClassification], config)
+    ids = batch_of_tokens(2, 7)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    perm = torch.randperm(7)
+    out, out_p = base(input_ids=ids, attention_mask=mask), base(input_ids=ids[:, perm], attention_mask=mask[:, perm])
+    real = mask.bool()
+    # per-element outputs permute with the inputs (compared on real elements)
+    assert torch.allclose(out.last_hidden_state[:, perm][real[:, perm]], out_p.last_hidden_state[real[:, perm]], atol=ATOL)
+    # pooled outputs do not change
+    logits, logits_p = head(input_ids=ids, attention_mask=mask).logits, head(input_ids=ids[:, perm], attention_mask=mask[:, perm]).logits
+    assert torch.allclose(logits, logits_p, atol=ATOL)
+    if family == "set_transformer":
+        assert torch.allclose(out.pooler_output, out_p.pooler_output, atol=ATOL)
+    if family == "perceiver_io":
+        assert torch.allclose(out.latent_hidden_state, out_p.latent_hidden_state, atol=ATOL)
+
+
+def test_continuous_set_inputs_are_permutation_invariant():
+    config = tiny_config("set_transformer", vocab_size=None, input_size=3)
+    model = make_model(hfst.SetTransformerModel, config)
+    x = torch.randn(4, 9, 3)
+    perm = torch.randperm(9)
+    assert torch.allclose(model(input_features=x).pooler_output, model(input_features=x[:, perm]).pooler_output, atol=ATOL)
+
+
+# ------------------------------------------------------------------------------------------------ padding
+
+
+def per_element(family, output):
+    return output.logits if "logits" in output else output.last_hidden_state
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padding_does_not_change_real_outputs(family, attention_type, feature_map):
+    from transformers import AutoModel
+
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    ids = batch_of_tokens(2, 5)
+    ref = model(input_ids=ids)
+    for pad_values in (torch.zeros(2, 3, dtype=torch.long), torch.randint(0, VOCAB, (2, 3))):
+        padded = torch.cat([ids, pad_values], dim=1)
+        mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 3)], dim=1).long()
+        out = model(input_ids=padded, attention_mask=mask)
+        assert torch.allclose(out.last_hidden_state[:, :5], ref.last_hidden_state, atol=ATOL)
+        if family == "set_transformer":
+            assert torch.allclose(out.pooler_output, ref.pooler_output, atol=ATOL)
+        if family == "perceiver_io":
+            assert torch.allclose(out.latent_hidden_state, ref.latent_hidden_state, atol=ATOL)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_left_padding_does_not_change_real_outputs(family, attention_type, feature_map):
+    """Positions are counted from the first real token, so left padding is invisible too."""
+    from transformers import AutoModel
+
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    ids = batch_of_tokens(2, 5)
+    ref = model(input_ids=ids).last_hidden_state
+    padded = torch.cat([torch.randint(0, VOCAB, (2, 3)), ids], dim=1)
+    mask = torch.cat([torch.zeros(2, 3), torch.ones(2, 5)], dim=1).long()
+    out = model(input_ids=padded, attention_mask=mask).last_hidden_state
+    assert torch.allclose(out[:, 3:], ref, atol=ATOL)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_all_padding_rows_are_finite(family, attention_type, feature_map):
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family, attention_type, feature_map)
+    classes = hfst.FAMILIES[type(config)]
+    ids = batch_of_tokens(2, 6)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1] = 0
+    for cls in classes.values():
+        out = make_model(cls, config)(input_ids=ids, attention_mask=mask)
+        for value in out.values():
+            if torch.is_tensor(value):
+                assert torch.isfinite(value).all(), cls.__name__
+    assert AutoModelForCausalLM in classes
+
+
+def test_set_padding_with_continuous_features_and_isab_pma():
+    config = tiny_config("set_transformer", "softmax", vocab_size=None, input_size=2, num_seeds=3)
+    model = make_model(hfst.SetTransformerForSequenceClassification, config)
+    x = torch.randn(3, 4, 2)
+    ref = model(input_features=x).logits
+    padded = torch.cat([x, 100 * torch.randn(3, 6, 2)], dim=1)
+    mask = torch.cat([torch.ones(3, 4), torch.zeros(3, 6)], dim=1)
+    assert torch.allclose(model(input_features=padded, attention_mask=mask).logits, ref, atol=ATOL)
+
+
+# ------------------------------------------------------------------------------------------------ causality
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_decoder_is_causal(attention_type, feature_map, impl):
+    config = tiny_config("decoder", attention_type, feature_map, attn_implementation=impl)
+    model = make_model(hfst.TransformerDecoderForCausalLM, config)
+    ids = batch_of_tokens(2, 11)
+    ref = model(input_ids=ids).logits
+    for t in (0, 4, 10):
+        changed = ids.clone()
+        changed[:, t] = (changed[:, t] + 1) % VOCAB
+        out = model(input_ids=changed).logits
+        assert torch.allclose(out[:, :t], ref[:, :t], atol=ATOL)
+        assert not torch.allclose(out[:, t], ref[:, t], atol=ATOL)
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hidden_states_attentions_and_tuples(family, attention_type):
+    from transformers import AutoModel
+
+    config = tiny_config(family, attention_type)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    ids = batch_of_tokens(2, 6)
+    out = model(input_ids=ids, output_hidden_states=True, output_attentions=True)
+    assert out.hidden_states is not None and len(out.hidden_states) >= 2
+    assert all(h.shape[0] == 2 and h.shape[-1] == 32 for h in out.hidden_states)
+    if attention_type == "softmax":
+        assert out.attentions and all(w.dim() == 4 for w in out.attentions)
+        assert all(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-5) for w in out.attentions)
+    else:
+        assert out.attentions is None  # linear attention has no weights: None, not zeros
+    as_tuple = model(input_ids=ids, return_dict=False)
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(input_ids=ids).last_hidden_state)
+
+
+def test_sdpa_and_eager_models_agree():
+    config = tiny_config("decoder")
+    model = make_model(hfst.TransformerDecoderForCausalLM, config)
+    ids = batch_of_tokens(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0
+    sdpa = model(input_ids=ids, attention_mask=mask).logits
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    assert torch.allclose(model(input_ids=ids, attention_mask=mask).logits, sdpa, atol=ATOL)
+
+
+def test_perceiver_query_types():
+    ids = batch_of_tokens(2, 6)
+    learned = make_model(hfst.PerceiverIOModel, tiny_config("perceiver_io", output_query_type="learned", num_output_queries=4))
+    assert learned(input_ids=ids).last_hidden_state.shape == (2, 4, 32)
+    positions = make_model(hfst.PerceiverIOForMaskedLM, tiny_config("perceiver_io", output_query_type="positions"))
+    assert positions(input_ids=ids).logits.shape == (2, 6, VOCAB)
+    with pytest.raises(ValueError, match="output_query_type"):
+        hfst.PerceiverIOForMaskedLM(tiny_config("perceiver_io", output_query_type="learned"))
+    cls = make_model(hfst.PerceiverIOForSequenceClassification, tiny_config("perceiver_io", output_query_type="learned"))
+    assert cls(input_ids=ids).logits.shape == (2, 3)
+
+
+@pytest.mark.parametrize("pooling", ["pma", "mean"])
+@pytest.mark.parametrize("family", ["encoder", "set_transformer", "perceiver_io"])
+def test_sequence_classification_pooling(family, pooling):
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_config(family, pooling=pooling)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModelForSequenceClassification], config)
+    out = model(input_ids=batch_of_tokens(4, 6), labels=torch.tensor([0, 1, 2, 1]))
+    assert out.logits.shape == (4, 3) and out.loss.ndim == 0
+    assert model.config.problem_type == "single_label_classification"
+
+
+@pytest.mark.parametrize(
+    "num_labels,labels,problem_type",
+    [
+        (1, torch.randn(4), "regression"),
+        (3, torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0], [0, 0, 0]]), "multi_label_classification"),
+    ],
+)
+def test_problem_types(num_labels, labels, problem_type):
+    config = tiny_config("set_transformer", num_labels=num_labels,
+                         problem_type=problem_type if problem_type != "regression" else None)
+    model = make_model(hfst.SetTransformerForSequenceClassification, config)
+    out = model(input_ids=batch_of_tokens(4, 5), labels=labels)
+    assert torch.isfinite(out.loss) and model.config.problem_type == problem_type
+    if problem_type == "regression":
+        expected = torch.nn.functional.mse_loss(out.logits.squeeze(-1), labels)
+    else:
+        expected = torch.nn.functional.binary_cross_entropy_with_logits(out.logits, labels)
+    assert torch.allclose(out.loss, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["encoder", "set_transformer", "perceiver_io"])
+def test_next_token_head_contract(family):
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family, context_length=4)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    ids = batch_of_tokens(3, 9)
+    labels = torch.tensor([1, 2, -100])
+    out = model(input_ids=ids, labels=labels)
+    assert out.logits.shape == (3, 1, VOCAB)
+    expected = torch.nn.functional.cross_entropy(out.logits[:2, 0], labels[:2])
+    assert torch.allclose(out.loss, expected, atol=1e-6)
+    # only the last context_length tokens matter
+    earlier = ids.clone()
+    earlier[:, :5] = (earlier[:, :5] + 1) % VOCAB
+    assert torch.allclose(model(input_ids=earlier).logits, out.logits, atol=ATOL)
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied
+    with pytest.raises(ValueError, match=r"shape \(batch,\)"):
+        model(input_ids=ids, labels=ids)
+
+
+def test_masked_lm_loss_ignores_minus_100():
+    model = make_model(hfst.TransformerEncoderForMaskedLM, tiny_config("encoder"))
+    ids = batch_of_tokens(2, 6)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 4] = 5, 7
+    out = model(input_ids=ids, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits[[0, 1], [2, 4]], torch.tensor([5, 7]))
+    assert torch.allclose(out.loss, expected, atol=1e-6)
+
+
+def test_causal_lm_loss_shifts_labels():
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))
+    ids = batch_of_tokens(2, 6)
+    out = model(input_ids=ids, labels=ids)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    assert torch.allclose(out.loss, expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ bad inputs
+
+
+def test_bad_inputs_raise_clear_errors():
+    encoder = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        encoder(input_ids=torch.tensor([[1, 2, VOCAB]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        encoder(input_ids=torch.tensor([[1, -1]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        encoder(input_ids=batch_of_tokens(2, 6), attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="exactly one"):
+        encoder()
+    with pytest.raises(ValueError, match="input_features"):
+        encoder(input_ids=torch.randn(2, 6, 3))
+    with pytest.raises(ValueError, match="no continuous features"):
+        encoder(input_features=torch.randn(2, 6, 3))
+
+    learned = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", position_embedding_type="learned",
+                                                                    max_position_embeddings=8))
+    learned(input_ids=batch_of_tokens(1, 8))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        learned(input_ids=batch_of_tokens(1, 9))
+
+    sets = make_model(hfst.SetTransformerModel, tiny_config("set_transformer", vocab_size=None, input_size=3))
+    with pytest.raises(ValueError, match="input_size=3"):
+        sets(input_features=torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="no token embedding"):
+        sets(input_ids=batch_of_tokens())
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        sets(inputs_embeds=torch.randn(2, 5, 31))
+
+    decoder = make_model(hfst.TransformerDecoderModel, tiny_config("decoder"))
+    with pytest.raises(ValueError, match="add_cross_attention"):
+        decoder(input_ids=batch_of_tokens(), encoder_hidden_states=torch.randn(2, 4, 32))
+
+
+def test_sinusoidal_positions_extrapolate():
+    model = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", max_position_embeddings=8))
+    assert torch.isfinite(model(input_ids=batch_of_tokens(1, 20)).last_hidden_state).all()
+
+
+def test_inputs_embeds_match_input_ids():
+    model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    ids = batch_of_tokens()
+    embeds = model.get_input_embeddings()(ids) * math.sqrt(32)
+    assert torch.allclose(model(inputs_embeds=embeds).last_hidden_state, model(input_ids=ids).last_hidden_state, atol=ATOL)
