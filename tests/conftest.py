@@ -46,6 +46,7 @@ def tiny_config(family, attention_type="softmax", feature_map="elu", **overrides
         max_position_embeddings=64,
         context_length=8,
         num_labels=3,
+        initializer_range=0.1,  # 0.02 (the default) is made for widths in the hundreds; these are 32 wide
     )
     kwargs.update(FAMILY_EXTRAS[family])
     if family == "perceiver_io":
