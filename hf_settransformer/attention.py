@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
-EPS = 1e-6  # floor of the linear-attention denominator: zero only when every key is masked
+def _ratio(num, den):
+    """num / den, and 0 where den is 0 (a query that sees no real key); no floor that would bias tiny denominators."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _no_autocast(tensor):
+    """The linear kernels run in float32 whatever autocast says: their sums over the sequence overflow in fp16."""
+    return torch.autocast(device_type=tensor.device.type, enabled=False)
 
 
 @dataclass
@@ -110,7 +117,11 @@ def _elu_feature(x):
 
 def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
     """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) -> (b,h,n,e) fp32."""
-    q, k, v = q.float(), k.float(), v.float()
+    with _no_autocast(q):
+        return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map)
+
+
+def _linear_attention(q, k, v, key_mask, feature_map):
     keep = None if key_mask is None else key_mask[:, None, :, None]  # (b, 1, m, 1)
     if feature_map == "elu":
         phi_q = _elu_feature(q)
@@ -123,12 +134,12 @@ def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
             k = k.masked_fill(~keep, float("-inf"))
         k_max = k.amax(dim=-2, keepdim=True).clamp_min(torch.finfo(k.dtype).min)  # (b, h, 1, d), finite
         phi_k = torch.exp(k - k_max)  # masked keys -> exp(-inf) = 0
-        phi_k = phi_k / phi_k.sum(dim=-2, keepdim=True).clamp_min(EPS)
+        phi_k = _ratio(phi_k, phi_k.sum(dim=-2, keepdim=True))
     kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
     z = phi_k.sum(dim=-2)  # (b, h, d)
     num = torch.matmul(phi_q, kv)  # (b, h, n, e)
     den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, n, 1)
-    return num / den.clamp_min(EPS)
+    return _ratio(num, den)
 
 
 @dataclass
@@ -174,7 +185,11 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
     `state` continues from earlier tokens (chunked prefill, generation).
     """
-    q, k, v = q.float(), k.float(), v.float()
+    with _no_autocast(q):
+        return _causal_linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map, chunk_size, state)
+
+
+def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
     b, h, n, d = q.shape
     e = v.shape[-1]
     phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
@@ -205,7 +220,7 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
         z_before = z_before + state.z[:, :, None]
     num = num + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
     den = den + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = num / den.clamp_min(EPS).unsqueeze(-1)
+    out = _ratio(num, den.unsqueeze(-1))
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
 
     new_state = LinearAttentionState(
@@ -219,7 +234,11 @@ def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu")
 
     Cost and memory are independent of the number of tokens already in `state`.
     """
-    q, k, v = q.float(), k.float(), v.float()
+    with _no_autocast(q):
+        return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, feature_map)
+
+
+def _linear_attention_step(q, k, v, state, key_mask, feature_map):
     phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
     kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
     z = phi_k.squeeze(-2)  # (b, h, d)
@@ -227,7 +246,7 @@ def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu")
         kv, z = kv + state.kv, z + state.z
     num = torch.matmul(phi_q, kv)  # (b, h, 1, e)
     den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, 1, 1)
-    return num / den.clamp_min(EPS), LinearAttentionState(kv=kv, z=z, k_max=k_max)
+    return _ratio(num, den), LinearAttentionState(kv=kv, z=z, k_max=k_max)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,473 @@
+"""Attention kernels and `MultiHeadAttention` against naive float64 references written from the math.
+
+Shapes: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim (kept != d on purpose).
+"""
+
+import math
+
+import pytest
+import torch
+
+from hf_settransformer import TransformerEncoderConfig
+from hf_settransformer.attention import (
+    AttentionMask,
+    MultiHeadAttention,
+    causal_linear_attention,
+    linear_attention,
+    linear_attention_step,
+    softmax_attention_eager,
+    softmax_attention_sdpa,
+)
+
+
+FEATURE_MAPS = ["elu", "exp"]
+B, H, D, E = 2, 2, 4, 3
+CHUNK = 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# naive float64 references
+
+
+def _phi(x, feature_map):
+    """elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise; or exp(x)."""
+    if feature_map == "elu":
+        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
+    return torch.exp(x)
+
+
+def _normalise_rows(w, v):
+    """out_i = sum_j w_ij v_j / sum_j w_ij, and 0 for rows with sum_j w_ij == 0."""
+    den = w.sum(-1, keepdim=True)
+    out = (w @ v) / torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, out, torch.zeros_like(out))
+
+
+def _allowed(n, m, key_mask, causal):
+    """(b or 1, 1, n, m) bool: key j visible to query i. Causal queries are the last n of m positions."""
+    allowed = torch.ones(1, 1, n, m, dtype=torch.bool)
+    if causal:
+        i = torch.arange(n)[:, None] + (m - n)
+        j = torch.arange(m)[None, :]
+        allowed = allowed & (j <= i)
+    if key_mask is not None:
+        allowed = allowed & key_mask.bool()[:, None, None, :]
+    return allowed
+
+
+def ref_causal_linear(q, k, v, key_mask, feature_map):
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[-2]
+    w = _phi(q, feature_map) @ _phi(k, feature_map).transpose(-1, -2)  # (b, h, n, n)
+    return _normalise_rows(w * _allowed(n, n, key_mask, causal=True), v)
+
+
+def ref_causal_exp_logspace(q, k, v, key_mask=None):
+    """Causal exp linear attention for large inputs: log w_ij = logsumexp_f (q_if + k_jf), then a softmax over j."""
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[-2]
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1)  # (b, h, n, n)
+    allowed = _allowed(n, n, key_mask, causal=True)
+    logw = logw.masked_fill(~allowed, float("-inf"))
+    w = torch.softmax(logw, dim=-1).nan_to_num(0.0)
+    return w @ v
+
+
+def ref_linear(q, k, v, key_mask, feature_map):
+    q, k, v = q.double(), k.double(), v.double()
+    keep = torch.ones(k.shape[0], 1, k.shape[-2], 1, dtype=torch.float64)
+    if key_mask is not None:
+        keep = key_mask.double()[:, None, :, None]
+    if feature_map == "elu":
+        phi_q, phi_k = _phi(q, "elu"), _phi(k, "elu") * keep
+    else:  # Shen et al.: softmax over features for queries, over the (unmasked) keys for keys
+        eq = torch.exp(q)
+        phi_q = eq / eq.sum(-1, keepdim=True)
+        ek = torch.exp(k) * keep
+        sk = ek.sum(-2, keepdim=True)
+        phi_k = ek / torch.where(sk > 0, sk, torch.ones_like(sk))
+    return _normalise_rows(phi_q @ phi_k.transpose(-1, -2), v)
+
+
+def ref_softmax(q, k, v, key_mask, causal):
+    q, k, v = q.double(), k.double(), v.double()
+    n, m = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    allowed = _allowed(n, m, key_mask, causal).expand_as(scores)
+    w = torch.exp(scores - scores.amax(-1, keepdim=True)) * allowed
+    return _normalise_rows(w, v)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _qkv(n, m=None, scale=1.0, seed=0, b=B, h=H, d=D, e=E):
+    m = n if m is None else m
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g) * scale
+    k = torch.randn(b, h, m, d, generator=g) * scale
+    v = torch.randn(b, h, m, e, generator=g)
+    return q, k, v
+
+
+def _key_mask(kind, b, m, seed=1):
+    """None; 'random' key padding (key 0 of row 0 kept); 'left' padding (row 0: first 3 keys masked)."""
+    if kind == "none":
+        return None
+    mask = torch.ones(b, m, dtype=torch.bool)
+    if kind == "random":
+        g = torch.Generator().manual_seed(seed)
+        mask = torch.rand(b, m, generator=g) > 0.4
+        mask[0, 0] = True
+    elif kind == "left":
+        mask[0, : min(3, m)] = False
+    elif kind == "row_masked":
+        mask[1] = False
+    else:
+        raise ValueError(kind)
+    return mask
+
+
+def _check(got, expected, atol=1e-5, rtol=1e-4):
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected.to(got.dtype), atol=atol, rtol=rtol)
+
+
+def _config(attention_type="softmax", feature_map="elu", hidden_size=32, heads=4, chunk=CHUNK):
+    return TransformerEncoderConfig(
+        vocab_size=10,
+        hidden_size=hidden_size,
+        num_attention_heads=heads,
+        attention_type=attention_type,
+        feature_map=feature_map,
+        attention_probs_dropout_prob=0.0,
+        linear_attention_chunk_size=chunk,
+    )
+
+
+def _module(attention_type, feature_map, causal=False, self_attention=True, seed=0, **kw):
+    torch.manual_seed(seed)
+    config = _config(attention_type, feature_map, **kw)
+    return MultiHeadAttention(config, self_attention=self_attention, causal=causal).eval()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. causal linear attention
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "random", "left"])
+@pytest.mark.parametrize("n", [1, 7, 16, 37])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_causal_linear_matches_naive(feature_map, n, mask_kind):
+    q, k, v = _qkv(n)
+    key_mask = _key_mask(mask_kind, B, n)
+    out, state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    assert out.shape == (B, H, n, E) and out.dtype == torch.float32
+    assert _state_shapes(state) == _expected_state_shapes(feature_map)  # independent of n
+    _check(out, ref_causal_linear(q, k, v, key_mask, feature_map))
+    if mask_kind == "left":  # queries that see only padding give exactly 0
+        assert torch.equal(out[0, :, : min(3, n)], torch.zeros(H, min(3, n), E))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. chunked prefill and the recurrent view
+
+
+def _state_shapes(state):
+    return state.kv.shape, state.z.shape, None if state.k_max is None else state.k_max.shape
+
+
+def _expected_state_shapes(feature_map):
+    return (B, H, D, E), (B, H, D), (B, H, D) if feature_map == "exp" else None
+
+
+@pytest.mark.parametrize("split", [1, 5, 8, 13])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_causal_linear_prefill_continues_from_state(feature_map, split):
+    n = 29
+    q, k, v = _qkv(n)
+    key_mask = torch.ones(B, n, dtype=torch.bool)
+    key_mask[0, :6] = False  # left padding; split 1 and 5 make row 0's first part fully masked
+    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+
+    first, state = causal_linear_attention(
+        q[:, :, :split], k[:, :, :split], v[:, :, :split], key_mask[:, :split], feature_map, chunk_size=CHUNK
+    )
+    assert _state_shapes(state) == _expected_state_shapes(feature_map)
+    rest, last_state = causal_linear_attention(
+        q[:, :, split:], k[:, :, split:], v[:, :, split:], key_mask[:, split:], feature_map, CHUNK, state=state
+    )
+    assert _state_shapes(last_state) == _expected_state_shapes(feature_map)
+    _check(torch.cat([first, rest], dim=2), full)
+    _check(torch.cat([first, rest], dim=2), ref_causal_linear(q, k, v, key_mask, feature_map))
+    # the state after all tokens does not depend on how they were split
+    _check(last_state.kv, full_state.kv)
+    _check(last_state.z, full_state.z)
+    if feature_map == "exp":
+        _check(last_state.k_max, full_state.k_max)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "left"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_attention_step_matches_causal_kernel(feature_map, mask_kind):
+    n = 19
+    q, k, v = _qkv(n)
+    key_mask = _key_mask(mask_kind, B, n)
+    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+
+    state, outs = None, []
+    for t in range(n):
+        step_mask = None if key_mask is None else key_mask[:, t : t + 1]
+        o, state = linear_attention_step(
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, key_mask=step_mask,
+            feature_map=feature_map,
+        )
+        assert o.shape == (B, H, 1, E)
+        assert _state_shapes(state) == _expected_state_shapes(feature_map)  # constant size
+        outs.append(o)
+    steps = torch.cat(outs, dim=2)
+    _check(steps, full)
+    _check(steps, ref_causal_linear(q, k, v, key_mask, feature_map))
+    _check(state.kv, full_state.kv)
+    _check(state.z, full_state.z)
+    if mask_kind == "left":
+        assert torch.equal(steps[0, :, :3], torch.zeros(H, 3, E))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. non-causal linear attention
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "random", "left"])
+@pytest.mark.parametrize("n,m", [(6, 6), (3, 11)], ids=["self", "cross"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_attention_matches_naive(feature_map, n, m, mask_kind):
+    q, k, v = _qkv(n, m)
+    key_mask = _key_mask(mask_kind, B, m)
+    out = linear_attention(q, k, v, key_mask, feature_map)
+    assert out.shape == (B, H, n, E) and out.dtype == torch.float32
+    _check(out, ref_linear(q, k, v, key_mask, feature_map))
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_attention_fully_masked_row_gives_zeros(feature_map):
+    q, k, v = _qkv(4, 7)
+    key_mask = _key_mask("row_masked", B, 7)  # batch row 1: every key masked
+    out = linear_attention(q, k, v, key_mask, feature_map)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1], torch.zeros(H, 4, E))
+    _check(out[:1], ref_linear(q[:1], k[:1], v[:1], None, feature_map))
+    # the causal kernel too
+    q, k, v = _qkv(7)
+    out, _ = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1], torch.zeros(H, 7, E))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# denominators that are small but not zero must not be floored (EPS is only meant for "no key at all")
+
+
+@pytest.mark.parametrize("path", ["chunked", "step"])
+def test_causal_exp_large_inputs_match_logspace_reference(path):
+    """Keys ~ N(0, 25): the stabilised exp kernel must still give the exact ratio (no EPS floor kicking in)."""
+    n = 128
+    q, k, v = _qkv(n, scale=5.0, seed=3, d=8)
+    if path == "chunked":
+        out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK)
+    else:
+        state, outs = None, []
+        for t in range(n):
+            o, state = linear_attention_step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state,
+                                             feature_map="exp")
+            outs.append(o)
+        out = torch.cat(outs, dim=2)
+    _check(out, ref_causal_exp_logspace(q, k, v), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_causal_linear_past_ignores_a_large_future_key(feature_map):
+    """Causality in one kernel call: a key of 20 at the last position must not change earlier outputs."""
+    q, k, v = _qkv(8)
+    out, _ = causal_linear_attention(q, k, v, None, feature_map, chunk_size=CHUNK)
+    k_big = k.clone()
+    k_big[:, :, -1] = 20.0
+    out_big, _ = causal_linear_attention(q, k_big, v, None, feature_map, chunk_size=CHUNK)
+    _check(out_big[:, :, :-1], out[:, :, :-1])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_elu_uniform_weights_with_tiny_features(causal):
+    """q = k = -9 everywhere: every weight phi(q).phi(k) is the same (tiny) number, so the output is the mean
+    (running mean if causal) of the values, whatever the scale of the weights."""
+    n = 8
+    _, _, v = _qkv(n)
+    q = torch.full((B, H, n, D), -9.0)
+    k = torch.full((B, H, n, D), -9.0)
+    if causal:
+        out, _ = causal_linear_attention(q, k, v, None, "elu", chunk_size=CHUNK)
+        expected = v.double().cumsum(-2) / torch.arange(1, n + 1, dtype=torch.float64)[:, None]
+    else:
+        out = linear_attention(q, k, v, None, "elu")
+        expected = v.double().mean(-2, keepdim=True).expand(B, H, n, E)
+    _check(out, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. softmax kernels
+
+SOFTMAX_CASES = {
+    # name: (n, m, mask kind, causal)
+    "no_mask": (6, 6, "none", False),
+    "all_true_mask": (6, 6, "all_true", False),
+    "key_padding": (6, 6, "random", False),
+    "cross_padding": (3, 9, "random", False),
+    "causal": (6, 6, "none", True),
+    "causal_left_padding": (6, 6, "left", True),
+    "causal_random_padding": (6, 6, "random", True),
+    "causal_last_queries": (3, 7, "none", True),  # queries are the last n of m positions
+    "causal_last_queries_padding": (3, 7, "left", True),
+    "row_fully_masked": (5, 5, "row_masked", False),
+    "causal_row_fully_masked": (5, 5, "row_masked", True),
+}
+
+
+@pytest.mark.parametrize("case", list(SOFTMAX_CASES))
+def test_softmax_kernels_match_naive(case):
+    n, m, mask_kind, causal = SOFTMAX_CASES[case]
+    q, k, v = _qkv(n, m, d=8)
+    key_mask = torch.ones(B, m, dtype=torch.bool) if mask_kind == "all_true" else _key_mask(mask_kind, B, m)
+    mask = AttentionMask.build(key_mask, causal=causal, num_queries=n)
+    expected = ref_softmax(q, k, v, key_mask, causal)
+
+    out_sdpa, no_weights = softmax_attention_sdpa(q, k, v, mask)
+    out_eager, weights = softmax_attention_eager(q, k, v, mask)
+    assert no_weights is None
+    assert out_sdpa.shape == out_eager.shape == (B, H, n, E)
+    _check(out_sdpa, expected)
+    _check(out_eager, expected)
+    _check(out_sdpa, out_eager)
+
+    # weights: (b, h, n, m), zero on invisible keys, rows sum to 1, or to 0 when the query sees no key
+    allowed = _allowed(n, m, key_mask, causal).expand(B, H, n, m)
+    assert weights.shape == (B, H, n, m)
+    assert torch.isfinite(weights).all()
+    assert torch.equal(weights[~allowed], torch.zeros_like(weights[~allowed]))
+    has_key = allowed.any(-1)
+    _check(weights.sum(-1), has_key.float())
+    if mask_kind == "row_masked" or (mask_kind == "left" and n == m):  # some queries see only padding
+        assert not has_key.all()
+    if not has_key.all():  # rows without a visible key give exactly 0, not NaN
+        assert torch.equal(out_sdpa[~has_key], torch.zeros_like(out_sdpa[~has_key]))
+        assert torch.equal(out_eager[~has_key], torch.zeros_like(out_eager[~has_key]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. numerics under reduced precision
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_mha_linear_autocast_long_sequence(dtype, feature_map, causal):
+    module = _module("linear", feature_map, causal=causal, hidden_size=64, heads=4, chunk=64)
+    x = torch.randn(1, 2048, 64, generator=torch.Generator().manual_seed(0)) * 5
+    with torch.no_grad():
+        reference, _ = module(x)
+        with torch.autocast("cpu", dtype=dtype):
+            out, _ = module(x)
+    assert torch.isfinite(reference).all()
+    assert torch.isfinite(out).all()
+    err = (out.float() - reference).abs().max()
+    assert err <= 0.05 * reference.abs().max() + 0.02
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_kernels_accumulate_in_fp32_under_autocast(feature_map, causal):
+    """The module docstring: all sums run in float32, also under fp16/bf16 autocast; the kernels return fp32."""
+    q, k, v = _qkv(256, scale=2.0, d=8, e=8)
+
+    def run():
+        if causal:
+            return causal_linear_attention(q, k, v, None, feature_map, chunk_size=64)[0]
+        return linear_attention(q, k, v, None, feature_map)
+
+    expected = run()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run()
+    assert out.dtype == torch.float32
+    _check(out, expected, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_causal_linear_fp16_inputs_long_sequence(feature_map):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4096, 8, generator=g).mul(3).half() for _ in range(3))
+    out, state = causal_linear_attention(q, k, v, None, feature_map, chunk_size=64)
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(state.kv).all() and torch.isfinite(state.z).all()
+    # fp16 inputs are only read: the result is that of the same numbers in fp32
+    expected, _ = causal_linear_attention(q.float(), k.float(), v.float(), None, feature_map, chunk_size=64)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. MultiHeadAttention
+
+ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
+ATTENTION_IDS = ["softmax", "linear-elu", "linear-exp"]
+
+
+@pytest.mark.parametrize("self_attention", [True, False], ids=["self", "cross"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_mha_shapes_and_weights(attention_type, feature_map, masked, self_attention):
+    b, n, hidden, heads = 2, 5, 32, 4
+    m = n if self_attention else 7
+    module = _module(attention_type, feature_map, self_attention=self_attention)
+    x = torch.randn(b, n, hidden)
+    context = None if self_attention else torch.randn(b, m, hidden)
+    key_mask = _key_mask("random", b, m) if masked else None
+    mask = AttentionMask.build(key_mask, num_queries=n, for_softmax=attention_type == "softmax")
+
+    with torch.no_grad():
+        out, no_weights = module(x, context, mask=mask)
+        out_w, weights = module(x, context, mask=mask, output_attentions=True)
+    assert out.shape == out_w.shape == (b, n, hidden)
+    assert no_weights is None
+    torch.testing.assert_close(out_w, out, atol=1e-5, rtol=1e-5)  # eager (weights) == default (sdpa) path
+    if attention_type == "linear":
+        assert weights is None
+        return
+    assert weights.shape == (b, heads, n, m)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(b, heads, n))
+    if masked:
+        dropped = ~key_mask[:, None, None, :].expand(b, heads, n, m)
+        assert torch.equal(weights[dropped], torch.zeros_like(weights[dropped]))
+
+    # the module computes o_proj(attention(q, k, v)) with the projections it owns
+    with torch.no_grad():
+        q, k, v = module.project(x, context)
+        expected = ref_softmax(q, k, v, key_mask, causal=False).float()
+        expected = module.o_proj(expected.transpose(1, 2).reshape(b, n, hidden))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t", [0, 4, 9])
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_mha_causal_output_ignores_future(attention_type, feature_map, t):
+    n, hidden = 12, 32
+    module = _module(attention_type, feature_map, causal=True)
+    x = torch.randn(2, n, hidden)
+    x2 = x.clone()
+    x2[:, t + 1 :] = torch.randn(2, n - t - 1, hidden)
+    with torch.no_grad():
+        out, _ = module(x)
+        out2, _ = module(x2)
+        out_w, _ = module(x2, output_attentions=True)
+    torch.testing.assert_close(out2[:, : t + 1], out[:, : t + 1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out2[:, t + 1 :], out[:, t + 1 :], atol=1e-3)  # the future does matter there
+    torch.testing.assert_close(out_w, out2, atol=1e-5, rtol=1e-5)
