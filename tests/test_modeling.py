@@ -369,3 +369,24 @@ def test_inputs_embeds_match_input_ids():
     ids = batch_of_tokens()
     embeds = model.get_input_embeddings()(ids) * math.sqrt(32)
     assert torch.allclose(model(inputs_embeds=embeds).last_hidden_state, model(input_ids=ids).last_hidden_state, atol=ATOL)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_models_stay_finite_and_in_dtype(family, attention_type, feature_map):
+    config = tiny_config(family, attention_type, feature_map)
+    ids = batch_of_tokens(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    for cls in hfst.FAMILIES[type(config)].values():
+        model = make_model(cls, config).to(torch.bfloat16)
+        out = main_output(model(input_ids=ids, attention_mask=mask))
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all(), cls.__name__
+
+
+def test_resize_token_embeddings_keeps_the_tie():
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))
+    model.resize_token_embeddings(VOCAB + 5, mean_resizing=False)
+    assert model.config.vocab_size == VOCAB + 5
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert model(input_ids=torch.tensor([[VOCAB + 4, 1]])).logits.shape == (1, 2, VOCAB + 5)
