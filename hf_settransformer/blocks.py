@@ -34,8 +34,9 @@ class MAB(GradientCheckpointingLayer):
         self.ffn = FeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, context=None, mask=None, cross_states=None, cross_mask=None,
-                output_attentions=False):
+    def forward(
+        self, hidden_states, context=None, mask=None, cross_states=None, cross_mask=None, output_attentions=False
+    ):
         """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)

@@ -38,9 +38,7 @@ def check_probability(name, value):
 
 def check_heads(hidden_name, hidden_size, heads_name, num_heads):
     if hidden_size % num_heads != 0:
-        raise ValueError(
-            f"`{hidden_name}` ({hidden_size}) must be divisible by `{heads_name}` ({num_heads})."
-        )
+        raise ValueError(f"`{hidden_name}` ({hidden_size}) must be divisible by `{heads_name}` ({num_heads}).")
 
 
 class HfstConfig(PreTrainedConfig):
@@ -133,8 +131,15 @@ class HfstConfig(PreTrainedConfig):
         """Raise a `ValueError` naming the first invalid field. Families extend it."""
         check_positive("vocab_size", self.vocab_size, allow_none=True)
         check_positive("input_size", self.input_size, allow_none=True)
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "linear_attention_chunk_size", "context_length"):
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "linear_attention_chunk_size",
+            "context_length",
+        ):
             check_positive(name, getattr(self, name))
         check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
         check_probability("hidden_dropout_prob", self.hidden_dropout_prob)

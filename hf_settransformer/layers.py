@@ -91,10 +91,19 @@ class InputEmbeddings(nn.Module):
 
     def embed(self, input_ids=None, input_features=None, inputs_embeds=None):
         """Validates the inputs and embeds them, without positions: -> (b, n, hidden)."""
-        given = [name for name, x in (("input_ids", input_ids), ("input_features", input_features),
-                                      ("inputs_embeds", inputs_embeds)) if x is not None]
+        given = [
+            name
+            for name, x in (
+                ("input_ids", input_ids),
+                ("input_features", input_features),
+                ("inputs_embeds", inputs_embeds),
+            )
+            if x is not None
+        ]
         if len(given) != 1:
-            raise ValueError(f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}.")
+            raise ValueError(
+                f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}."
+            )
         if input_ids is not None:
             if self.embed_tokens is None:
                 raise ValueError("This model has no token embedding (`vocab_size` is None): pass `input_features`.")

@@ -80,8 +80,18 @@ def warn_if_no_weights(config, output_attentions):
         )
 
 
-def run_stack(layers, hidden_states, mask, output_attentions, output_hidden_states, context=None,
-              cross_states=None, cross_mask=None, hidden_states_so_far=(), attentions_so_far=()):
+def run_stack(
+    layers,
+    hidden_states,
+    mask,
+    output_attentions,
+    output_hidden_states,
+    context=None,
+    cross_states=None,
+    cross_mask=None,
+    hidden_states_so_far=(),
+    attentions_so_far=(),
+):
     """Apply a list of MABs in turn, collecting per-layer states and weights when asked.
 
     Returns (hidden_states, all hidden states or None, attention weights or None, cross weights or None)."""
@@ -193,18 +203,15 @@ class PooledHeadMixin:
         return outputs, self.pool_outputs(outputs, key_mask)
 
 
-class ForMaskedLMMixin:
-    """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
+class LMHeadMixin:
+    """A vocabulary projection `lm_head`, tied to the input embedding when `config.tie_word_embeddings`."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
 
-    def __init__(self, config):
-        super().__init__(config)
+    def make_lm_head(self, config):
         if not config.vocab_size:
-            raise ValueError("`vocab_size` must be set for a masked language modelling head.")
-        self.model = self.base_model_class(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+            raise ValueError(f"`vocab_size` must be set for {type(self).__name__} (it predicts tokens).")
+        return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -212,21 +219,45 @@ class ForMaskedLMMixin:
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+
+class ForMaskedLMMixin(LMHeadMixin):
+    """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.lm_head = self.make_lm_head(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         r"""labels (`torch.LongTensor` of shape (batch, length)): token ids to predict, -100 elsewhere."""
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
             **model_kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (b, n, vocab)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                attentions=outputs.attentions)
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
 
@@ -244,12 +275,27 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, input_features=None, inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        input_features=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         r"""labels (`torch.LongTensor` of shape (batch,), or float (batch, num_labels) for multi-label/regression)."""
         outputs, pooled = self.run_base_model(
-            attention_mask, output_attentions, output_hidden_states,
-            input_ids=input_ids, input_features=input_features, inputs_embeds=inputs_embeds, **kwargs,
+            attention_mask,
+            output_attentions,
+            output_hidden_states,
+            input_ids=input_ids,
+            input_features=input_features,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
         )
         logits = self.classifier(self.head_dropout(pooled))  # (b, num_labels)
         loss = None
@@ -261,7 +307,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
 
-class ForNextTokenPredictionMixin(PooledHeadMixin):
+class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
     """The design document's WikiText-2 model: the last `context_length` tokens go through the family's stack, an
     attention pooling summarises them, a vocabulary projection predicts the next token.
 
@@ -270,26 +316,26 @@ class ForNextTokenPredictionMixin(PooledHeadMixin):
     after its `PreTrainedModel`, as transformers requires).
     """
 
-    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
 
     def __init__(self, config):
         super().__init__(config)
-        if not config.vocab_size:
-            raise ValueError("`vocab_size` must be set for a next-token prediction head.")
         self.model = self.base_model_class(config)
         self.head_pool = self.make_head_pool(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = self.make_lm_head(config)
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         r"""labels (`torch.LongTensor` of shape (batch,)): the token that follows each window; -100 is ignored."""
         window = self.config.context_length
         input_ids = None if input_ids is None else input_ids[:, -window:]
@@ -297,8 +343,12 @@ class ForNextTokenPredictionMixin(PooledHeadMixin):
         attention_mask = None if attention_mask is None else attention_mask[:, -window:]
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
         outputs, pooled = self.run_base_model(
-            attention_mask, output_attentions, output_hidden_states,
-            input_ids=input_ids, inputs_embeds=inputs_embeds, **kwargs,
+            attention_mask,
+            output_attentions,
+            output_hidden_states,
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
         )
         logits = self.lm_head(pooled).unsqueeze(1)  # (b, 1, vocab)
         loss = None
@@ -309,8 +359,9 @@ class ForNextTokenPredictionMixin(PooledHeadMixin):
                     f"(batch,) = ({logits.shape[0]},), got {tuple(labels.shape)}."
                 )
             loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
-        output = CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                attentions=outputs.attentions)
+        output = CausalLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):

@@ -3,7 +3,6 @@ softmax or causal linear attention (Katharopoulos et al. 2020). Each block: caus
 cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/GPT-2 do for
 `EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
 
-import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
@@ -12,7 +11,14 @@ from .attention import AttentionMask
 from .blocks import MAB
 from .configuration_decoder import TransformerDecoderConfig
 from .layers import InputEmbeddings, make_norm, position_ids_from_mask
-from .modeling_common import HfstPreTrainedModel, check_attention_mask, input_shape, resolve_output_flags, run_stack
+from .modeling_common import (
+    HfstPreTrainedModel,
+    LMHeadMixin,
+    check_attention_mask,
+    input_shape,
+    resolve_output_flags,
+    run_stack,
+)
 
 
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
@@ -27,15 +33,30 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         super().__init__(config)
         self.embeddings = InputEmbeddings(config)
         self.layers = nn.ModuleList(
-            [MAB(config, causal=True, cross_attention=config.add_cross_attention) for _ in range(config.num_hidden_layers)]
+            [
+                MAB(config, causal=True, cross_attention=config.add_cross_attention)
+                for _ in range(config.num_hidden_layers)
+            ]
         )
         self.final_norm = make_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         if past_key_values is not None and past_key_values.get_seq_length() > 0:
             raise NotImplementedError("TransformerDecoderModel does not read a cache yet: pass the whole sequence.")
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
@@ -52,8 +73,11 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         if encoder_hidden_states is not None:
             if not self.config.add_cross_attention:
                 raise ValueError("`encoder_hidden_states` given but the config has `add_cross_attention=False`.")
-            if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[0] != b or \
-                    encoder_hidden_states.shape[-1] != self.config.hidden_size:
+            if (
+                encoder_hidden_states.dim() != 3
+                or encoder_hidden_states.shape[0] != b
+                or encoder_hidden_states.shape[-1] != self.config.hidden_size
+            ):
                 raise ValueError(
                     f"`encoder_hidden_states` must have shape ({b}, source length, {self.config.hidden_size}), "
                     f"got {tuple(encoder_hidden_states.shape)}."
@@ -63,47 +87,66 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             )
             cross_mask = AttentionMask.build(encoder_key_mask, for_softmax=for_softmax)
         hidden_states, all_states, all_weights, all_cross = run_stack(
-            self.layers, hidden_states, mask, output_attentions, output_hidden_states,
-            cross_states=encoder_hidden_states, cross_mask=cross_mask,
+            self.layers,
+            hidden_states,
+            mask,
+            output_attentions,
+            output_hidden_states,
+            cross_states=encoder_hidden_states,
+            cross_mask=cross_mask,
         )
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
         output = BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, hidden_states=all_states, attentions=all_weights, cross_attentions=all_cross
+            last_hidden_state=hidden_states,
+            hidden_states=all_states,
+            attentions=all_weights,
+            cross_attentions=all_cross,
         )
         return output if return_dict else output.to_tuple()
 
 
-class TransformerDecoderForCausalLM(TransformerDecoderPreTrainedModel, GenerationMixin):
+class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedModel, GenerationMixin):
     """Decoder with a (tied) vocabulary projection: logits at every position, transformers' causal-LM loss
     (`labels` = `input_ids`, shifted inside)."""
-
-    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
 
     def __init__(self, config):
         super().__init__(config)
         self.model = TransformerDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = self.make_lm_head(config)
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
-                labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
-                **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        use_cache=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
         logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
         outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
@@ -113,13 +156,23 @@ class TransformerDecoderForCausalLM(TransformerDecoderPreTrainedModel, Generatio
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         output = CausalLMOutputWithCrossAttentions(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None,
-                                      encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):
+    def prepare_inputs_for_generation(
+        self,
+        input_ids,
+        attention_mask=None,
+        inputs_embeds=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        **kwargs,
+    ):
         # No cache yet: every step reads the whole sequence.
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if encoder_hidden_states is not None:

@@ -57,8 +57,18 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, input_features=None,
-                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        input_features=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
@@ -76,7 +86,11 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         all_weights = () if output_attentions else None
         for _ in range(self.config.num_blocks):  # the same weights every time
             latents, all_states, all_weights, _ = run_stack(
-                self.latent_layers, latents, AttentionMask(), output_attentions, output_hidden_states,
+                self.latent_layers,
+                latents,
+                AttentionMask(),
+                output_attentions,
+                output_hidden_states,
                 hidden_states_so_far=all_states[:-1] if output_hidden_states else (),
                 attentions_so_far=all_weights or (),
             )

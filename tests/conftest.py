@@ -21,13 +21,16 @@ FAMILY_EXTRAS = {
     "encoder": {},
     "decoder": {},
     "set_transformer": {"num_inducing_points": 3, "num_seeds": 1, "num_decoder_layers": 1},
-    "perceiver_io": {"num_latents": 5, "num_blocks": 2, "num_self_attends_per_block": 2, "num_cross_attention_heads": 2},
+    "perceiver_io": {
+        "num_latents": 5,
+        "num_blocks": 2,
+        "num_self_attends_per_block": 2,
+        "num_cross_attention_heads": 2,
+    },
 }
 # every (family, class) pair of the public API
 MODEL_CLASSES = [
-    (family, cls)
-    for family, config_class in CONFIG_CLASSES.items()
-    for cls in hfst.FAMILIES[config_class].values()
+    (family, cls) for family, config_class in CONFIG_CLASSES.items() for cls in hfst.FAMILIES[config_class].values()
 ]
 
 

@@ -220,7 +220,11 @@ def test_linear_attention_step_matches_causal_kernel(feature_map, mask_kind):
     for t in range(n):
         step_mask = None if key_mask is None else key_mask[:, t : t + 1]
         o, state = linear_attention_step(
-            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, key_mask=step_mask,
+            q[:, :, t : t + 1],
+            k[:, :, t : t + 1],
+            v[:, :, t : t + 1],
+            state,
+            key_mask=step_mask,
             feature_map=feature_map,
         )
         assert o.shape == (B, H, 1, E)
@@ -279,8 +283,9 @@ def test_causal_exp_large_inputs_match_logspace_reference(path):
     else:
         state, outs = None, []
         for t in range(n):
-            o, state = linear_attention_step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state,
-                                             feature_map="exp")
+            o, state = linear_attention_step(
+                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, feature_map="exp"
+            )
             outs.append(o)
         out = torch.cat(outs, dim=2)
     _check(out, ref_causal_exp_logspace(q, k, v), atol=1e-4, rtol=1e-3)

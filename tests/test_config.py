@@ -16,21 +16,40 @@ def test_defaults_are_valid_and_registered(family):
 
 
 def test_quick_start_config():
-    cfg = AutoConfig.for_model("hfst_set_transformer", input_size=2, hidden_size=64, num_inducing_points=16,
-                               attention_type="linear", feature_map="elu")
+    cfg = AutoConfig.for_model(
+        "hfst_set_transformer",
+        input_size=2,
+        hidden_size=64,
+        num_inducing_points=16,
+        attention_type="linear",
+        feature_map="elu",
+    )
     assert isinstance(cfg, hfst.SetTransformerConfig)
     assert (cfg.input_size, cfg.hidden_size, cfg.num_inducing_points) == (2, 64, 16)
     assert cfg.position_embedding_type == "none"
 
 
 def test_round_trip(tmp_path):
-    config = hfst.PerceiverIOConfig(hidden_size=64, num_latents=7, num_blocks=3, num_self_attends_per_block=2,
-                                    attention_type="linear", feature_map="exp")
+    config = hfst.PerceiverIOConfig(
+        hidden_size=64,
+        num_latents=7,
+        num_blocks=3,
+        num_self_attends_per_block=2,
+        attention_type="linear",
+        feature_map="exp",
+    )
     config.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, hfst.PerceiverIOConfig)
-    for key in ("hidden_size", "num_latents", "num_blocks", "num_self_attends_per_block", "attention_type",
-                "feature_map", "num_hidden_layers"):
+    for key in (
+        "hidden_size",
+        "num_latents",
+        "num_blocks",
+        "num_self_attends_per_block",
+        "attention_type",
+        "feature_map",
+        "num_hidden_layers",
+    ):
         assert getattr(loaded, key) == getattr(config, key)
     assert loaded.num_hidden_layers == 6
 

@@ -21,14 +21,14 @@ from transformers import (
 )
 
 import hf_settransformer as hfst
-from conftest import ATTENTION_IDS, ATTENTIONS, CONFIG_CLASSES, FAMILIES, MODEL_CLASSES, VOCAB, main_output, make_model, tiny_config
+from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, MODEL_CLASSES, VOCAB, main_output, make_model, tiny_config
 
 
 def model_inputs(family, b=2, n=6):
     torch.manual_seed(1)
     ids = torch.randint(0, VOCAB, (b, n))
     mask = torch.ones(b, n, dtype=torch.long)
-    mask[-1, n - 2:] = 0
+    mask[-1, n - 2 :] = 0
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -38,12 +38,18 @@ def model_inputs(family, b=2, n=6):
 def test_auto_registration():
     expected = {
         AutoModel: ["TransformerEncoderModel", "TransformerDecoderModel", "SetTransformerModel", "PerceiverIOModel"],
-        AutoModelForCausalLM: ["TransformerDecoderForCausalLM", "TransformerEncoderForNextTokenPrediction",
-                               "SetTransformerForNextTokenPrediction", "PerceiverIOForNextTokenPrediction"],
+        AutoModelForCausalLM: [
+            "TransformerDecoderForCausalLM",
+            "TransformerEncoderForNextTokenPrediction",
+            "SetTransformerForNextTokenPrediction",
+            "PerceiverIOForNextTokenPrediction",
+        ],
         AutoModelForMaskedLM: ["TransformerEncoderForMaskedLM", "PerceiverIOForMaskedLM"],
-        AutoModelForSequenceClassification: ["TransformerEncoderForSequenceClassification",
-                                             "SetTransformerForSequenceClassification",
-                                             "PerceiverIOForSequenceClassification"],
+        AutoModelForSequenceClassification: [
+            "TransformerEncoderForSequenceClassification",
+            "SetTransformerForSequenceClassification",
+            "PerceiverIOForSequenceClassification",
+        ],
     }
     for auto_class, names in expected.items():
         built = set()
@@ -56,8 +62,14 @@ def test_auto_registration():
 
 
 def test_quick_start_runs():
-    cfg = AutoConfig.for_model("hfst_set_transformer", input_size=2, hidden_size=64, num_inducing_points=16,
-                               attention_type="linear", feature_map="elu")
+    cfg = AutoConfig.for_model(
+        "hfst_set_transformer",
+        input_size=2,
+        hidden_size=64,
+        num_inducing_points=16,
+        attention_type="linear",
+        feature_map="elu",
+    )
     model = AutoModel.from_config(cfg)
     out = model(input_features=torch.randn(3, 10, 2))
     assert out.last_hidden_state.shape == (3, 10, 64) and out.pooler_output.shape == (3, 1, 64)
@@ -148,9 +160,19 @@ def test_remote_code_loads_without_the_package(tmp_path):
             with torch.no_grad():
                 torch.save(main_output(head(**inputs)), path / "head.pt")
                 torch.save(head.model(**inputs).last_hidden_state, path / "base.pt")
-            for auto, cls, expected in ((head_auto, classes[head_auto], "head.pt"), (AutoModel, classes[AutoModel], "base.pt")):
-                cases.append({"auto": auto.__name__, "cls": cls.__name__, "path": str(path),
-                              "inputs": str(path / "inputs.pt"), "expected": str(path / expected)})
+            for auto, cls, expected in (
+                (head_auto, classes[head_auto], "head.pt"),
+                (AutoModel, classes[AutoModel], "base.pt"),
+            ):
+                cases.append(
+                    {
+                        "auto": auto.__name__,
+                        "cls": cls.__name__,
+                        "path": str(path),
+                        "inputs": str(path / "inputs.pt"),
+                        "expected": str(path / expected),
+                    }
+                )
     # a sequence-classification checkpoint too
     config = tiny_config("set_transformer", vocab_size=None, input_size=2)
     clf = make_model(hfst.SetTransformerForSequenceClassification, config)
@@ -160,16 +182,29 @@ def test_remote_code_loads_without_the_package(tmp_path):
     torch.save(inputs, path / "inputs.pt")
     with torch.no_grad():
         torch.save(clf(**inputs).logits, path / "head.pt")
-    cases.append({"auto": "AutoModelForSequenceClassification", "cls": "SetTransformerForSequenceClassification",
-                  "path": str(path), "inputs": str(path / "inputs.pt"), "expected": str(path / "head.pt")})
+    cases.append(
+        {
+            "auto": "AutoModelForSequenceClassification",
+            "cls": "SetTransformerForSequenceClassification",
+            "path": str(path),
+            "inputs": str(path / "inputs.pt"),
+            "expected": str(path / "head.pt"),
+        }
+    )
 
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     (tmp_path / "load.py").write_text(REMOTE_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
     env["HF_HUB_OFFLINE"] = "1"
-    result = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "cases.json")],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "load.py"), str(tmp_path / "cases.json")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("ok ") == len(cases)
     assert "package not importable" in result.stdout
@@ -248,9 +283,18 @@ def test_trainer_lowers_the_loss(tmp_path, family, head_auto):
             return model(**batch).loss.item()
 
     before = loss()
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=60, per_device_train_batch_size=16,
-                             learning_rate=5e-3, report_to=[], use_cpu=True, save_strategy="no",
-                             logging_strategy="no", disable_tqdm=True, seed=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=60,
+        per_device_train_batch_size=16,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     Trainer(model=model, args=args, train_dataset=data).train()
     after = loss()
     assert after < 0.8 * before, (before, after)
@@ -293,7 +337,9 @@ def test_next_token_heads_generate_with_a_sliding_window(family):
 @pytest.mark.parametrize("attention_type", ["softmax", "linear"])
 def test_encoder_decoder_pairing(tmp_path, attention_type):
     make_model(hfst.TransformerEncoderModel, tiny_config("encoder", attention_type)).save_pretrained(tmp_path / "enc")
-    make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type)).save_pretrained(tmp_path / "dec")
+    make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type)).save_pretrained(
+        tmp_path / "dec"
+    )
     pair = EncoderDecoderModel.from_encoder_decoder_pretrained(str(tmp_path / "enc"), str(tmp_path / "dec"))
     assert pair.decoder.config.add_cross_attention and pair.decoder.model.layers[0].cross_attention is not None
     src = torch.randint(1, VOCAB, (2, 7))

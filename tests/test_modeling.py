@@ -97,9 +97,14 @@ def test_permutation_equivariance_and_invariance(family, overrides, attention_ty
     out, out_p = base(input_ids=ids, attention_mask=mask), base(input_ids=ids[:, perm], attention_mask=mask[:, perm])
     real = mask.bool()
     # per-element outputs permute with the inputs (compared on real elements)
-    assert torch.allclose(out.last_hidden_state[:, perm][real[:, perm]], out_p.last_hidden_state[real[:, perm]], atol=ATOL)
+    assert torch.allclose(
+        out.last_hidden_state[:, perm][real[:, perm]], out_p.last_hidden_state[real[:, perm]], atol=ATOL
+    )
     # pooled outputs do not change
-    logits, logits_p = head(input_ids=ids, attention_mask=mask).logits, head(input_ids=ids[:, perm], attention_mask=mask[:, perm]).logits
+    logits, logits_p = (
+        head(input_ids=ids, attention_mask=mask).logits,
+        head(input_ids=ids[:, perm], attention_mask=mask[:, perm]).logits,
+    )
     assert torch.allclose(logits, logits_p, atol=ATOL)
     if family == "set_transformer":
         assert torch.allclose(out.pooler_output, out_p.pooler_output, atol=ATOL)
@@ -112,7 +117,9 @@ def test_continuous_set_inputs_are_permutation_invariant():
     model = make_model(hfst.SetTransformerModel, config)
     x = torch.randn(4, 9, 3)
     perm = torch.randperm(9)
-    assert torch.allclose(model(input_features=x).pooler_output, model(input_features=x[:, perm]).pooler_output, atol=ATOL)
+    assert torch.allclose(
+        model(input_features=x).pooler_output, model(input_features=x[:, perm]).pooler_output, atol=ATOL
+    )
 
 
 # ------------------------------------------------------------------------------------------------ padding
@@ -241,13 +248,17 @@ def test_sdpa_and_eager_models_agree():
 
 def test_perceiver_query_types():
     ids = batch_of_tokens(2, 6)
-    learned = make_model(hfst.PerceiverIOModel, tiny_config("perceiver_io", output_query_type="learned", num_output_queries=4))
+    learned = make_model(
+        hfst.PerceiverIOModel, tiny_config("perceiver_io", output_query_type="learned", num_output_queries=4)
+    )
     assert learned(input_ids=ids).last_hidden_state.shape == (2, 4, 32)
     positions = make_model(hfst.PerceiverIOForMaskedLM, tiny_config("perceiver_io", output_query_type="positions"))
     assert positions(input_ids=ids).logits.shape == (2, 6, VOCAB)
     with pytest.raises(ValueError, match="output_query_type"):
         hfst.PerceiverIOForMaskedLM(tiny_config("perceiver_io", output_query_type="learned"))
-    cls = make_model(hfst.PerceiverIOForSequenceClassification, tiny_config("perceiver_io", output_query_type="learned"))
+    cls = make_model(
+        hfst.PerceiverIOForSequenceClassification, tiny_config("perceiver_io", output_query_type="learned")
+    )
     assert cls(input_ids=ids).logits.shape == (2, 3)
 
 
@@ -271,8 +282,9 @@ def test_sequence_classification_pooling(family, pooling):
     ],
 )
 def test_problem_types(num_labels, labels, problem_type):
-    config = tiny_config("set_transformer", num_labels=num_labels,
-                         problem_type=problem_type if problem_type != "regression" else None)
+    config = tiny_config(
+        "set_transformer", num_labels=num_labels, problem_type=problem_type if problem_type != "regression" else None
+    )
     model = make_model(hfst.SetTransformerForSequenceClassification, config)
     out = model(input_ids=batch_of_tokens(4, 5), labels=labels)
     assert torch.isfinite(out.loss) and model.config.problem_type == problem_type
@@ -340,8 +352,10 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="no continuous features"):
         encoder(input_features=torch.randn(2, 6, 3))
 
-    learned = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", position_embedding_type="learned",
-                                                                    max_position_embeddings=8))
+    learned = make_model(
+        hfst.TransformerDecoderModel,
+        tiny_config("decoder", position_embedding_type="learned", max_position_embeddings=8),
+    )
     learned(input_ids=batch_of_tokens(1, 8))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         learned(input_ids=batch_of_tokens(1, 9))
@@ -368,7 +382,9 @@ def test_inputs_embeds_match_input_ids():
     model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
     ids = batch_of_tokens()
     embeds = model.get_input_embeddings()(ids) * math.sqrt(32)
-    assert torch.allclose(model(inputs_embeds=embeds).last_hidden_state, model(input_ids=ids).last_hidden_state, atol=ATOL)
+    assert torch.allclose(
+        model(inputs_embeds=embeds).last_hidden_state, model(input_ids=ids).last_hidden_state, atol=ATOL
+    )
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
