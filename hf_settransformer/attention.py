@@ -281,19 +281,37 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
-    def project(self, hidden_states, context=None):
-        """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,d)."""
+    def project(self, hidden_states, context=None, past_key_values=None, layer_idx=None):
+        """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,d).
+
+        With a cache, softmax self-attention appends k/v to it and returns all of them; cross-attention
+        (`past_key_values` an `EncoderDecoderCache`) projects the encoder states once and reuses them."""
         if self.self_attention:
             q, k, v = self.qkv_proj(hidden_states).chunk(3, dim=-1)  # 3 x (b, n, hidden)
-        else:
-            q = self.q_proj(hidden_states)
-            k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
-        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            if past_key_values is not None and self.attention_type == "softmax":
+                k, v = past_key_values.update(k, v, layer_idx)  # (b, h, past + n, d)
+            return q, k, v
+        q = self._split_heads(self.q_proj(hidden_states))
+        if past_key_values is not None and past_key_values.is_updated.get(layer_idx):
+            layer = past_key_values.cross_attention_cache.layers[layer_idx]
+            return q, layer.keys, layer.values
+        k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
+        k, v = self._split_heads(k), self._split_heads(v)
+        if past_key_values is not None:
+            k, v = past_key_values.cross_attention_cache.update(k, v, layer_idx)
+            past_key_values.is_updated[layer_idx] = True
+        return q, k, v
 
-    def forward(self, hidden_states, context=None, mask=None, output_attentions=False):
-        """Returns (output (b, n, hidden), weights (b, h, n, m) or None)."""
+    def forward(
+        self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None, layer_idx=None
+    ):
+        """Returns (output (b, n, hidden), weights (b, h, n, m) or None).
+
+        `past_key_values`: for causal self-attention, a `DynamicCache` (softmax) or `LinearAttentionCache` (linear)
+        that this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
-        q, k, v = self.project(hidden_states, context)
+        q, k, v = self.project(hidden_states, context, past_key_values, layer_idx)
         weights = None
         if self.attention_type == "softmax":
             dropout_p = self.dropout if self.training else 0.0
@@ -301,7 +319,15 @@ class MultiHeadAttention(nn.Module):
             kernel = SOFTMAX_KERNELS.get(impl, softmax_attention_sdpa)
             out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
         elif self.causal:
-            out, _ = causal_linear_attention(q, k, v, mask.key_mask, self.feature_map, self.chunk_size)
+            n = q.shape[2]
+            key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # new tokens: the past is in the state
+            state = None if past_key_values is None else past_key_values.get_state(layer_idx)
+            if n == 1 and state is not None:
+                out, state = linear_attention_step(q, k, v, state, key_mask, self.feature_map)
+            else:
+                out, state = causal_linear_attention(q, k, v, key_mask, self.feature_map, self.chunk_size, state)
+            if past_key_values is not None:
+                past_key_values.set_state(layer_idx, state, n)
         else:
             out = linear_attention(q, k, v, mask.key_mask, self.feature_map)
         b, _, n, _ = out.shape

@@ -35,17 +35,35 @@ class MAB(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, hidden_states, context=None, mask=None, cross_states=None, cross_mask=None, output_attentions=False
+        self,
+        hidden_states,
+        context=None,
+        mask=None,
+        cross_states=None,
+        cross_mask=None,
+        output_attentions=False,
+        past_key_values=None,
+        cross_past_key_values=None,
+        layer_idx=None,
     ):
-        """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None)."""
+        """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None).
+
+        `past_key_values` is this block's self-attention cache, `cross_past_key_values` an `EncoderDecoderCache`
+        holding the projected encoder states (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
-        attended, weights = self.attention(normed, context, mask, output_attentions)
+        attended, weights = self.attention(normed, context, mask, output_attentions, past_key_values, layer_idx)
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
+            cached = cross_past_key_values is not None and cross_past_key_values.is_updated.get(layer_idx)
             attended, cross_weights = self.cross_attention(
-                self.cross_norm(hidden_states), self.cross_context_norm(cross_states), cross_mask, output_attentions
+                self.cross_norm(hidden_states),
+                None if cached else self.cross_context_norm(cross_states),
+                cross_mask,
+                output_attentions,
+                cross_past_key_values,
+                layer_idx,
             )
             hidden_states = hidden_states + self.dropout(attended)
         hidden_states = hidden_states + self.dropout(self.ffn(self.ffn_norm(hidden_states)))

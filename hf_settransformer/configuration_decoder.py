@@ -23,6 +23,7 @@ class TransformerDecoderConfig(HfstConfig):
     """
 
     model_type = "hfst_decoder"
+    keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(self, vocab_size=33278, add_cross_attention=False, is_decoder=True, use_cache=True, **kwargs):
         self.add_cross_attention = add_cross_attention

@@ -91,16 +91,26 @@ def run_stack(
     cross_mask=None,
     hidden_states_so_far=(),
     attentions_so_far=(),
+    past_key_values=None,
+    cross_past_key_values=None,
 ):
-    """Apply a list of MABs in turn, collecting per-layer states and weights when asked.
+    """Apply a list of MABs in turn, collecting per-layer states and weights when asked (caches: see `MAB`).
 
     Returns (hidden_states, all hidden states or None, attention weights or None, cross weights or None)."""
     all_states = hidden_states_so_far + (hidden_states,) if output_hidden_states else None
     all_weights = attentions_so_far if output_attentions else None
     all_cross = () if output_attentions and cross_states is not None else None
-    for layer in layers:
+    for layer_idx, layer in enumerate(layers):
         hidden_states, weights, cross_weights = layer(
-            hidden_states, context, mask, cross_states, cross_mask, output_attentions
+            hidden_states,
+            context,
+            mask,
+            cross_states,
+            cross_mask,
+            output_attentions,
+            past_key_values=past_key_values,
+            cross_past_key_values=cross_past_key_values,
+            layer_idx=layer_idx,
         )
         if output_hidden_states:
             all_states += (hidden_states,)

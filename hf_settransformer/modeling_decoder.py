@@ -3,12 +3,15 @@ softmax or causal linear attention (Katharopoulos et al. 2020). Each block: caus
 cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/GPT-2 do for
 `EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
 
+import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 
 from .attention import AttentionMask
 from .blocks import MAB
+from .cache import LinearAttentionCache
 from .configuration_decoder import TransformerDecoderConfig
 from .layers import InputEmbeddings, make_norm, position_ids_from_mask
 from .modeling_common import (
@@ -42,6 +45,31 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def prepare_cache(self, past_key_values, use_cache, has_encoder_states):
+        """-> (the cache to return, the self-attention cache, the cache holding cross-attention keys or None)."""
+        linear = self.config.attention_type == "linear"
+        if past_key_values is None:
+            if not use_cache:
+                return None, None, None
+            past_key_values = LinearAttentionCache(self.config) if linear else DynamicCache(config=self.config)
+            if has_encoder_states:
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
+        is_pair = isinstance(past_key_values, EncoderDecoderCache)
+        self_cache = past_key_values.self_attention_cache if is_pair else past_key_values
+        if linear and not isinstance(self_cache, LinearAttentionCache):
+            # generate() of EncoderDecoderModel (or a user) hands over an empty DynamicCache: keep states instead
+            if self_cache.get_seq_length() > 0:
+                raise ValueError(
+                    "This decoder uses linear attention: its cache is a LinearAttentionCache of recurrent states, "
+                    f"not a {type(self_cache).__name__} that already holds keys and values."
+                )
+            self_cache = LinearAttentionCache(self.config)
+            if is_pair:
+                past_key_values.self_attention_cache = self_cache
+            else:
+                past_key_values = self_cache
+        return past_key_values, self_cache, past_key_values if is_pair else None
+
     def forward(
         self,
         input_ids=None,
@@ -57,15 +85,30 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         return_dict=None,
         **kwargs,
     ):
-        if past_key_values is not None and past_key_values.get_seq_length() > 0:
-            raise NotImplementedError("TransformerDecoderModel does not read a cache yet: pass the whole sequence.")
+        r"""
+        past_key_values (`Cache`, *optional*): what earlier calls saw: a `DynamicCache` of keys and values (softmax),
+            a `LinearAttentionCache` of recurrent states (linear), or an `EncoderDecoderCache` holding one of those and
+            the cross-attention keys and values. Created when `use_cache` and none is given; returned in the output.
+        attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
+            covering the cached tokens too (as `generate()` passes it).
+        """
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        past_key_values, self_cache, cross_cache = self.prepare_cache(
+            past_key_values, use_cache, encoder_hidden_states is not None
+        )
+        past_length = self_cache.get_seq_length() if self_cache is not None else 0
         b, n = input_shape(input_ids, None, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, n)
-        if position_ids is None and key_mask is not None:
-            position_ids = position_ids_from_mask(key_mask, n)  # left padding keeps real tokens at 0, 1, ...
+        key_mask = check_attention_mask(attention_mask, b, past_length + n)
+        if position_ids is None:  # count from the first real token, so left padding does not shift positions
+            if key_mask is not None:
+                position_ids = position_ids_from_mask(key_mask, n)
+            elif past_length:
+                position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
         hidden_states = self.embeddings(input_ids, None, inputs_embeds, position_ids)
         for_softmax = self.config.attention_type == "softmax"
         mask = AttentionMask.build(key_mask, causal=True, num_queries=n, for_softmax=for_softmax)
@@ -94,12 +137,15 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             output_hidden_states,
             cross_states=encoder_hidden_states,
             cross_mask=cross_mask,
+            past_key_values=self_cache,
+            cross_past_key_values=cross_cache,
         )
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
             hidden_states=all_states,
             attentions=all_weights,
             cross_attentions=all_cross,
@@ -144,6 +190,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             past_key_values=past_key_values,
+            use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -158,26 +205,13 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
+            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
-    def prepare_inputs_for_generation(
-        self,
-        input_ids,
-        attention_mask=None,
-        inputs_embeds=None,
-        encoder_hidden_states=None,
-        encoder_attention_mask=None,
-        **kwargs,
-    ):
-        # No cache yet: every step reads the whole sequence.
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if encoder_hidden_states is not None:
-            inputs.update(encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask)
-        return inputs
-
     def _supports_default_dynamic_cache(self):
-        return False
+        # softmax: generate() makes transformers' DynamicCache; linear: the model makes its LinearAttentionCache
+        return self.config.attention_type == "softmax"

@@ -1,0 +1,165 @@
+"""Caches: transformers' DynamicCache for softmax, a recurrent state for linear attention. A cached step equals the
+full forward pass; generate() with a cache gives the tokens it gives without one."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hf_settransformer as hfst
+from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, make_model, tiny_config
+from hf_settransformer.cache import LinearAttentionCache
+
+ATOL = 1e-4
+
+
+def decoder(attention_type, feature_map, **overrides):
+    return make_model(
+        hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type, feature_map, **overrides)
+    )
+
+
+def left_padded_batch():
+    """Two prompts of lengths 7 and 4, left padded to 7."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_cache_type(attention_type, feature_map):
+    model = decoder(attention_type, feature_map)
+    out = model(input_ids=torch.randint(0, VOCAB, (2, 5)), use_cache=True)
+    expected = DynamicCache if attention_type == "softmax" else LinearAttentionCache
+    assert isinstance(out.past_key_values, expected)
+    assert out.past_key_values.get_seq_length() == 5
+    assert model(input_ids=torch.randint(0, VOCAB, (2, 5)), use_cache=False).past_key_values is None
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_cached_steps_equal_full_forward_with_left_padding(attention_type, feature_map):
+    model = decoder(attention_type, feature_map)
+    ids, mask = left_padded_batch()
+    continuation = torch.randint(1, VOCAB, (2, 6))
+    full_ids = torch.cat([ids, continuation], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(continuation)], dim=1)
+    with torch.no_grad():
+        full = model(input_ids=full_ids, attention_mask=full_mask, use_cache=False).logits
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        real = mask.bool()
+        assert torch.allclose(out.logits[real], full[:, :7][real], atol=ATOL)
+        cache = out.past_key_values
+        for t in range(6):
+            length = 7 + t + 1
+            step = model(
+                input_ids=continuation[:, t : t + 1],
+                attention_mask=full_mask[:, :length],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = step.past_key_values
+            assert torch.allclose(step.logits[:, 0], full[:, length - 1], atol=ATOL), t
+    assert cache.get_seq_length() == 13
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("chunks", [(5, 7, 9), (1, 1, 19), (12, 9)])
+def test_chunked_prefill_equals_one_pass(attention_type, feature_map, chunks):
+    model = decoder(attention_type, feature_map)
+    ids = torch.randint(1, VOCAB, (2, sum(chunks)))
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        cache, start = None, 0
+        for size in chunks:
+            out = model(input_ids=ids[:, start : start + size], past_key_values=cache, use_cache=True)
+            assert torch.allclose(out.logits, full[:, start : start + size], atol=ATOL), (start, size)
+            cache, start = out.past_key_values, start + size
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_greedy_with_cache_equals_without(attention_type, feature_map):
+    model = decoder(attention_type, feature_map)
+    ids, mask = left_padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    cached = model.generate(ids, use_cache=True, **kwargs)
+    uncached = model.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+    # and it is the argmax of full forward passes, row by row without padding
+    for row, start in ((0, 0), (1, 3)):
+        expected = ids[row : row + 1, start:]
+        with torch.no_grad():
+            for _ in range(12):
+                nxt = model(input_ids=expected).logits[:, -1].argmax(-1, keepdim=True)
+                expected = torch.cat([expected, nxt], dim=1)
+        assert torch.equal(cached[row, start:], expected[0])
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_beam_search_and_sampling(attention_type, feature_map):
+    model = decoder(attention_type, feature_map)
+    ids, mask = left_padded_batch()
+    beams = dict(attention_mask=mask, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    cached = model.generate(ids, use_cache=True, **beams)
+    assert torch.equal(cached, model.generate(ids, use_cache=False, **beams))
+    returned = model.generate(ids, num_return_sequences=2, **beams)
+    assert returned.shape == (4, 13)
+    torch.manual_seed(0)
+    sampled = model.generate(
+        ids, attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=10, num_return_sequences=3, pad_token_id=0
+    )
+    assert sampled.shape == (6, 12)
+    assert torch.equal(sampled[:, :7], ids.repeat_interleave(3, dim=0))
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_linear_state_size_does_not_grow_with_the_context(feature_map):
+    model = decoder("linear", feature_map)
+    sizes, shapes = [], []
+    for length in (3, 40, 300):
+        out = model(input_ids=torch.randint(0, VOCAB, (2, length)), use_cache=True)
+        cache = out.past_key_values
+        step = model(input_ids=torch.randint(0, VOCAB, (2, 1)), past_key_values=cache, use_cache=True)
+        cache = step.past_key_values
+        assert cache.get_seq_length() == length + 1
+        sizes.append(cache.state_nbytes())
+        shapes.append(
+            [
+                (s.kv.shape, s.z.shape, None if s.k_max is None else s.k_max.shape)
+                for s in (layer.state for layer in cache.layers)
+            ]
+        )
+    assert sizes[0] == sizes[1] == sizes[2] > 0
+    assert shapes[0] == shapes[1] == shapes[2]
+    kv_shape = shapes[0][0][0]
+    assert kv_shape == (2, 4, 8, 8)  # (batch, heads, head dim, head dim): no sequence axis
+
+
+def test_linear_cache_rejects_a_key_value_cache():
+    model = decoder("linear", "elu")
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 4, 3, 8), torch.zeros(1, 4, 3, 8), 0)
+    with pytest.raises(ValueError, match="LinearAttentionCache"):
+        model(input_ids=torch.randint(0, VOCAB, (1, 1)), past_key_values=cache)
+    # an empty one (as EncoderDecoderModel.generate makes) is replaced by recurrent states
+    out = model(input_ids=torch.randint(0, VOCAB, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
+    assert isinstance(out.past_key_values, LinearAttentionCache)
+
+
+def test_attention_mask_must_cover_the_cache():
+    model = decoder("softmax", "elu")
+    cache = model(input_ids=torch.randint(0, VOCAB, (1, 4)), use_cache=True).past_key_values
+    with pytest.raises(ValueError, match=r"\(1, 5\)"):
+        model(input_ids=torch.randint(0, VOCAB, (1, 1)), attention_mask=torch.ones(1, 1), past_key_values=cache)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_generate_feeds_one_token_per_step(attention_type, feature_map):
+    model = decoder(attention_type, feature_map)
+    lengths = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    model.generate(torch.randint(1, VOCAB, (1, 9)), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert lengths == [9, 1, 1, 1, 1]
