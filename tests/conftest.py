@@ -71,3 +71,26 @@ def main_output(output):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+WORDS = ["<pad>", "<unk>", "<eos>"] + [f"\u2581w{i}" for i in range(VOCAB - 3)]
+
+
+def word_tokenizer():
+    """A word-level tokenizer over the test vocabulary (ids 0..VOCAB-1), built with the `tokenizers` library.
+
+    Words carry a leading "\u2581" that decodes to a space, so decoded continuations keep their word boundary
+    (the text-generation pipeline appends the decoded new tokens to the prompt)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="never")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<eos>",
+        model_input_names=["input_ids", "attention_mask"],
+    )
