@@ -81,7 +81,9 @@ class AttentionMask:
 def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0, need_weights=False):
     attn_mask, is_causal = mask.dense, mask.causal and mask.dense is None
     n, m = q.shape[-2], k.shape[-2]
-    if is_causal and n != m:  # SDPA's is_causal aligns top-left; queries here are the last n of m positions
+    if is_causal and n == 1:  # one new token sees every cached key
+        is_causal = False
+    elif is_causal and n != m:  # SDPA's is_causal aligns top-left; queries here are the last n of m positions
         attn_mask, is_causal = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
     if mask.has_keys is not None:

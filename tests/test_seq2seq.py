@@ -21,10 +21,20 @@ def reversal_example(seq):
 
 @pytest.mark.parametrize("attention_type", ["softmax", "linear"])
 def test_encoder_decoder_learns_to_reverse(tmp_path, attention_type):
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                  attention_type=attention_type, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
-                  initializer_range=0.05)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attention_type=attention_type,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        initializer_range=0.05,
+    )
     torch.manual_seed(0)
     hfst.TransformerEncoderModel(hfst.TransformerEncoderConfig(**common)).save_pretrained(tmp_path / "enc")
     hfst.TransformerDecoderForCausalLM(hfst.TransformerDecoderConfig(**common)).save_pretrained(tmp_path / "dec")
@@ -35,15 +45,24 @@ def test_encoder_decoder_learns_to_reverse(tmp_path, attention_type):
     seqs = torch.unique(torch.randint(FIRST, VOCAB, (3200, LENGTH), generator=g), dim=0)
     seqs = seqs[torch.randperm(len(seqs), generator=g)]
     train, held_out = seqs[:-200], seqs[-200:]
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), max_steps=300, per_device_train_batch_size=64,
-                                    learning_rate=2e-3, warmup_steps=30, report_to=[], use_cpu=True,
-                                    save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=300,
+        per_device_train_batch_size=64,
+        learning_rate=2e-3,
+        warmup_steps=30,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     Seq2SeqTrainer(model=model, args=args, train_dataset=[reversal_example(s) for s in train]).train()
 
     model.eval()
     cross_projections = []
-    model.decoder.model.layers[0].cross_attention.kv_proj.register_forward_hook(
-        lambda *_: cross_projections.append(1))
+    model.decoder.model.layers[0].cross_attention.kv_proj.register_forward_hook(lambda *_: cross_projections.append(1))
     mask = torch.ones_like(held_out)
     out = model.generate(input_ids=held_out, attention_mask=mask, max_new_tokens=LENGTH + 1, do_sample=False)
     assert len(cross_projections) == 1  # the encoder states are projected once, then read from the cache
@@ -51,6 +70,7 @@ def test_encoder_decoder_learns_to_reverse(tmp_path, attention_type):
     accuracy = (out[:, : LENGTH + 2] == target).all(dim=1).float().mean().item()
     print(f"{attention_type}: exact-match accuracy on 200 held-out sequences = {accuracy:.3f}")
     assert accuracy >= 0.95
-    uncached = model.generate(input_ids=held_out[:20], attention_mask=mask[:20], max_new_tokens=LENGTH + 1,
-                              do_sample=False, use_cache=False)
+    uncached = model.generate(
+        input_ids=held_out[:20], attention_mask=mask[:20], max_new_tokens=LENGTH + 1, do_sample=False, use_cache=False
+    )
     assert torch.equal(uncached, out[:20])
