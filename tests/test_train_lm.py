@@ -1,0 +1,326 @@
+"""scripts/train_lm.py: tiny runs for every family, the tokenizer, the evaluation protocol, two-process data
+parallelism with accelerate, and kill-and-resume."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_lm.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import train_lm  # noqa: E402
+
+WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """WikiText-like files: lines of words, blank lines, ' = Heading = ' lines, <unk>s. Within a line the words
+    follow a fixed cycle, so the next word is predictable and a model that learns shows it."""
+    folder = tmp_path_factory.mktemp("corpus")
+    g = torch.Generator().manual_seed(0)
+
+    def lines(n):
+        out = []
+        for i in range(n):
+            if i % 7 == 0:
+                out.append(" = Heading {} = ".format(WORDS[i % len(WORDS)]))
+            elif i % 5 == 0:
+                out.append(" ")
+            else:
+                start, length = (int(x) for x in torch.randint(0, len(WORDS), (2,), generator=g))
+                words = [WORDS[(start + k) % len(WORDS)] for k in range(4 + length)]
+                out.append(" " + " ".join(words) + " <unk> . ")
+        return out
+
+    for name, n in (("train", 400), ("valid", 60), ("test", 60)):
+        (folder / f"{name}.txt").write_text("\n".join(lines(n)) + "\n")
+    return folder
+
+
+def run(args, env=None, timeout=300, launcher=None):
+    command = (launcher or [sys.executable]) + [str(SCRIPT)] + [str(a) for a in args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def common_args(corpus, output_dir, family="decoder", steps=20, extra=()):
+    return [
+        "--family",
+        family,
+        "--preset",
+        "tiny",
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+        "--train_file",
+        corpus / "train.txt",
+        "--validation_file",
+        corpus / "valid.txt",
+        "--test_file",
+        corpus / "test.txt",
+        "--output_dir",
+        output_dir,
+        "--max_steps",
+        steps,
+        "--per_device_train_batch_size",
+        8,
+        "--per_device_eval_batch_size",
+        16,
+        "--learning_rate",
+        3e-3,
+        "--logging_steps",
+        5,
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--periodic_eval_targets",
+        256,
+        "--seed",
+        0,
+        *extra,
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+
+def test_word_tokenizer_vocabulary_and_eos(corpus):
+    lines = (corpus / "train.txt").read_text().split("\n")
+    tokenizer = train_lm.build_word_tokenizer(lines)
+    words = {w for line in lines for w in line.split()}
+    assert len(tokenizer) == len(words | {"<eos>", "<unk>"})
+    assert tokenizer.convert_ids_to_tokens([0, 1]) == ["<unk>", "<eos>"]
+    assert tokenizer.eos_token == "<eos>" and tokenizer.unk_token == "<unk>"
+    stream = train_lm.token_stream(["the cat", "", " of <unk> "], tokenizer, tokenizer.eos_token_id)
+    eos, unk = tokenizer.eos_token_id, tokenizer.unk_token_id
+    the, of = tokenizer.convert_tokens_to_ids(["the", "of"])
+    assert stream.tolist() == [the, unk, eos, eos, of, unk, eos]  # unknown "cat" -> <unk>; an <eos> per line
+    # decoding keeps word boundaries, also for a continuation decoded on its own (text-generation pipeline)
+    assert tokenizer.decode([the, of]).strip() == "the of" and tokenizer.decode([of]) == " of"
+
+
+def test_wikitext2_vocabulary_is_the_standard_33278():
+    data = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.train.tokens"
+    if not data.is_file():
+        pytest.skip("the shared WikiText-2 copy is not beside this checkout")
+    lines = data.read_text(encoding="utf-8").split("\n")[:-1]
+    tokenizer = train_lm.build_word_tokenizer(lines)
+    assert len(tokenizer) == 33278
+    assert len(train_lm.token_stream(lines, tokenizer, tokenizer.eos_token_id)) == 2088628
+
+
+# ------------------------------------------------------------------------------------------------ protocol
+
+
+def test_decoder_windows_score_every_token_once_with_enough_context():
+    n, block, stride = 23, 8, 3
+    windows = train_lm.decoder_windows(torch.arange(n), block, stride)
+    scored = []
+    for begin, end, count in windows:
+        assert end - begin <= block and 1 <= count <= end - begin - 1
+        for position in range(end - count, end):
+            scored.append(position)
+            context = position - begin
+            assert context >= min(block - stride, position)  # full context, or everything before it
+    assert scored == list(range(1, n + 1))  # positions of [eos] + stream: every token once, in order
+
+
+class Accel:
+    """The two things evaluate_stream needs from accelerate, for one process."""
+
+    device, process_index, num_processes = torch.device("cpu"), 0, 1
+
+    @staticmethod
+    def reduce(tensor, reduction="sum"):
+        return tensor
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family):
+    import hf_settransformer as hfst
+
+    vocab, n = 50, 37
+    cls = hfst.TransformerDecoderForCausalLM if family == "decoder" else hfst.TransformerEncoderForNextTokenPrediction
+    config_cls = hfst.TransformerDecoderConfig if family == "decoder" else hfst.TransformerEncoderConfig
+    model = cls(
+        config_cls(
+            vocab_size=vocab,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            context_length=6,
+            tie_word_embeddings=False,
+        )
+    )
+    torch.nn.init.zeros_(model.lm_head.weight)  # every next token equally likely
+    data_args = train_lm.DataArguments(block_size=6, eval_stride=4)
+    stream = torch.randint(2, vocab, (n,))
+    metrics = train_lm.evaluate_stream(
+        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy")
+    )
+    assert metrics["tokens"] == n
+    assert metrics["perplexity"] == pytest.approx(vocab, rel=1e-5)
+
+
+def test_decoder_protocol_equals_one_full_pass_when_the_window_covers_the_split():
+    import hf_settransformer as hfst
+
+    model = hfst.TransformerDecoderForCausalLM(
+        hfst.TransformerDecoderConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    ).eval()
+    stream = torch.randint(2, 30, (19,))
+    data_args = train_lm.DataArguments(block_size=32, eval_stride=16)
+    metrics = train_lm.evaluate_stream(
+        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy")
+    )
+    full = torch.cat([torch.tensor([1]), stream])
+    with torch.no_grad():
+        logits = model(input_ids=full[None]).logits[0, :-1]
+    nll = torch.nn.functional.cross_entropy(logits, full[1:], reduction="sum").item()
+    assert metrics["perplexity"] == pytest.approx(math.exp(nll / 19), rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx((logits.argmax(-1) == full[1:]).float().mean().item())
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "set_transformer", "perceiver_io"])
+def test_tiny_run_for_every_family(tmp_path, corpus, family):
+    attention = {"decoder": "linear", "encoder": "softmax", "set_transformer": "linear", "perceiver_io": "softmax"}
+    out = tmp_path / family
+    run(
+        common_args(
+            corpus,
+            out,
+            family,
+            steps=60,
+            extra=[
+                "--attention_type",
+                attention[family],
+                "--eval_strategy",
+                "steps",
+                "--eval_steps",
+                30,
+                "--per_device_train_batch_size",
+                16,
+                "--logging_steps",
+                1,
+            ],
+        )
+    )
+    results = json.loads((out / "all_results.json").read_text())
+    for key in (
+        "train_perplexity",
+        "validation_perplexity",
+        "test_perplexity",
+        "train_tokens_per_second",
+        "parameters",
+        "wall_time_seconds",
+        "validation_accuracy",
+        "test_accuracy",
+    ):
+        assert key in results and math.isfinite(results[key]), key
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    assert results["validation_perplexity"] < vocab  # better than guessing uniformly
+    state = json.loads((out / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert sum(losses[-10:]) / 10 < losses[0]  # the first step's loss vs the last ten
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation")
+    assert f"{results['test_perplexity']:.2f}" in card and "scripts/train_lm.py" in card
+    assert (out / "tokenizer.json").exists() and (out / "model.safetensors").exists()
+    assert [point["step"] for point in results["validation_curve"]] == [30, 60]
+
+
+def test_offline_dataset_gives_a_clear_message(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--do_train", "--output_dir", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert result.returncode != 0
+    assert "--train_file" in result.stderr and "--validation_file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_two_process_data_parallel_run(tmp_path, corpus):
+    out = tmp_path / "ddp"
+    # accelerate 1.15: --cpu would start one process; --multi_gpu starts two (torchrun), the script puts them on CPUs
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    result = run(common_args(corpus, out, "decoder", steps=20), launcher=launcher, timeout=400)
+    results = json.loads((out / "all_results.json").read_text())
+    assert len(results["replica_checksums"]) == 2
+    assert results["replica_checksums"][0] == results["replica_checksums"][1]  # both processes hold one model
+    assert results["device"].endswith("x 2")
+    state = json.loads((out / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert losses[-1] < losses[0], losses
+    assert "[train_lm]" in result.stdout
+
+
+def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
+    extra = ["--save_strategy", "steps", "--save_steps", 4, "--max_eval_tokens", 200]
+    straight = tmp_path / "straight"
+    run(common_args(corpus, straight, "decoder", steps=16, extra=extra))
+
+    killed = tmp_path / "killed"
+    args = common_args(corpus, killed, "decoder", steps=16, extra=extra)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT)] + [str(a) for a in args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 200
+    while not (killed / "checkpoint-8" / train_lm.COMPLETE_MARKER).exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before checkpoint-8"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "all_results.json").exists()
+    # a checkpoint the kill left half-written must not be resumed from
+    half = killed / "checkpoint-100"
+    half.mkdir(exist_ok=True)
+    (half / "model.safetensors").write_bytes(b"partial")
+    result = run(args + ["--resume_from_checkpoint", "true"])
+    assert "never completely written" in result.stdout and (killed / "incomplete-checkpoint-100").is_dir()
+
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    ra, rb = (json.loads((d / "all_results.json").read_text()) for d in (straight, killed))
+    assert ra["validation_perplexity"] == rb["validation_perplexity"]
+    assert ra["test_perplexity"] == rb["test_perplexity"]
