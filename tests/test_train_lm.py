@@ -324,3 +324,82 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     ra, rb = (json.loads((d / "all_results.json").read_text()) for d in (straight, killed))
     assert ra["validation_perplexity"] == rb["validation_perplexity"]
     assert ra["test_perplexity"] == rb["test_perplexity"]
+
+
+LOAD_FROM_HUB = """
+import json, sys
+sys.modules["hf_settransformer"] = None  # the code must come with the checkpoint
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+inputs = tokenizer(["the of and in to"], return_tensors="pt")
+out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+print(json.dumps({"ids": out[0].tolist(), "text": tokenizer.decode(out[0])}))
+"""
+
+
+def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
+    from hub_server import LocalHub
+
+    out = tmp_path / "pushed"
+    with LocalHub(tmp_path / "hub") as hub:
+        env = hub.client_env(tmp_path / "home_push")
+        args = common_args(
+            corpus,
+            out,
+            "decoder",
+            steps=20,
+            extra=[
+                "--attention_type",
+                "linear",
+                "--push_to_hub",
+                "--hub_model_id",
+                "user/wt2-tiny",
+                "--hub_strategy",
+                "end",
+            ],
+        )
+        result = subprocess.run(
+            [sys.executable, str(SCRIPT)] + [str(a) for a in args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        assert "pushed to user/wt2-tiny" in result.stdout
+        repo = hub.repo("model", "user/wt2-tiny")
+        files = set(repo["commits"][repo["branches"]["main"]]["files"])
+        loaded = subprocess.run(
+            [sys.executable, "-c", LOAD_FROM_HUB, "user/wt2-tiny"],
+            cwd=tmp_path,
+            env=hub.client_env(tmp_path / "home_load"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert loaded.returncode == 0, loaded.stderr[-5000:]
+    remote = json.loads(loaded.stdout.strip().splitlines()[-1])
+
+    import hf_settransformer  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer(["the of and in to"], return_tensors="pt")
+    local = model.generate(**inputs, max_new_tokens=8, do_sample=False)[0].tolist()
+    assert remote["ids"] == local and len(local) == 13
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+        "modeling_decoder.py",
+        "attention.py",
+        "cache.py",
+    ):
+        assert name in files, name
+    assert not any(name.startswith("checkpoint-") for name in files)
