@@ -613,7 +613,7 @@ def main(argv=None):
         trainer.save_state()
     # final evaluation with the protocol, on every process (windows are split between them)
     eval_model = trainer.model
-    batch = training_args.per_device_eval_batch_size * (4 if is_decoder else 16)
+    batch = training_args.per_device_eval_batch_size * (1 if is_decoder else 16)  # heads: one logit row per window
     metric_path = str(ROOT / "scripts" / "metrics" / "next_token_accuracy")
     for split, wanted in (("validation", training_args.do_eval), ("test", training_args.do_predict)):
         if wanted and split not in streams:
