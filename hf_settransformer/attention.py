@@ -78,7 +78,7 @@ class AttentionMask:
 # softmax kernels: (q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask, dropout_p) -> (out (b,h,n,e), weights | None)
 
 
-def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0, need_weights=False):
+def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0):
     attn_mask, is_causal = mask.dense, mask.causal and mask.dense is None
     n, m = q.shape[-2], k.shape[-2]
     if is_causal and n == 1:  # one new token sees every cached key
@@ -91,7 +91,7 @@ def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0, need_wei
     return out, None
 
 
-def softmax_attention_eager(q, k, v, mask: AttentionMask, dropout_p=0.0, need_weights=True):
+def softmax_attention_eager(q, k, v, mask: AttentionMask, dropout_p=0.0):
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (b, h, n, m)
     allowed = mask.dense
     if allowed is None and mask.causal:

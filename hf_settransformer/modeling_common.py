@@ -346,8 +346,14 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         return_dict=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor` of shape (batch,)): the token that follows each window; -100 is ignored."""
+        r"""labels (`torch.LongTensor` of shape (batch,)): the token that follows each window; -100 is ignored.
+        Causal-LM labels of shape (batch, length) equal to `input_ids` (what transformers' `run_clm.py` and
+        `DataCollatorForLanguageModeling(mlm=False)` give) are read as "predict each row's last token from the tokens
+        before it": the last token is then left out of the window, so it never sees its own label."""
         window = self.config.context_length
+        if labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
+            input_ids, labels = input_ids[:, :-1], labels[:, -1]
+            attention_mask = None if attention_mask is None else attention_mask[:, :-1]
         input_ids = None if input_ids is None else input_ids[:, -window:]
         inputs_embeds = None if inputs_embeds is None else inputs_embeds[:, -window:]
         attention_mask = None if attention_mask is None else attention_mask[:, -window:]
@@ -366,7 +372,8 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
                 raise ValueError(
                     "`labels` of a next-token prediction head hold the one token that follows each window: shape "
-                    f"(batch,) = ({logits.shape[0]},), got {tuple(labels.shape)}."
+                    f"(batch,) = ({logits.shape[0]},), or causal-LM labels shaped like `input_ids`; got "
+                    f"{tuple(labels.shape)}."
                 )
             loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
         output = CausalLMOutput(

@@ -313,7 +313,11 @@ def test_next_token_head_contract(family):
     assert torch.allclose(model(input_ids=earlier).logits, out.logits, atol=ATOL)
     assert model.lm_head.weight is model.get_input_embeddings().weight  # tied
     with pytest.raises(ValueError, match=r"shape \(batch,\)"):
-        model(input_ids=ids, labels=ids)
+        model(input_ids=ids, labels=ids[:, :4])
+    # causal-LM labels (run_clm.py): the last token of each row is predicted from the ones before it
+    causal = model(input_ids=ids, labels=ids)
+    expected = torch.nn.functional.cross_entropy(model(input_ids=ids[:, :-1]).logits[:, 0], ids[:, -1])
+    assert torch.allclose(causal.loss, expected, atol=1e-6)
 
 
 def test_masked_lm_loss_ignores_minus_100():
