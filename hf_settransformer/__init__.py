@@ -24,6 +24,7 @@ from .configuration_decoder import TransformerDecoderConfig
 from .configuration_encoder import TransformerEncoderConfig
 from .configuration_perceiver_io import PerceiverIOConfig
 from .configuration_set_transformer import SetTransformerConfig
+from .data import DataCollatorForSets
 from .layers import ScaleNorm
 from .modeling_decoder import TransformerDecoderForCausalLM, TransformerDecoderModel
 from .modeling_encoder import (
@@ -81,6 +82,7 @@ for _config_class, _models in FAMILIES.items():
 
 __all__ = [
     "AttentionMask",
+    "DataCollatorForSets",
     "HfstConfig",
     "ISAB",
     "LinearAttentionState",

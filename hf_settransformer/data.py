@@ -1,0 +1,57 @@
+"""Batching sets of different sizes for the Trainer."""
+
+import torch
+
+
+class DataCollatorForSets:
+    """A batch of sets of different sizes -> padded tensors plus an `attention_mask` (1 real element, 0 padding).
+
+    Each example is a dict with one set-valued entry, `input_features` (a (n_i, input_size) tensor or nested list)
+    or `input_ids` (n_i token ids), and any other entries (`labels`, ...), which are stacked. Padding elements are
+    zeros (features) or `pad_token_id` (tokens); the models ignore them through the mask, so outputs for a set do not
+    depend on what else is in the batch.
+
+    Args:
+        pad_to_multiple_of (`int`, *optional*): round the padded set size up to a multiple of this.
+        pad_token_id (`int`, defaults to 0): the id written into padded token positions.
+    """
+
+    set_keys = ("input_features", "input_ids")
+
+    def __init__(self, pad_to_multiple_of=None, pad_token_id=0):
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, examples):
+        if not examples:
+            raise ValueError("DataCollatorForSets got an empty list of examples.")
+        keys = [k for k in self.set_keys if k in examples[0]]
+        if len(keys) != 1:
+            raise ValueError(f"Each example needs exactly one of {self.set_keys}; got keys {sorted(examples[0])}.")
+        key = keys[0]
+        sets = [torch.as_tensor(e[key]) for e in examples]
+        if key == "input_features":
+            width = sets[0].shape[-1] if sets[0].dim() == 2 else None
+            for i, s in enumerate(sets):
+                if s.dim() != 2 or s.shape[-1] != width:
+                    raise ValueError(
+                        f"input_features of example {i} has shape {tuple(s.shape)}; every set must be (size, {width})."
+                    )
+        elif any(s.dim() != 1 for s in sets):
+            raise ValueError("input_ids of every example must be a 1-D sequence of token ids.")
+        longest = max(len(s) for s in sets)
+        if self.pad_to_multiple_of:
+            longest = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        longest = max(longest, 1)
+        fill = 0.0 if key == "input_features" else self.pad_token_id
+        padded = sets[0].new_full((len(sets), longest, *sets[0].shape[1:]), fill)
+        mask = torch.zeros(len(sets), longest, dtype=torch.long)
+        for i, s in enumerate(sets):
+            padded[i, : len(s)] = s
+            mask[i, : len(s)] = 1
+        batch = {key: padded if key == "input_ids" else padded.float(), "attention_mask": mask}
+        for name in examples[0]:
+            if name != key:
+                values = [torch.as_tensor(e[name]) for e in examples]
+                batch[name] = torch.stack(values)
+        return batch
