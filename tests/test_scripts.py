@@ -67,3 +67,24 @@ def test_lm_results_table_and_plot(tmp_path):
     assert "| decoder | softmax | 5.05M | 3.00M | 1,700 | 250.0 | 240.0 | 0.200 | 30.0 min |" in out.stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_bench_sets_tiny(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_sets.py"), "--tiny", "--output_dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "bench_sets.json").read_text())
+    rows = {r["size"]: r for r in report["rows"]}
+    assert set(rows) == {32, 128}
+    for row in rows.values():
+        for name in ("SAB", "ISAB", "ISAB linear"):
+            assert row[name]["ms"] > 0 and row[name]["saved_mib"] > 0
+    # what SAB keeps for backward grows faster with the set than what ISAB keeps
+    sab = rows[128]["SAB"]["saved_mib"] / rows[32]["SAB"]["saved_mib"]
+    isab = rows[128]["ISAB"]["saved_mib"] / rows[32]["ISAB"]["saved_mib"]
+    assert sab > isab
+    assert (tmp_path / "bench_sets.png").exists()

@@ -1,0 +1,181 @@
+"""How the Set Transformer scales with the set size: SAB vs ISAB (m inducing points) vs ISAB with linear attention.
+
+For each set size, one forward+backward pass of a `SetTransformerForSequenceClassification` (same width, depth and
+heads for every contender) is timed; contenders alternate, the first `--warmup` repetitions are dropped and medians
+reported, all in one run. Memory is what the pass keeps for the backward (the bytes of every distinct tensor storage
+autograd saves, counted with `torch.autograd.graph.saved_tensors_hooks`), the part that grows with the set; on CUDA
+also the peak allocated during the pass. SAB is skipped above `--sab_max` elements (its n x n attention).
+
+    python scripts/bench_sets.py                      # sizes 256 ... 16384
+    python scripts/bench_sets.py --tiny               # seconds (the tests run this)
+
+Writes `<output_dir>/bench_sets.json` and `.png`.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hf_settransformer import SetTransformerConfig, SetTransformerForSequenceClassification
+
+
+CONTENDERS = {  # name -> config fields
+    "SAB": {"num_inducing_points": 0, "attention_type": "softmax"},
+    "ISAB": {"attention_type": "softmax"},
+    "ISAB linear": {"attention_type": "linear", "feature_map": "elu"},
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--batch_size", type=int, default=4)
+    p.add_argument("--input_size", type=int, default=3)
+    p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument("--num_hidden_layers", type=int, default=2)
+    p.add_argument("--num_attention_heads", type=int, default=4)
+    p.add_argument("--num_inducing_points", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--sab_max", type=int, default=8192, help="largest set SAB is run on")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--output_dir", default="scripts/results")
+    p.add_argument("--tiny", action="store_true")
+    args = p.parse_args()
+    if args.tiny:
+        args.sizes, args.hidden_size, args.batch_size, args.repeats, args.warmup = [32, 128], 32, 2, 2, 1
+        args.sab_max = 128
+    return args
+
+
+def build(args, fields):
+    config = SetTransformerConfig(
+        **{
+            "input_size": args.input_size,
+            "hidden_size": args.hidden_size,
+            "num_hidden_layers": args.num_hidden_layers,
+            "num_attention_heads": args.num_attention_heads,
+            "num_inducing_points": args.num_inducing_points,
+            "num_labels": 10,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            **fields,
+        }
+    )
+    torch.manual_seed(0)
+    return SetTransformerForSequenceClassification(config).to(args.device).train()
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def one_pass(model, x, labels, device):
+    """Forward + backward; returns (seconds, bytes saved for backward, CUDA peak bytes or None)."""
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    sync(device)
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_features=x, labels=labels).loss
+    loss.backward()
+    sync(device)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+    return seconds, sum(saved.values()), peak
+
+
+def main():
+    args = parse_args()
+    models = {name: build(args, fields) for name, fields in CONTENDERS.items()}
+    machine = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    )
+    setup = (
+        f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, {args.num_hidden_layers} encoder "
+        f"layers, {args.num_attention_heads} heads, m={args.num_inducing_points}, fp32, forward+backward"
+    )
+    print(setup)
+    print("| set size | SAB ms | ISAB ms | ISAB linear ms | SAB / ISAB | SAB MiB | ISAB MiB | ISAB linear MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for size in args.sizes:
+        g = torch.Generator().manual_seed(size)
+        x = torch.randn(args.batch_size, size, args.input_size, generator=g).to(args.device)
+        labels = torch.randint(0, 10, (args.batch_size,), generator=g).to(args.device)
+        active = [n for n in models if not (n == "SAB" and size > args.sab_max)]
+        samples = {n: [] for n in active}
+        memory = {}
+        for r in range(args.warmup + args.repeats):
+            for name in active:  # alternate the contenders
+                seconds, saved, peak = one_pass(models[name], x, labels, args.device)
+                if r >= args.warmup:
+                    samples[name].append(seconds)
+                memory[name] = {"saved_mib": saved / 2**20, "cuda_peak_mib": None if peak is None else peak / 2**20}
+        row = {"size": size}
+        for name in models:
+            if name in samples:
+                row[name] = {"ms": 1e3 * statistics.median(samples[name]), **memory[name]}
+            else:
+                row[name] = None
+        rows.append(row)
+
+        def cell(name, key, fmt):
+            return "skipped" if row[name] is None else format(row[name][key], fmt)
+
+        ratio = f"{row['SAB']['ms'] / row['ISAB']['ms']:.1f}x" if row["SAB"] else "-"
+        print(
+            f"| {size} | {cell('SAB', 'ms', '.1f')} | {cell('ISAB', 'ms', '.1f')} | {cell('ISAB linear', 'ms', '.1f')}"
+            f" | {ratio} | {cell('SAB', 'saved_mib', '.1f')} | {cell('ISAB', 'saved_mib', '.1f')} | "
+            f"{cell('ISAB linear', 'saved_mib', '.1f')} |",
+            flush=True,
+        )
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_sets.json").write_text(json.dumps({"setup": setup, "args": vars(args), "rows": rows}, indent=2))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for name, style in zip(models, ("o-", "s-", "^--")):
+            pts = [(r["size"], r[name]) for r in rows if r[name]]
+            ax1.plot([p[0] for p in pts], [p[1]["ms"] for p in pts], style, label=name)
+            ax2.plot([p[0] for p in pts], [p[1]["saved_mib"] for p in pts], style, label=name)
+        for ax, label in ((ax1, "ms per forward+backward (median)"), (ax2, "MiB saved for backward")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("set size (elements)")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.suptitle(setup, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "bench_sets.png", dpi=120)
+        print(f"wrote {out / 'bench_sets.json'} and {out / 'bench_sets.png'}")
+    except ImportError:
+        print(f"wrote {out / 'bench_sets.json'} (no plot: matplotlib is not installed)")
+
+
+if __name__ == "__main__":
+    main()
