@@ -40,6 +40,7 @@ from .modeling_perceiver_io import (
     PerceiverIOModel,
 )
 from .modeling_set_transformer import (
+    SetTransformerForMixtureOfGaussians,
     SetTransformerForNextTokenPrediction,
     SetTransformerForSequenceClassification,
     SetTransformerModel,
@@ -96,6 +97,7 @@ __all__ = [
     "PerceiverIOModel",
     "ScaleNorm",
     "SetTransformerConfig",
+    "SetTransformerForMixtureOfGaussians",
     "SetTransformerForNextTokenPrediction",
     "SetTransformerForSequenceClassification",
     "SetTransformerModel",

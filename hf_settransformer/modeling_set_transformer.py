@@ -6,8 +6,14 @@ elements (`attention_mask` 0) are ignored by every block, ISAB and PMA included.
 departs from the official code (head-dim scaling, pre-norm ScaleNorm, rFF inside PMA, masks).
 """
 
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
+from transformers.utils import ModelOutput
 
 from .attention import AttentionMask
 from .blocks import ISAB, MAB, PMA, masked_mean
@@ -124,3 +130,72 @@ class SetTransformerForNextTokenPrediction(
     """The last `context_length` tokens as a set (no order), pooled by PMA, vocabulary projection."""
 
     base_model_class = SetTransformerModel
+
+
+@dataclass
+class MixtureOfGaussiansOutput(ModelOutput):
+    """Output of [`SetTransformerForMixtureOfGaussians`].
+
+    loss: minus the mean log-likelihood per real point (over the whole batch), when `return_loss`.
+    log_likelihood: (b,) mean log-likelihood per real point of each set under its predicted mixture.
+    mixture_logits: (b, k) unnormalised log mixture weights; means, stds: (b, k, input_size).
+    """
+
+    loss: torch.FloatTensor | None = None
+    log_likelihood: torch.FloatTensor | None = None
+    mixture_logits: torch.FloatTensor | None = None
+    means: torch.FloatTensor | None = None
+    stds: torch.FloatTensor | None = None
+
+
+def mixture_log_likelihood(points, mixture_logits, means, stds):
+    """log sum_j pi_j N(x; mu_j, diag(std_j^2)) for every point: (b, n, d), (b, k), (b, k, d) x2 -> (b, n)."""
+    z = (points[:, :, None, :] - means[:, None]) / stds[:, None]  # (b, n, k, d)
+    log_normal = -0.5 * z.pow(2) - stds.log()[:, None] - 0.5 * math.log(2 * math.pi)
+    log_joint = log_normal.sum(-1) + torch.log_softmax(mixture_logits, dim=-1)[:, None]  # (b, n, k)
+    return torch.logsumexp(log_joint, dim=-1)
+
+
+class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
+    """Amortized clustering (Lee et al. 2019, sec. 5.3): the `num_seeds` pooled vectors of a set of points become
+    the `num_seeds` components of a Gaussian mixture with diagonal covariances (a weight logit, a mean and a std per
+    component: std = softplus + 1e-4), fitted to the same points: the loss is minus their mean log-likelihood, so no
+    labels are needed (`return_loss=True`, the default, as the Trainer needs a loss)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not config.input_size:
+            raise ValueError("SetTransformerForMixtureOfGaussians needs continuous points: set `input_size`.")
+        self.model = SetTransformerModel(config)
+        self.mixture_head = nn.Linear(config.hidden_size, 1 + 2 * config.input_size)
+        self.post_init()
+
+    def forward(
+        self,
+        input_features=None,
+        attention_mask=None,
+        return_loss=True,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        outputs = self.model(
+            input_features=input_features,
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        d = self.config.input_size
+        params = self.mixture_head(outputs.pooler_output).float()  # (b, k, 1 + 2d)
+        logits, means = params[..., 0], params[..., 1 : 1 + d]
+        stds = F.softplus(params[..., 1 + d :]) + 1e-4
+        per_point = mixture_log_likelihood(input_features.float(), logits, means, stds)  # (b, n)
+        mask = torch.ones_like(per_point) if attention_mask is None else attention_mask.to(per_point.dtype)
+        per_set = (per_point * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        loss = -(per_point * mask).sum() / mask.sum().clamp_min(1.0) if return_loss else None
+        output = MixtureOfGaussiansOutput(
+            loss=loss, log_likelihood=per_set, mixture_logits=logits, means=means, stds=stds
+        )
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()

@@ -1,0 +1,149 @@
+"""scripts/set_tasks.py generators, the mixture-of-Gaussians head, and a few Trainer steps per task lowering the loss."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_settransformer as hfst
+from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import set_tasks  # noqa: E402
+
+
+def test_max_regression_generator():
+    data = set_tasks.MaxRegression(200, seed=3)
+    sizes = set()
+    for i in range(200):
+        item = data[i]
+        x = item["input_features"]
+        assert x.shape[1] == 1 and 1 <= len(x) <= 10 and 0 <= x.min() and x.max() < 100
+        assert item["labels"] == x.max()
+        sizes.add(len(x))
+    assert sizes == set(range(1, 11))
+    assert torch.equal(data[7]["input_features"], set_tasks.MaxRegression(200, seed=3)[7]["input_features"])
+    integers = set_tasks.MaxRegression(10, values="integer")[0]["input_features"]
+    assert torch.equal(integers, integers.round())
+
+
+def test_mixture_generator_and_oracle():
+    data = set_tasks.MixtureOfGaussians(20, seed=1)
+    for i in range(20):
+        weights, means, stds, _ = data.parameters(i)
+        x = data[i]["input_features"]
+        assert 300 <= len(x) < 600 and x.shape[1] == 2
+        assert torch.isclose(weights.sum(), torch.tensor(1.0)) and (means.abs() <= 4).all()
+        truth = mixture_log_likelihood(x[None], weights.log()[None], means[None], stds[None]).mean()
+        shifted = mixture_log_likelihood(x[None], weights.log()[None], means[None] + 0.5, stds[None]).mean()
+        assert truth > shifted  # the generating mixture explains its points best
+    # the paper's oracle is about -1.47 per point (Table 3)
+    oracle = torch.stack(
+        [
+            mixture_log_likelihood(
+                data[i]["input_features"][None],
+                data.parameters(i)[0].log()[None],
+                data.parameters(i)[1][None],
+                data.parameters(i)[2][None],
+            ).mean()
+            for i in range(20)
+        ]
+    ).mean()
+    assert -1.6 < oracle < -1.35
+
+
+def test_point_cloud_generator():
+    data = set_tasks.PointClouds(64, seed=0, min_size=200, max_size=300, noise=0.0)
+    labels = set()
+    for i in range(64):
+        item = data[i]
+        x, label = item["input_features"], item["labels"]
+        assert 200 <= len(x) <= 300 and x.shape[1] == 3 and 0 <= label < len(set_tasks.SHAPES)
+        labels.add(label)
+        radius = x.norm(dim=1)
+        if set_tasks.SHAPES[label] == "sphere":
+            assert radius.std() / radius.mean() < 1e-4  # rotation and isotropic scale keep a sphere a sphere
+    assert len(labels) >= 6
+
+
+def test_mixture_head_loss_and_padding():
+    config = hfst.SetTransformerConfig(
+        input_size=2,
+        hidden_size=32,
+        num_seeds=4,
+        num_inducing_points=4,
+        num_hidden_layers=1,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = hfst.SetTransformerForMixtureOfGaussians(config).eval()
+    x = torch.randn(2, 30, 2)
+    out = model(input_features=x)
+    ll = mixture_log_likelihood(x, out.mixture_logits, out.means, out.stds)
+    assert torch.allclose(out.loss, -ll.mean(), atol=1e-6)
+    assert out.means.shape == (2, 4, 2) and (out.stds > 0).all()
+    padded = torch.cat([x, 50 * torch.randn(2, 10, 2)], dim=1)
+    mask = torch.cat([torch.ones(2, 30), torch.zeros(2, 10)], dim=1)
+    again = model(input_features=padded, attention_mask=mask)
+    assert torch.allclose(again.loss, out.loss, atol=1e-5)
+    assert torch.allclose(again.log_likelihood, out.log_likelihood, atol=1e-5)
+    with pytest.raises(ValueError, match="input_size"):
+        hfst.SetTransformerForMixtureOfGaussians(hfst.SetTransformerConfig(vocab_size=10))
+
+
+@pytest.mark.parametrize(
+    "task,extra",
+    [
+        ("max_regression", ["--learning_rate", "3e-3"]),
+        ("max_regression", ["--model", "deepsets_max", "--learning_rate", "3e-3"]),
+        ("mixture_of_gaussians", ["--min_size", "40", "--max_size", "80", "--attention_type", "linear"]),
+        ("point_clouds", ["--min_size", "64", "--max_size", "128"]),
+    ],
+)
+def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
+    args = [
+        sys.executable,
+        str(ROOT / "scripts" / "train_sets.py"),
+        "--task",
+        task,
+        "--output_dir",
+        str(tmp_path),
+        "--max_steps",
+        "40",
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "32",
+        "--eval_sets",
+        "64",
+        "--hidden_size",
+        "32",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--learning_rate",
+        "2e-3",
+        *extra,
+    ]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert sum(losses[-5:]) / 5 < losses[0], losses
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    metric = {"max_regression": "mae", "mixture_of_gaussians": "log_likelihood_per_point", "point_clouds": "accuracy"}[
+        task
+    ]
+    assert math.isfinite(results[metric])
