@@ -20,7 +20,6 @@ script evaluates on fresh sets (`--eval_sets`), prints the metric next to the pa
 """
 
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
