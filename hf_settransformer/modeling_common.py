@@ -14,7 +14,7 @@ from transformers.utils import ModelOutput, logging
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .layers import LearnedVectors, ScaleNorm
+from .layers import LearnedVectors, ScaleNorm, position_ids_from_mask
 
 
 logger = logging.get_logger(__name__)
@@ -166,6 +166,33 @@ class HfstPreTrainedModel(PreTrainedModel):
             auto_map.update({auto: f"{module}.{name}" for auto, name in self.family_auto_map.items()})
             self.config.auto_map = auto_map
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def embed_inputs(
+        self,
+        input_ids=None,
+        input_features=None,
+        inputs_embeds=None,
+        attention_mask=None,
+        position_ids=None,
+        causal=False,
+        past_length=0,
+    ):
+        """Checks the inputs and the mask, embeds the inputs and builds the attention mask once for the stack.
+
+        Positions are counted from the first real token of each row (left padding does not shift them), after
+        `past_length` cached tokens. `attention_mask` covers the cached tokens too.
+        Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
+        b, n = input_shape(input_ids, input_features, inputs_embeds)
+        key_mask = check_attention_mask(attention_mask, b, past_length + n)
+        if position_ids is None and self.config.position_embedding_type != "none":
+            if key_mask is not None:
+                position_ids = position_ids_from_mask(key_mask, n)
+            else:
+                position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
+        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
+        for_softmax = self.config.attention_type == "softmax"
+        mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, for_softmax=for_softmax)
+        return hidden_states, position_ids, mask
 
     def get_input_embeddings(self):
         return self.base_model.embeddings.embed_tokens

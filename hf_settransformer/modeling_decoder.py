@@ -3,7 +3,6 @@ softmax or causal linear attention (Katharopoulos et al. 2020). Each block: caus
 cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/GPT-2 do for
 `EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
 
-import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -13,12 +12,11 @@ from .attention import AttentionMask
 from .blocks import MAB
 from .cache import LinearAttentionCache
 from .configuration_decoder import TransformerDecoderConfig
-from .layers import InputEmbeddings, make_norm, position_ids_from_mask
+from .layers import InputEmbeddings, make_norm
 from .modeling_common import (
     HfstPreTrainedModel,
     LMHeadMixin,
     check_attention_mask,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -102,16 +100,11 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             past_key_values, use_cache, encoder_hidden_states is not None
         )
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
-        b, n = input_shape(input_ids, None, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, past_length + n)
-        if position_ids is None:  # count from the first real token, so left padding does not shift positions
-            if key_mask is not None:
-                position_ids = position_ids_from_mask(key_mask, n)
-            elif past_length:
-                position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
-        hidden_states = self.embeddings(input_ids, None, inputs_embeds, position_ids)
+        hidden_states, _, mask = self.embed_inputs(
+            input_ids, None, inputs_embeds, attention_mask, position_ids, causal=True, past_length=past_length
+        )
+        b = hidden_states.shape[0]
         for_softmax = self.config.attention_type == "softmax"
-        mask = AttentionMask.build(key_mask, causal=True, num_queries=n, for_softmax=for_softmax)
         cross_mask = None
         if encoder_hidden_states is not None:
             if not self.config.add_cross_attention:

@@ -6,17 +6,14 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from .attention import AttentionMask
 from .blocks import MAB
 from .configuration_encoder import TransformerEncoderConfig
-from .layers import InputEmbeddings, make_norm, position_ids_from_mask
+from .layers import InputEmbeddings, make_norm
 from .modeling_common import (
     ForMaskedLMMixin,
     ForNextTokenPredictionMixin,
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
-    check_attention_mask,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -58,12 +55,9 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
-        b, n = input_shape(input_ids, input_features, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, n)
-        if position_ids is None and key_mask is not None:
-            position_ids = position_ids_from_mask(key_mask, n)
-        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
-        mask = AttentionMask.build(key_mask, for_softmax=self.config.attention_type == "softmax")
+        hidden_states, _, mask = self.embed_inputs(
+            input_ids, input_features, inputs_embeds, attention_mask, position_ids
+        )
         hidden_states, all_states, all_weights, _ = run_stack(
             self.layers, hidden_states, mask, output_attentions, output_hidden_states
         )

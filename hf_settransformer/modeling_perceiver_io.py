@@ -14,15 +14,13 @@ from transformers import GenerationMixin
 from .attention import AttentionMask
 from .blocks import MAB
 from .configuration_perceiver_io import PerceiverIOConfig
-from .layers import InputEmbeddings, LearnedVectors, make_norm, position_ids_from_mask
+from .layers import InputEmbeddings, LearnedVectors, make_norm
 from .modeling_common import (
     ForMaskedLMMixin,
     ForNextTokenPredictionMixin,
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     PerceiverIOModelOutput,
-    check_attention_mask,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -72,12 +70,10 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
-        b, n = input_shape(input_ids, input_features, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, n)
-        if position_ids is None and self.config.position_embedding_type != "none":
-            position_ids = position_ids_from_mask(key_mask, n) if key_mask is not None else None
-        inputs = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)  # (b, n, hidden)
-        mask = AttentionMask.build(key_mask, for_softmax=self.config.attention_type == "softmax")
+        inputs, position_ids, mask = self.embed_inputs(
+            input_ids, input_features, inputs_embeds, attention_mask, position_ids
+        )  # (b, n, hidden)
+        b, n = inputs.shape[:2]
 
         latents, enc_weights, _ = self.encoder_cross_attention(
             self.latents(b), inputs, mask, None, None, output_attentions

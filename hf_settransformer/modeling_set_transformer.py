@@ -24,8 +24,6 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     SetModelOutput,
-    check_attention_mask,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -70,10 +68,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
-        b, n = input_shape(input_ids, input_features, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, n)
-        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds)
-        mask = AttentionMask.build(key_mask, for_softmax=self.config.attention_type == "softmax")
+        hidden_states, _, mask = self.embed_inputs(input_ids, input_features, inputs_embeds, attention_mask)
 
         all_states = (hidden_states,) if output_hidden_states else None
         all_weights = () if output_attentions else None
