@@ -357,3 +357,37 @@ def test_encoder_decoder_pairing(tmp_path, attention_type):
     a = pair(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
     b = pair(input_ids=changed, attention_mask=src_mask, decoder_input_ids=tgt).logits
     assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["encoder", "set_transformer", "perceiver_io"])
+def test_next_token_heads_train_on_run_clm_style_blocks(tmp_path, family):
+    """run_clm.py's data: blocks of token ids with labels = input_ids, batched by default_data_collator."""
+    from transformers import default_data_collator
+
+    config = tiny_config(family, context_length=6)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    g = torch.Generator().manual_seed(0)
+    stream = torch.randint(1, VOCAB, (48 * 8,), generator=g)
+    blocks = [{"input_ids": b.tolist(), "labels": b.tolist()} for b in stream.view(48, 8)]
+    batch = default_data_collator(blocks)
+
+    def loss():
+        model.eval()
+        with torch.no_grad():
+            return model(**batch).loss.item()
+
+    before = loss()
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=40,
+        per_device_train_batch_size=16,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    Trainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator).train()
+    assert loss() < 0.8 * before
