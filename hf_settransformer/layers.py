@@ -17,8 +17,9 @@ class ScaleNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((1,), math.sqrt(hidden_size)))
 
     def forward(self, x):
-        norm = torch.linalg.vector_norm(x.float(), dim=-1, keepdim=True).clamp_min(self.eps)  # fp32 sum of squares
-        return (x.float() * (self.weight / norm)).to(x.dtype)
+        xf = x.float()  # fp32 sum of squares whatever the input dtype
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(self.eps)
+        return (xf * (self.weight / norm)).to(x.dtype)
 
     def extra_repr(self):
         return f"{self.hidden_size}, eps={self.eps}"
@@ -113,7 +114,7 @@ class InputEmbeddings(nn.Module):
                     f"{input_ids.dtype}; pass continuous inputs as `input_features`."
                 )
             if input_ids.numel() and not torch.compiler.is_compiling():
-                low, high = int(input_ids.min()), int(input_ids.max())
+                low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
                 if low < 0 or high >= self.config.vocab_size:
                     raise ValueError(
                         f"`input_ids` hold ids in [{low}, {high}], outside the vocabulary [0, {self.config.vocab_size - 1}]."

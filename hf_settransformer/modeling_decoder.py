@@ -175,6 +175,8 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
         logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
+        if use_cache is None and labels is not None and self.training and past_key_values is None:
+            use_cache = False  # a training step has no use for a cache: do not fill one
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

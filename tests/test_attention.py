@@ -476,3 +476,13 @@ def test_mha_causal_output_ignores_future(attention_type, feature_map, t):
     torch.testing.assert_close(out2[:, : t + 1], out[:, : t + 1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out2[:, t + 1 :], out[:, t + 1 :], atol=1e-3)  # the future does matter there
     torch.testing.assert_close(out_w, out2, atol=1e-5, rtol=1e-5)
+
+
+def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
+    from hf_settransformer.attention import exclusive_prefix_sum
+
+    x = torch.randn(2, 3, 7, 4, 5, dtype=torch.float64, requires_grad=True)
+    expected = torch.cumsum(x, dim=2) - x  # the state before each chunk: everything strictly earlier
+    torch.testing.assert_close(exclusive_prefix_sum(x), expected)
+    assert torch.equal(exclusive_prefix_sum(x)[:, :, 0], torch.zeros_like(x[:, :, 0]))
+    assert torch.autograd.gradcheck(exclusive_prefix_sum, (x,))
