@@ -1,23 +1,31 @@
 """The scripts run as their docstrings say (tiny modes: seconds, nothing asserted about speed)."""
 
+import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_generation_tiny(tmp_path):
+def run_tiny(script, tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_generation.py"), "--tiny", "--output_dir", str(tmp_path)],
+        [sys.executable, str(ROOT / "scripts" / script), "--tiny", "--output_dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| batch | context | softmax ms/step | linear ms/step |" in result.stdout
-    report = json.loads((tmp_path / "bench_generation.json").read_text())
+    return result.stdout, json.loads((tmp_path / script.replace(".py", ".json")).read_text())
+
+
+def test_bench_generation_tiny(tmp_path):
+    stdout, report = run_tiny("bench_generation.py", tmp_path)
+    assert "| batch | context | softmax ms/step | linear ms/step |" in stdout
     assert {(r["batch"], r["context"]) for r in report["rows"]} == {(1, 16), (1, 64), (2, 16), (2, 64)}
     for row in report["rows"]:
         for name in ("softmax", "linear"):
@@ -70,14 +78,7 @@ def test_lm_results_table_and_plot(tmp_path):
 
 
 def test_bench_sets_tiny(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_sets.py"), "--tiny", "--output_dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "bench_sets.json").read_text())
+    stdout, report = run_tiny("bench_sets.py", tmp_path)
     rows = {r["size"]: r for r in report["rows"]}
     assert set(rows) == {32, 128}
     for row in rows.values():
@@ -88,3 +89,123 @@ def test_bench_sets_tiny(tmp_path):
     isab = rows[128]["ISAB"]["saved_mib"] / rows[32]["ISAB"]["saved_mib"]
     assert sab > isab
     assert (tmp_path / "bench_sets.png").exists()
+
+
+def test_bench_attention_tiny(tmp_path):
+    stdout, report = run_tiny("bench_attention.py", tmp_path)
+    assert "| n | softmax (SDPA) |" in stdout
+    rows = {r["length"]: r for r in report["rows"]}
+    assert set(rows) == {32, 64}
+    has_ft = importlib.util.find_spec("fast_transformers") is not None
+    for row in rows.values():
+        for name, cell in row.items():
+            if name == "length":
+                continue
+            if "fast-transformers" in name and not has_ft:
+                assert cell == {"skipped": "not installed (pytorch-fast-transformers)"}
+            else:
+                assert cell["ms"] > 0 and cell["peak_mib"] > 0, name
+    assert [s["length"] for s in report["chunk_sweep"]] == [64]
+    assert set(report["chunk_sweep"][0]) == {"length", "8", "16"}
+    assert (tmp_path / "bench_attention.png").exists()
+
+
+def test_bench_crossover_tiny(tmp_path):
+    stdout, report = run_tiny("bench_crossover.py", tmp_path)
+    assert [r["length"] for r in report["rows"]] == [16, 32, 64]
+    for row in report["rows"]:
+        for mode in ("forward", "training step", "generation"):
+            assert row[mode]["softmax"] > 0 and row[mode]["linear"] > 0
+    assert set(report["crossover"]) == {"forward", "training step", "generation"}
+    assert (tmp_path / "bench_crossover.png").exists()
+
+
+def test_crossover_is_where_linear_stays_faster():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_crossover import crossover
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    lengths = [100, 200, 400, 800]
+    # softmax / linear = 0.5, 2 (faster), 0.9 (slower again), then 4: linear stays faster from 800 only
+    first, estimate = crossover(lengths, [1, 2, 0.9, 4], [2, 1, 1, 1])
+    assert first == 800
+    # log-log interpolation between (400, ratio 0.9) and (800, ratio 4)
+    t = -math.log(0.9) / (math.log(4) - math.log(0.9))
+    assert estimate == pytest.approx(math.exp(math.log(400) + t * math.log(2)))
+    assert crossover(lengths, [1, 1, 1, 1], [2, 2, 2, 2]) == (None, None)  # never faster
+    assert crossover(lengths, [3, 3, 3, 3], [1, 1, 1, 1]) == (100, None)  # faster everywhere measured
+
+
+def test_peak_memory_counts_what_the_call_allocates():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_common import peak_memory_bytes
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    import torch
+
+    held = []
+    peak = peak_memory_bytes(lambda: held.append(torch.ones(1_000_000) * 2), "cpu")  # two 4 MB tensors at once
+    assert 8_000_000 <= peak < 9_000_000
+    assert peak_memory_bytes(lambda: None, "cpu") == 0
+
+
+TRAINING_CONTENDERS = {  # name in the report -> the package it needs
+    "hfst decoder (softmax)": "hf_settransformer",
+    "hfst decoder (softmax, gelu_new)": "hf_settransformer",
+    "hfst decoder (linear elu)": "hf_settransformer",
+    "transformers GPT2LMHeadModel": "transformers",
+    "x-transformers decoder": "x_transformers",
+}
+
+
+def test_bench_training_tiny(tmp_path):
+    stdout, report = run_tiny("bench_training.py", tmp_path)
+    assert "| contender | parameters | ms/step | tokens/s |" in stdout
+    assert "hfst decoder (softmax) / GPT-2 tokens/s = " in stdout
+    rows = {r["contender"]: r for r in report["rows"]}
+    assert set(rows) == set(TRAINING_CONTENDERS)
+    assert report["matmul_flops_per_second"] > 0
+    for name, package in TRAINING_CONTENDERS.items():
+        row = rows[name]
+        if importlib.util.find_spec(package) is None:
+            assert row["status"] == "skipped (not installed)" and row["tokens_per_second"] is None
+            continue
+        assert row["status"] == "ok"
+        assert row["tokens_per_second"] > 0 and row["mfu"] > 0 and row["flops_per_step"] > 0
+    ours, gpt2 = rows["hfst decoder (softmax)"]["parameters"], rows["transformers GPT2LMHeadModel"]["parameters"]
+    assert abs(ours - gpt2) <= 0.1 * gpt2
+    # same model sizes: the FLOPs of a step agree (the activation's elementwise work is not counted)
+    assert rows["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == rows["hfst decoder (softmax)"]["flops_per_step"]
+    assert (tmp_path / "bench_training.png").exists()
+
+
+PERCEIVER_CONTENDERS = {  # contender -> the package it needs
+    "hfst PerceiverIOModel (softmax)": "hf_settransformer",
+    "hfst PerceiverIOModel (linear elu)": "hf_settransformer",
+    "transformers PerceiverModel": "transformers",
+    "perceiver-pytorch PerceiverIO": "perceiver_pytorch",
+}
+
+
+def test_bench_perceiver_tiny(tmp_path):
+    stdout, report = run_tiny("bench_perceiver.py", tmp_path)
+    assert "| contender | parameters | ms / step | examples/s | vs transformers | peak MiB |" in stdout
+    assert "hfst PerceiverIOModel (softmax) / transformers PerceiverModel = " in stdout
+    results = report["results"]
+    assert set(results) == set(PERCEIVER_CONTENDERS)
+    for name, package in PERCEIVER_CONTENDERS.items():
+        row = results[name]
+        if importlib.util.find_spec(package) is None:
+            assert row["skipped"] == "skipped (not installed)"
+            continue
+        assert "skipped" not in row, f"{name} skipped although {package} is importable"
+        assert row["examples_per_s"] > 0 and row["median_s"] > 0 and row["parameters"] > 0
+        assert row["peak_mib"] >= 0
+    ours = results["hfst PerceiverIOModel (softmax)"]["parameters"]
+    theirs = results["transformers PerceiverModel"]["parameters"]
+    assert abs(ours / theirs - 1) <= 0.15, (ours, theirs)
+    assert results["transformers PerceiverModel"]["vs_transformers"] == 1.0
+    assert [r["length"] for r in report["sweep"]] == [32, 128]
+    assert (tmp_path / "bench_perceiver.png").stat().st_size > 1000
