@@ -627,6 +627,7 @@ def main(argv=None):
     results.update(
         wall_time_seconds=time.time() - wall_start,
         device=f"{trainer.accelerator.device} x {training_args.world_size}",
+        threads_per_process=torch.get_num_threads(),
         eval_protocol=(
             f"sliding window {length}, stride {data_args.eval_stride or max(length // 2, 1)}"
             if is_decoder

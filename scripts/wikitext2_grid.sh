@@ -2,6 +2,7 @@
 # The README's WikiText-2 table: every family x {softmax, linear elu, linear exp} at the `small` preset with the
 # same token budget (3,000,000 input tokens through the model), evaluated with the protocol of train_lm.py.
 #   bash scripts/wikitext2_grid.sh [output root] [family ...]      (default: outputs/wikitext2, all families)
+# HFST_LAUNCH prefixes each run, e.g. HFST_LAUNCH="taskset -c 0 env OMP_NUM_THREADS=1" pins the grid to one core.
 # Then: python scripts/lm_results.py outputs/wikitext2   (table + validation-perplexity-vs-time plot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ for family in $families; do
     map=elu; [ "$attention" = linear-exp ] && map=exp
     out="$root/$family-$attention"
     if [ -f "$out/all_results.json" ]; then echo "done already: $out"; continue; fi
-    python scripts/train_lm.py --family "$family" --attention_type "$type" --feature_map "$map" --preset small \
+    ${HFST_LAUNCH:-} python scripts/train_lm.py --family "$family" --attention_type "$type" --feature_map "$map" --preset small \
       --do_train --do_eval --do_predict \
       --train_file "$data/wiki.train.tokens" --validation_file "$data/wiki.valid.tokens" \
       --test_file "$data/wiki.test.tokens" --output_dir "$out" \
