@@ -38,17 +38,29 @@ def load(folders):
 
 def table(runs):
     lines = [
-        "| family | attention | parameters | train tokens | tokens/s | validation ppl | test ppl | test acc | wall time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| family | attention | parameters | train tokens | threads | tokens/s | validation ppl | test ppl | test acc "
+        "| training time | wall time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(
             f"| {r['family']} | {ATTENTION[(r['attention'], r['feature_map'])]} | {r['parameters'] / 1e6:.2f}M | "
-            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second', float('nan')):,.0f} | "
-            f"{r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | "
+            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('threads_per_process', '?')} | "
+            f"{r.get('train_tokens_per_second', float('nan')):,.0f} | {r['validation_perplexity']:.1f} | "
+            f"{r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | {training_time(r)} | "
             f"{r['wall_time_seconds'] / 60:.1f} min |"
         )
     return "\n".join(lines)
+
+
+def training_time(r):
+    """The whole run's training time; for a run resumed from a checkpoint that did not record it, the part after."""
+    whole = r.get("train_seconds_whole_run")
+    if whole is not None:
+        return f"{whole / 60:.1f} min"
+    if r.get("resumed_from_step"):
+        return f"{r['train_seconds'] / 60:.1f} min after resuming at step {r['resumed_from_step']}"
+    return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
 
 
 def plot(runs, path):

@@ -404,15 +404,25 @@ def evaluate_stream(model, stream, data_args, accelerator, batch_size, eos_id, m
 
 class CompleteCheckpointCallback(TrainerCallback):
     """Marks a checkpoint complete once the Trainer has written all of it (atomic rename), so that a run killed while
-    saving never resumes from a half-written folder."""
+    saving never resumes from a half-written folder. The marker also carries the training time and validation curve
+    so far (`timer`, a TimedEvalCallback), which a resumed run continues from."""
+
+    def __init__(self, timer):
+        self.timer = timer
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
                 tmp = folder / (COMPLETE_MARKER + ".tmp")
+                marker = {
+                    "global_step": state.global_step,
+                    "time": time.time(),
+                    "train_seconds": self.timer.elapsed(),
+                    "validation_curve": self.timer.points,
+                }
                 with open(tmp, "w") as f:
-                    json.dump({"global_step": state.global_step, "time": time.time()}, f)
+                    json.dump(marker, f)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, folder / COMPLETE_MARKER)
@@ -445,19 +455,26 @@ def resolve_resume(training_args):
 
 
 class TimedEvalCallback(TrainerCallback):
-    """Records (seconds since training started, step, eval loss) for the validation-vs-time plot."""
+    """Records (seconds of training, step, eval loss) for the validation-vs-time plot. A resumed run starts from the
+    seconds and points its checkpoint's marker recorded (`resume_from`), so both count the whole run."""
 
-    def __init__(self):
-        self.start, self.points = None, []
+    def __init__(self, resume_from=None):
+        marker = {}
+        if resume_from and (Path(resume_from) / COMPLETE_MARKER).is_file():
+            marker = json.loads((Path(resume_from) / COMPLETE_MARKER).read_text())
+        self.before = marker.get("train_seconds")  # None: resumed from a marker that did not record it
+        self.points = list(marker.get("validation_curve", []))
+        self.start = None
+
+    def elapsed(self):
+        return (self.before or 0.0) + (time.time() - self.start if self.start else 0.0)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.time()
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if metrics and "eval_loss" in metrics:
-            self.points.append(
-                {"seconds": time.time() - self.start, "step": state.global_step, "eval_loss": metrics["eval_loss"]}
-            )
+            self.points.append({"seconds": self.elapsed(), "step": state.global_step, "eval_loss": metrics["eval_loss"]})
 
 
 # ----------------------------------------------------------------------------------------------------------- card
@@ -577,14 +594,15 @@ def main(argv=None):
             f" of {length} tokens, max_steps={training_args.max_steps}"
         )
 
-    timed = TimedEvalCallback()
+    resume = resolve_resume(training_args) if training_args.do_train else None
+    timed = TimedEvalCallback(resume_from=resume)
     trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        callbacks=[CompleteCheckpointCallback(), timed],
+        callbacks=[CompleteCheckpointCallback(timed), timed],
     )
     results = {
         "family": model_args.family,
@@ -594,7 +612,6 @@ def main(argv=None):
         "parameters": parameters,
     }
     if training_args.do_train:
-        resume = resolve_resume(training_args)
         train_start = time.time()
         train_result = trainer.train(resume_from_checkpoint=resume)
         train_seconds = time.time() - train_start
@@ -609,6 +626,9 @@ def main(argv=None):
             train_tokens=trainer.state.global_step * per_step,
             train_tokens_per_second=steps_done * per_step / train_seconds,
             train_seconds=train_seconds,
+            resumed_from_step=int(Path(resume).name.split("-")[-1]) if resume else None,
+            # training time of the whole run, across resumes (None: resumed from a checkpoint that did not record it)
+            train_seconds_whole_run=(timed.before or 0.0) + train_seconds if timed.before is not None or not resume else None,
         )
         trainer.save_state()
     # final evaluation with the protocol, on every process (windows are split between them)

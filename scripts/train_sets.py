@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+from transformers.trainer_utils import get_last_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -200,8 +201,11 @@ def main(argv=None):
         data_collator=DataCollatorForSets(),
         compute_loss_func=l1_loss if args.task == "max_regression" and args.model == "set_transformer" else None,
     )
+    resume = training_args.resume_from_checkpoint
+    if resume in ("true", "True", "last"):  # the newest checkpoint in --output_dir, or a fresh start if none
+        resume = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
     start = time.time()
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.time() - start
     trainer.save_model()
     trainer.save_state()

@@ -51,6 +51,10 @@ def test_lm_results_table_and_plot(tmp_path):
         "test_perplexity": 240.0,
         "test_accuracy": 0.2,
         "wall_time_seconds": 1800.0,
+        "train_seconds": 1500.0,
+        "threads_per_process": 1,
+        "resumed_from_step": 500,
+        "train_seconds_whole_run": 1680.0,
         "validation_curve": [
             {"seconds": 60, "step": 100, "eval_loss": 6.0},
             {"seconds": 120, "step": 200, "eval_loss": 5.5},
@@ -72,7 +76,8 @@ def test_lm_results_table_and_plot(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| decoder | softmax | 5.05M | 3.00M | 1,700 | 250.0 | 240.0 | 0.200 | 30.0 min |" in out.stdout
+    # a resumed run shows the whole run's training time (28 min), not this process's (25 min)
+    assert "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in out.stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
 

@@ -292,6 +292,7 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
 
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--max_eval_tokens", 200]
+    extra += ["--eval_strategy", "steps", "--eval_steps", 4]
     straight = tmp_path / "straight"
     run(common_args(corpus, straight, "decoder", steps=16, extra=extra))
 
@@ -324,6 +325,11 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     ra, rb = (json.loads((d / "all_results.json").read_text()) for d in (straight, killed))
     assert ra["validation_perplexity"] == rb["validation_perplexity"]
     assert ra["test_perplexity"] == rb["test_perplexity"]
+    # the resumed run's training time and validation curve include the part before the kill
+    assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
+    assert rb["train_seconds_whole_run"] > rb["train_seconds"]
+    assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]
+    assert [p["eval_loss"] for p in rb["validation_curve"]] == [p["eval_loss"] for p in ra["validation_curve"]]
 
 
 LOAD_FROM_HUB = """
