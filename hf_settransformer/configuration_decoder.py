@@ -1,6 +1,6 @@
 """Configuration of the pre-norm causal Transformer decoder (Vaswani et al. 2017, ScaleNorm)."""
 
-from .configuration_base import HfstConfig
+from .configuration_base import HfstConfig, check_positive
 
 
 class TransformerDecoderConfig(HfstConfig):
@@ -12,6 +12,9 @@ class TransformerDecoderConfig(HfstConfig):
         `encoder_hidden_states` (set by `EncoderDecoderModel`, as for BERT and GPT-2).
     is_decoder (`bool`, defaults to `True`): always a decoder; kept for `EncoderDecoderModel`.
     use_cache (`bool`, defaults to `True`): return past key/values (softmax) or recurrent states (linear).
+    lm_loss_chunk_size (`int`, defaults to 0): when > 0, a training forward with `labels` computes the output layer
+        and the cross-entropy together, this many positions at a time, without keeping the (positions x vocabulary)
+        logits, their log-softmax or its gradient; that forward then returns `logits=None`. 0: the usual path.
 
     Example:
 
@@ -25,8 +28,21 @@ class TransformerDecoderConfig(HfstConfig):
     model_type = "hfst_decoder"
     keys_to_ignore_at_inference = ["past_key_values"]
 
-    def __init__(self, vocab_size=33278, add_cross_attention=False, is_decoder=True, use_cache=True, **kwargs):
+    def __init__(
+        self,
+        vocab_size=33278,
+        add_cross_attention=False,
+        is_decoder=True,
+        use_cache=True,
+        lm_loss_chunk_size=0,
+        **kwargs,
+    ):
         self.add_cross_attention = add_cross_attention
         self.is_decoder = is_decoder
         self.use_cache = use_cache
+        self.lm_loss_chunk_size = lm_loss_chunk_size
         super().__init__(vocab_size=vocab_size, **kwargs)
+
+    def check_fields(self):
+        super().check_fields()
+        check_positive("lm_loss_chunk_size", self.lm_loss_chunk_size, allow_zero=True)

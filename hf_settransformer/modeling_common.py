@@ -257,6 +257,67 @@ class LMHeadMixin:
         self.lm_head = value
 
 
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """sum over rows of -log softmax(hidden @ weight^T)[label] / divisor, `chunk` rows at a time.
+
+    The gradient is computed in the forward, chunk by chunk (softmax - one-hot, times the weight and the hidden
+    states), so the (rows x vocabulary) logits, their log-softmax and its gradient never exist whole; the backward
+    only scales the stored gradients. Rows labelled -100 count for nothing. Not differentiable twice."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk, divisor):
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h, y = hidden[start : start + chunk], labels[start : start + chunk]
+            logits = (h @ weight.t()).float()  # (c, vocab)
+            keep = (y != -100).unsqueeze(1)
+            target = y.clamp_min(0).unsqueeze(1)
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            total += ((lse - logits.gather(1, target)) * keep).sum()
+            if grad_hidden is None and grad_weight is None:
+                continue
+            grad = logits.sub_(lse).exp_()  # softmax, in place of the logits
+            grad.scatter_add_(1, target, -torch.ones_like(lse))  # minus the one-hot label
+            grad = (grad * keep).to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start : start + chunk] = grad @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t().float(), h.float())
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.divisor, ctx.weight_dtype = divisor, weight.dtype
+        return total / divisor
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_output / ctx.divisor
+        return (
+            None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
+            None if grad_weight is None else (grad_weight * scale).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def chunked_causal_lm_loss(hidden_states, weight, labels, chunk_size, num_items_in_batch=None, shift_labels=None):
+    """The causal-LM loss of `transformers`' `ForCausalLMLoss` (labels shifted left, -100 ignored, mean over the
+    counted tokens or sum / `num_items_in_batch`) computed by `_ChunkedLinearCrossEntropy` from the hidden states
+    and the output layer's weight, without the full logits."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    shift_labels = shift_labels.reshape(-1).to(hidden.device)
+    if num_items_in_batch is not None:
+        divisor = num_items_in_batch.to(hidden.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+    else:
+        divisor = (shift_labels != -100).sum().clamp_min(1)
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, shift_labels, chunk_size, divisor)
+
+
 class ForMaskedLMMixin(LMHeadMixin):
     """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
 

@@ -3,6 +3,7 @@ softmax or causal linear attention (Katharopoulos et al. 2020). Each block: caus
 cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/GPT-2 do for
 `EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
 
+import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -17,6 +18,7 @@ from .modeling_common import (
     HfstPreTrainedModel,
     LMHeadMixin,
     check_attention_mask,
+    chunked_causal_lm_loss,
     resolve_output_flags,
     run_stack,
 )
@@ -193,10 +195,22 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)  # (b, n, vocab)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        chunk = self.config.lm_loss_chunk_size
+        if chunk and labels is not None and self.training and torch.is_grad_enabled() and not logits_to_keep:
+            # output layer + cross-entropy in chunks of positions: no full logits (config.lm_loss_chunk_size)
+            logits, loss = None, chunked_causal_lm_loss(
+                hidden_states,
+                self.lm_head.weight,
+                labels,
+                chunk,
+                num_items_in_batch=kwargs.get("num_items_in_batch"),
+                shift_labels=kwargs.get("shift_labels"),
+            )
+        else:
+            logits = self.lm_head(hidden_states)  # (b, n, vocab)
+            loss = None
+            if labels is not None:
+                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,

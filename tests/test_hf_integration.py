@@ -305,6 +305,38 @@ def test_trainer_lowers_the_loss(tmp_path, family, head_auto):
     assert after < 0.8 * before, (before, after)
 
 
+def test_trainer_with_the_chunked_lm_loss_trains_the_same_weights(tmp_path):
+    """lm_loss_chunk_size changes how the loss is computed, not the training: same weights after Trainer steps with
+    gradient accumulation (where the Trainer passes `num_items_in_batch`) and padded labels."""
+    data = synthetic_examples("decoder", AutoModelForCausalLM)
+    for example in data[::3]:
+        example["labels"] = example["labels"].clone()
+        example["labels"][:2] = -100
+    trained = []
+    for chunk in (0, 5):
+        model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", lm_loss_chunk_size=chunk))
+        args = TrainingArguments(
+            output_dir=str(tmp_path / str(chunk)),
+            max_steps=6,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=2,
+            optim="sgd",  # Adam would blow rounding noise in gradients that are 0 in theory (key biases) up to lr
+            learning_rate=0.5,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+        )
+        Trainer(model=model, args=args, train_dataset=data).train()
+        trained.append(model.state_dict())
+    for name in trained[0]:
+        torch.testing.assert_close(trained[1][name], trained[0][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert not torch.equal(trained[0]["model.embeddings.embed_tokens.weight"], make_model(
+        hfst.TransformerDecoderForCausalLM, tiny_config("decoder")).state_dict()["model.embeddings.embed_tokens.weight"])
+
+
 # ------------------------------------------------------------------------------------------------ generate
 
 

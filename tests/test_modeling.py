@@ -338,6 +338,38 @@ def test_causal_lm_loss_shifts_labels():
     assert torch.allclose(out.loss, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+def test_chunked_lm_loss_equals_the_usual_loss_and_gradients(tie, attention_type):
+    usual = make_model(
+        hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type, tie_word_embeddings=tie)
+    ).train()
+    config = tiny_config("decoder", attention_type, tie_word_embeddings=tie, lm_loss_chunk_size=7)
+    chunked = make_model(hfst.TransformerDecoderForCausalLM, config).train()
+    chunked.load_state_dict(usual.state_dict())
+    ids = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(0))  # 39 positions: chunks 7 + 4
+    labels = ids.clone()
+    labels[0, :4] = -100  # ignored positions, as a collator's padding gives
+    labels[2, 5] = -100
+    for num_items in (None, torch.tensor(29)):  # the Trainer's count under gradient accumulation
+        expected = usual(input_ids=ids, labels=labels, num_items_in_batch=num_items)
+        got = chunked(input_ids=ids, labels=labels, num_items_in_batch=num_items)
+        assert got.logits is None  # the point: no (positions x vocabulary) logits
+        torch.testing.assert_close(got.loss, expected.loss, rtol=1e-6, atol=1e-6)
+        expected.loss.backward()
+        got.loss.backward()
+        for (name, a), b in zip(usual.named_parameters(), chunked.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+        usual.zero_grad()
+        chunked.zero_grad()
+    chunked.eval()  # evaluation and generation keep the logits
+    out = chunked(input_ids=ids, labels=labels)
+    assert out.logits.shape == (3, 13, VOCAB)
+    torch.testing.assert_close(out.loss, usual.eval()(input_ids=ids, labels=labels).loss)
+    with pytest.raises(ValueError, match="lm_loss_chunk_size"):
+        tiny_config("decoder", lm_loss_chunk_size=-1)
+
+
 # ------------------------------------------------------------------------------------------------ bad inputs
 
 

@@ -159,6 +159,7 @@ def test_peak_memory_counts_what_the_call_allocates():
 TRAINING_CONTENDERS = {  # name in the report -> the package it needs
     "hfst decoder (softmax)": "hf_settransformer",
     "hfst decoder (softmax, gelu_new)": "hf_settransformer",
+    "hfst decoder (softmax, chunked loss)": "hf_settransformer",
     "hfst decoder (linear elu)": "hf_settransformer",
     "transformers GPT2LMHeadModel": "transformers",
     "x-transformers decoder": "x_transformers",
@@ -183,6 +184,9 @@ def test_bench_training_tiny(tmp_path):
     assert abs(ours - gpt2) <= 0.1 * gpt2
     # same model sizes: the FLOPs of a step agree (the activation's elementwise work is not counted)
     assert rows["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == rows["hfst decoder (softmax)"]["flops_per_step"]
+    # the chunked loss does the output layer's three matmuls too, in pieces
+    chunked = rows["hfst decoder (softmax, chunked loss)"]["flops_per_step"]
+    assert chunked == rows["hfst decoder (softmax)"]["flops_per_step"]
     assert (tmp_path / "bench_training.png").exists()
 
 
