@@ -32,7 +32,7 @@ def load(folders):
                 result["path"] = path
                 runs.append(result)
     key = {name: i for i, name in enumerate(ORDER)}
-    runs.sort(key=lambda r: (key.get(r["family"], 9), r["attention"], r["feature_map"]))
+    runs.sort(key=lambda r: (key.get(r["family"], 9), r["attention"] != "softmax", r["feature_map"]))
     return runs
 
 
@@ -76,6 +76,8 @@ def plot(runs, path):
         if not curve:
             continue
         label = f"{r['family']}, {ATTENTION[(r['attention'], r['feature_map'])]}"
+        if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
+            label += f" (from step {r['resumed_from_step']}: time after resuming)"
         ax.plot(
             [p["seconds"] / 60 for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
