@@ -46,7 +46,6 @@ from .modeling_set_transformer import (
     SetTransformerModel,
 )
 
-
 __version__ = "0.1.0"
 
 # config -> {Auto class: model class}
@@ -82,14 +81,14 @@ for _config_class, _models in FAMILIES.items():
         _model_class.register_for_auto_class(_auto_class.__name__)
 
 __all__ = [
+    "ISAB",
+    "MAB",
+    "PMA",
     "AttentionMask",
     "DataCollatorForSets",
     "HfstConfig",
-    "ISAB",
     "LinearAttentionState",
-    "MAB",
     "MultiHeadAttention",
-    "PMA",
     "PerceiverIOConfig",
     "PerceiverIOForMaskedLM",
     "PerceiverIOForNextTokenPrediction",

@@ -9,7 +9,6 @@ field and the allowed values.
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-
 ATTENTION_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu", "exp")
 NORM_TYPES = ("scalenorm", "layernorm")

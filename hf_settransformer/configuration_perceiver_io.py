@@ -2,7 +2,6 @@
 
 from .configuration_base import HfstConfig, check_choice, check_heads, check_positive
 
-
 OUTPUT_QUERY_TYPES = ("inputs", "positions", "learned")
 
 

@@ -16,7 +16,6 @@ from .attention import AttentionMask
 from .blocks import PMA, masked_mean
 from .layers import LearnedVectors, ScaleNorm, position_ids_from_mask
 
-
 logger = logging.get_logger(__name__)
 
 

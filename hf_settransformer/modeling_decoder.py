@@ -198,13 +198,16 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         chunk = self.config.lm_loss_chunk_size
         if chunk and labels is not None and self.training and torch.is_grad_enabled() and not logits_to_keep:
             # output layer + cross-entropy in chunks of positions: no full logits (config.lm_loss_chunk_size)
-            logits, loss = None, chunked_causal_lm_loss(
-                hidden_states,
-                self.lm_head.weight,
-                labels,
-                chunk,
-                num_items_in_batch=kwargs.get("num_items_in_batch"),
-                shift_labels=kwargs.get("shift_labels"),
+            logits, loss = (
+                None,
+                chunked_causal_lm_loss(
+                    hidden_states,
+                    self.lm_head.weight,
+                    labels,
+                    chunk,
+                    num_items_in_batch=kwargs.get("num_items_in_batch"),
+                    shift_labels=kwargs.get("shift_labels"),
+                ),
             )
         else:
             logits = self.lm_head(hidden_states)  # (b, n, vocab)

@@ -23,7 +23,6 @@ Writes `<output_dir>/bench_attention.json` and `.png`.
 
 import torch
 import torch.nn.functional as F
-
 from bench_common import (
     base_parser,
     describe_machine,
@@ -37,6 +36,7 @@ from bench_common import (
     time_alternating,
     write_json,
 )
+
 from hf_settransformer.attention import causal_linear_attention, linear_attention
 
 
@@ -99,9 +99,9 @@ def contenders(args):
             q, k, v, feature_map="elu", chunk_size=chunk
         )[0],
         "causal linear elu (naive cumsum)": naive_causal_linear,
-        "causal linear elu (fast-transformers)": None if found is None else fast_transformers_causal(
-            found.causal_dot_product
-        ),
+        "causal linear elu (fast-transformers)": None
+        if found is None
+        else fast_transformers_causal(found.causal_dot_product),
     }
     return table
 
@@ -166,8 +166,11 @@ def main():
     print()
     markdown_table(
         ["n"] + list(table),
-        [[r["length"]] + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else "skipped"
-                          for x in table] for r in rows],
+        [
+            [r["length"]]
+            + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else "skipped" for x in table]
+            for r in rows
+        ],
     )
 
     sweep = []
@@ -191,8 +194,7 @@ def main():
     summary = summarize(rows, table, args)
     for line in summary["lines"]:
         print(line)
-    path = write_json(args, "bench_attention", {"setup": setup, "rows": rows, "chunk_sweep": sweep,
-                                                "summary": summary})
+    path = write_json(args, "bench_attention", {"setup": setup, "rows": rows, "chunk_sweep": sweep, "summary": summary})
     plt = pyplot()
     if plt is not None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))

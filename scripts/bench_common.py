@@ -166,5 +166,3 @@ def markdown_table(header, rows):
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     print("\n".join(lines), flush=True)
     return lines
-
-

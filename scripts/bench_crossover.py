@@ -19,7 +19,6 @@ Writes `<output_dir>/bench_crossover.json` and `.png`.
 import math
 
 import torch
-
 from bench_common import (
     base_parser,
     describe_machine,
@@ -31,8 +30,8 @@ from bench_common import (
     time_alternating,
     write_json,
 )
-from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 
+from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 
 MODES = ("forward", "training step", "generation")
 
@@ -167,9 +166,7 @@ def main():
     )
     summary = {}
     for mode in MODES:
-        first, estimate = crossover(
-            args.lengths, [r[mode]["softmax"] for r in rows], [r[mode]["linear"] for r in rows]
-        )
+        first, estimate = crossover(args.lengths, [r[mode]["softmax"] for r in rows], [r[mode]["linear"] for r in rows])
         summary[mode] = {"first_faster_length": first, "interpolated_crossover": estimate}
         if first is None:
             print(f"{mode}: linear is not faster at the longest length measured ({args.lengths[-1]})")
