@@ -1,12 +1,12 @@
 """Per-token decoding latency and memory: softmax attention with a key/value cache vs linear attention with its
 recurrent state, at growing context lengths, same model size, measured in one run.
 
-For every batch size and context length the two decoders (identical but for `attention_type`) are prefilled through the cache in
-chunks of `--prefill_chunk` tokens, then single-token steps are timed alternately (softmax step, linear step, ...);
-the first `--warmup` steps are dropped and medians reported. A step produces one token for each of the batch's
-sequences, so at batch 1 its time is the per-token latency. Memory is the bytes the cache holds after the context
-(keys and values, or the recurrent states), plus, on CUDA, the peak memory allocated during the timed steps above
-what was allocated before them.
+For every batch size and context length the two decoders (identical but for `attention_type`) are prefilled
+through the cache in chunks of `--prefill_chunk` tokens, then single-token steps are timed alternately (softmax
+step, linear step, ...); the first `--warmup` steps are dropped and medians reported. A step produces one token for
+each of the batch's sequences, so at batch 1 its time is the per-token latency. Memory is the bytes the cache holds
+after the context (keys and values, or the recurrent states), plus, on CUDA, the peak memory allocated during the
+timed steps above what was allocated before them.
 
     python scripts/bench_generation.py                                  # full run: contexts 128 ... 8192
     python scripts/bench_generation.py --contexts 128 1024 --steps 20   # quicker
@@ -16,13 +16,11 @@ Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotli
 """
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from bench_common import describe_machine, log_axes, pyplot, save_figure, sync, write_json
 
 from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 from hf_settransformer.cache import LinearAttentionCache
@@ -56,11 +54,6 @@ def cache_nbytes(cache):
     if isinstance(cache, LinearAttentionCache):
         return cache.state_nbytes()
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def build(args, attention_type):
@@ -125,20 +118,9 @@ def measure(args, models, batch_size, context):
     }
 
 
-def machine(args):
-    if args.device.startswith("cuda"):
-        return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-
-
-def plot(rows, path, title):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e '.[bench]').")
+def plot(rows, args, title):
+    plt = pyplot()
+    if plt is None:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for batch in sorted({r["batch"] for r in rows}):
@@ -148,17 +130,9 @@ def plot(rows, path, title):
             label = f"{'softmax + KV cache' if name == 'softmax' else 'linear + recurrent state'}, batch {batch}"
             ax1.plot(contexts, [r[name]["ms_per_token"] for r in sub], style, label=label)
             ax2.plot(contexts, [r[name]["cache_mib"] for r in sub], style, label=label)
-    for ax, ylabel in ((ax1, "ms per decoding step (median)"), (ax2, "cache / state memory (MiB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    log_axes(ax1, "context length (tokens)", "ms per decoding step (median)")
+    log_axes(ax2, "context length (tokens)", "cache / state memory (MiB)")
+    return save_figure(fig, args, "bench_generation", title)
 
 
 def main():
@@ -168,14 +142,15 @@ def main():
     models = {"softmax": build(args, "softmax"), "linear": build(args, "linear")}
     params = sum(p.numel() for p in models["softmax"].parameters())
     title = (
-        f"{machine(args)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, {args.num_attention_heads} "
-        f"heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, linear={args.feature_map}"
+        f"{describe_machine(args.device)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
+        f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, "
+        f"linear={args.feature_map}"
     )
     print(title)
     rows, summary = [], {}
     print(
-        "| batch | context | softmax ms/step | linear ms/step | softmax / linear | softmax cache MiB | linear state MiB |"
-        "\n|---|---|---|---|---|---|---|"
+        "| batch | context | softmax ms/step | linear ms/step | softmax / linear | softmax cache MiB | "
+        "linear state MiB |\n|---|---|---|---|---|---|---|"
     )
     for batch in args.batch_sizes:
         for context in args.contexts:
@@ -200,13 +175,9 @@ def main():
             f"{value['linear_latency_ratio_longest_vs_shortest']:.2f}x (target <= 1.2x); softmax / linear at "
             f"{args.contexts[-1]} = {value['softmax_over_linear_at_longest']:.1f}x (target >= 5x)"
         )
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_generation.json").write_text(
-        json.dumps({"setup": title, "args": vars(args), "rows": rows, "summary": summary}, indent=2)
-    )
-    png = plot(rows, out / "bench_generation.png", title)
-    print(f"wrote {out / 'bench_generation.json'}" + (f" and {png}" if png else ""))
+    path = write_json(args, "bench_generation", {"setup": title, "rows": rows, "summary": summary})
+    png = plot(rows, args, title)
+    print(f"wrote {path}" + (f" and {png}" if png else ""))
 
 
 if __name__ == "__main__":

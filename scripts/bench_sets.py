@@ -13,16 +13,13 @@ Writes `<output_dir>/bench_sets.json` and `.png`.
 """
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from bench_common import describe_machine, log_axes, pyplot, save_figure, sync, write_json
 
 from hf_settransformer import SetTransformerConfig, SetTransformerForSequenceClassification
-
 
 CONTENDERS = {  # name -> config fields
     "SAB": {"num_inducing_points": 0, "attention_type": "softmax"},
@@ -71,11 +68,6 @@ def build(args, fields):
     return SetTransformerForSequenceClassification(config).to(args.device).train()
 
 
-def sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def one_pass(model, x, labels, device):
     """Forward + backward; returns (seconds, bytes saved for backward, CUDA peak bytes or None)."""
     saved = {}
@@ -104,11 +96,7 @@ def one_pass(model, x, labels, device):
 def main():
     args = parse_args()
     models = {name: build(args, fields) for name, fields in CONTENDERS.items()}
-    machine = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    )
+    machine = describe_machine(args.device)
     setup = (
         f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, {args.num_hidden_layers} encoder "
         f"layers, {args.num_attention_heads} heads, m={args.num_inducing_points}, fp32, forward+backward"
@@ -148,33 +136,19 @@ def main():
             f"{cell('ISAB linear', 'saved_mib', '.1f')} |",
             flush=True,
         )
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_sets.json").write_text(json.dumps({"setup": setup, "args": vars(args), "rows": rows}, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for name, style in zip(models, ("o-", "s-", "^--")):
-            pts = [(r["size"], r[name]) for r in rows if r[name]]
-            ax1.plot([p[0] for p in pts], [p[1]["ms"] for p in pts], style, label=name)
-            ax2.plot([p[0] for p in pts], [p[1]["saved_mib"] for p in pts], style, label=name)
-        for ax, label in ((ax1, "ms per forward+backward (median)"), (ax2, "MiB saved for backward")):
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("set size (elements)")
-            ax.set_ylabel(label)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-        fig.suptitle(setup, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "bench_sets.png", dpi=120)
-        print(f"wrote {out / 'bench_sets.json'} and {out / 'bench_sets.png'}")
-    except ImportError:
-        print(f"wrote {out / 'bench_sets.json'} (no plot: matplotlib is not installed)")
+    path = write_json(args, "bench_sets", {"setup": setup, "rows": rows})
+    plt = pyplot()
+    if plt is None:
+        print(f"wrote {path}")
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, style in zip(models, ("o-", "s-", "^--")):
+        pts = [(r["size"], r[name]) for r in rows if r[name]]
+        ax1.plot([p[0] for p in pts], [p[1]["ms"] for p in pts], style, label=name)
+        ax2.plot([p[0] for p in pts], [p[1]["saved_mib"] for p in pts], style, label=name)
+    log_axes(ax1, "set size (elements)", "ms per forward+backward (median)")
+    log_axes(ax2, "set size (elements)", "MiB saved for backward")
+    print(f"wrote {path} and {save_figure(fig, args, 'bench_sets', setup)}")
 
 
 if __name__ == "__main__":
