@@ -196,7 +196,8 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         chunk = self.config.lm_loss_chunk_size
-        if chunk and labels is not None and self.training and torch.is_grad_enabled() and not logits_to_keep:
+        keep_all = isinstance(logits_to_keep, int) and logits_to_keep == 0
+        if chunk and labels is not None and self.training and torch.is_grad_enabled() and keep_all:
             # output layer + cross-entropy in chunks of positions: no full logits (config.lm_loss_chunk_size)
             logits, loss = (
                 None,
