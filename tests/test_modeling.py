@@ -338,6 +338,14 @@ def test_causal_lm_loss_shifts_labels():
     assert torch.allclose(out.loss, expected, atol=1e-6)
 
 
+def test_a_training_forward_with_labels_fills_no_cache():
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder")).train()
+    ids = batch_of_tokens(2, 6)
+    assert model(input_ids=ids, labels=ids).past_key_values is None
+    assert model(input_ids=ids, labels=ids, use_cache=True).past_key_values.get_seq_length() == 6  # asked for
+    assert model.eval()(input_ids=ids, labels=ids).past_key_values.get_seq_length() == 6  # config.use_cache
+
+
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("attention_type", ["softmax", "linear"])
 def test_chunked_lm_loss_equals_the_usual_loss_and_gradients(tie, attention_type):

@@ -147,3 +147,46 @@ def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
         task
     ]
     assert math.isfinite(results[metric])
+
+
+def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
+    def run(max_steps, seed):
+        args = [
+            sys.executable,
+            str(ROOT / "scripts" / "train_sets.py"),
+            "--task",
+            "max_regression",
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            str(max_steps),
+            "--per_device_train_batch_size",
+            "8",
+            "--eval_sets",
+            "16",
+            "--hidden_size",
+            "16",
+            "--logging_steps",
+            "1",
+            "--save_steps",
+            "3",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--resume_from_checkpoint",
+            "true",
+            "--seed",
+            str(seed),
+        ]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads((tmp_path / "trainer_state.json").read_text())
+
+    first = run(3, seed=0)  # no checkpoint yet: "true" means start from scratch, not an error
+    assert first["global_step"] == 3 and (tmp_path / "checkpoint-3").is_dir()
+    # picks up checkpoint-3: steps 1-3 are the first run's (a fresh start with another seed would log other losses)
+    second = run(6, seed=1)
+    losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
+    assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
