@@ -137,8 +137,6 @@ def plot(rows, args, title):
 
 def main():
     args = parse_args()
-    if args.device == "cpu":
-        torch.set_num_threads(torch.get_num_threads())
     models = {"softmax": build(args, "softmax"), "linear": build(args, "linear")}
     params = sum(p.numel() for p in models["softmax"].parameters())
     title = (

@@ -5,7 +5,6 @@ import torch
 
 import hf_settransformer as hfst
 
-
 VOCAB = 37
 FAMILIES = ["encoder", "decoder", "set_transformer", "perceiver_io"]
 ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
@@ -94,3 +93,12 @@ def word_tokenizer():
         eos_token="<eos>",
         model_input_names=["input_ids", "attention_mask"],
     )
+
+
+def quiet_training_args(output_dir, cls=None, **fields):
+    """`TrainingArguments` (or `cls`, e.g. Seq2SeqTrainingArguments) for a test: CPU, seed 0, no saving, logging,
+    reporting or progress bars; `fields` set the rest."""
+    from transformers import TrainingArguments
+
+    defaults = dict(report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
+    return (cls or TrainingArguments)(output_dir=str(output_dir), **{**defaults, **fields})

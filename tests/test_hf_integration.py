@@ -9,6 +9,17 @@ import textwrap
 
 import pytest
 import torch
+from conftest import (
+    ATTENTION_IDS,
+    ATTENTIONS,
+    FAMILIES,
+    MODEL_CLASSES,
+    VOCAB,
+    main_output,
+    make_model,
+    quiet_training_args,
+    tiny_config,
+)
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -17,11 +28,9 @@ from transformers import (
     AutoModelForSequenceClassification,
     EncoderDecoderModel,
     Trainer,
-    TrainingArguments,
 )
 
 import hf_settransformer as hfst
-from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, MODEL_CLASSES, VOCAB, main_output, make_model, tiny_config
 
 
 def model_inputs(family, b=2, n=6):
@@ -271,18 +280,7 @@ def loss_before_and_after_training(model, data, batch, tmp_path, steps, data_col
             return model(**batch).loss.item()
 
     before = loss()
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=steps,
-        per_device_train_batch_size=16,
-        learning_rate=5e-3,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = quiet_training_args(tmp_path, max_steps=steps, per_device_train_batch_size=16, learning_rate=5e-3)
     Trainer(model=model, args=args, train_dataset=data, data_collator=data_collator).train()
     return before, loss()
 
@@ -315,26 +313,21 @@ def test_trainer_with_the_chunked_lm_loss_trains_the_same_weights(tmp_path):
     trained = []
     for chunk in (0, 5):
         model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", lm_loss_chunk_size=chunk))
-        args = TrainingArguments(
-            output_dir=str(tmp_path / str(chunk)),
+        args = quiet_training_args(
+            tmp_path / str(chunk),
             max_steps=6,
             per_device_train_batch_size=8,
             gradient_accumulation_steps=2,
             optim="sgd",  # Adam would blow rounding noise in gradients that are 0 in theory (key biases) up to lr
             learning_rate=0.5,
-            report_to=[],
-            use_cpu=True,
-            save_strategy="no",
-            logging_strategy="no",
-            disable_tqdm=True,
-            seed=0,
         )
         Trainer(model=model, args=args, train_dataset=data).train()
         trained.append(model.state_dict())
     for name in trained[0]:
         torch.testing.assert_close(trained[1][name], trained[0][name], rtol=1e-4, atol=1e-5, msg=name)
-    assert not torch.equal(trained[0]["model.embeddings.embed_tokens.weight"], make_model(
-        hfst.TransformerDecoderForCausalLM, tiny_config("decoder")).state_dict()["model.embeddings.embed_tokens.weight"])
+    untrained = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder")).state_dict()
+    key = "model.embeddings.embed_tokens.weight"
+    assert not torch.equal(trained[0][key], untrained[key])  # the steps did train
 
 
 # ------------------------------------------------------------------------------------------------ generate

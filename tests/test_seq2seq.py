@@ -3,6 +3,7 @@ solving held-out examples with greedy generate() (cross-attention keys cached, s
 
 import pytest
 import torch
+from conftest import quiet_training_args
 from transformers import EncoderDecoderModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 import hf_settransformer as hfst
@@ -45,18 +46,13 @@ def test_encoder_decoder_learns_to_reverse(tmp_path, attention_type):
     seqs = torch.unique(torch.randint(FIRST, VOCAB, (3200, LENGTH), generator=g), dim=0)
     seqs = seqs[torch.randperm(len(seqs), generator=g)]
     train, held_out = seqs[:-200], seqs[-200:]
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    args = quiet_training_args(
+        tmp_path / "out",
+        cls=Seq2SeqTrainingArguments,
         max_steps=300,
         per_device_train_batch_size=64,
         learning_rate=2e-3,
         warmup_steps=30,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        seed=0,
     )
     Seq2SeqTrainer(model=model, args=args, train_dataset=[reversal_example(s) for s in train]).train()
 
