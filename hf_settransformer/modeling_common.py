@@ -14,7 +14,7 @@ from transformers.utils import ModelOutput, logging
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .layers import LearnedVectors, ScaleNorm, position_ids_from_mask
+from .layers import FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
 logger = logging.get_logger(__name__)
 
@@ -142,7 +142,10 @@ class HfstPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if isinstance(module, FeatureProjection):
+            init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
