@@ -215,7 +215,10 @@ def main(argv=None):
         "parameters": parameters,
         "train_seconds": train_seconds,
         "steps": trainer.state.global_step,
-        "batch_size": training_args.per_device_train_batch_size,
+        "batch_size": training_args.per_device_train_batch_size * training_args.world_size,
+        "learning_rate": training_args.learning_rate,
+        "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+        "threads": torch.get_num_threads(),
     }
     results.update(
         evaluate(trainer.model, args, eval_dataset, training_args.per_device_eval_batch_size, trainer.args.device)

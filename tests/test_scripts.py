@@ -77,9 +77,64 @@ def test_lm_results_table_and_plot(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     # a resumed run shows the whole run's training time (28 min), not this process's (25 min)
-    assert "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in out.stdout
+    assert (
+        "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in out.stdout
+    )
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_set_results_table(tmp_path):
+    runs = {
+        "mog": {
+            "task": "mixture_of_gaussians",
+            "model": "ISAB(16)+PMA, softmax",
+            "parameters": 400_000,
+            "steps": 10_000,
+            "batch_size": 10,
+            "lr_scheduler": "linear",
+            "train_seconds": 3000.0,
+            "log_likelihood_per_point": -1.51234,
+            "oracle_log_likelihood_per_point": -1.47,
+            "paper": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145},
+        },
+        "rff": {
+            "task": "max_regression",
+            "model": "deepsets_max",
+            "parameters": 16_833,
+            "steps": 100,
+            "batch_size": 128,
+            "train_seconds": 60.0,
+            "mae": 0.01,
+            "paper": {"SAB+PMA": 0.2085, "rFF+max": 0.1355},
+        },
+        "lm": {"family": "decoder", "validation_perplexity": 1.0},  # not a set run: left out
+    }
+    for name, result in runs.items():
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "all_results.json").write_text(json.dumps(result))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "set_results.py"),
+            str(tmp_path / "runs"),
+            "--copy_to",
+            str(tmp_path / "kept"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
+    assert lines[2] == "| max_regression | rFF+max | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | 1.0 min |"
+    assert lines[3] == (
+        "| mixture_of_gaussians | ISAB(16)+PMA | softmax | 400,000 | 10,000 x 10 | linear | log-likelihood / point "
+        "| -1.5123 (oracle -1.4700) | -1.5009 | 50.0 min |"
+    )
+    assert (tmp_path / "kept" / "mog" / "all_results.json").exists()
+    assert not (tmp_path / "kept" / "lm").exists()
 
 
 def test_bench_sets_tiny(tmp_path):
@@ -183,7 +238,9 @@ def test_bench_training_tiny(tmp_path):
     ours, gpt2 = rows["hfst decoder (softmax)"]["parameters"], rows["transformers GPT2LMHeadModel"]["parameters"]
     assert abs(ours - gpt2) <= 0.1 * gpt2
     # same model sizes: the FLOPs of a step agree (the activation's elementwise work is not counted)
-    assert rows["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == rows["hfst decoder (softmax)"]["flops_per_step"]
+    assert (
+        rows["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == rows["hfst decoder (softmax)"]["flops_per_step"]
+    )
     # the chunked loss does the output layer's three matmuls too, in pieces
     chunked = rows["hfst decoder (softmax, chunked loss)"]["flops_per_step"]
     assert chunked == rows["hfst decoder (softmax)"]["flops_per_step"]

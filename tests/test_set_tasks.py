@@ -147,6 +147,7 @@ def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
         task
     ]
     assert math.isfinite(results[metric])
+    assert results["lr_scheduler"] == "linear" and results["batch_size"] == 16 and results["steps"] == 40
 
 
 def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):

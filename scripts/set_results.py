@@ -1,0 +1,87 @@
+"""Collect the `all_results.json` of scripts/train_sets.py runs into the README's table: task, model, attention,
+our metric next to the paper's (Lee et al. 2019), training time.
+
+    python scripts/set_results.py outputs/sets                                  # prints the markdown table
+    python scripts/set_results.py outputs/sets --copy_to scripts/results/sets   # and keeps the JSON files
+
+Training times are this machine's, as the runs recorded them (see each run's `threads`).
+"""
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+ORDER = ["max_regression", "mixture_of_gaussians", "point_clouds"]
+METRIC = {
+    "max_regression": ("mae", "MAE", "{:.4f}"),
+    "mixture_of_gaussians": ("log_likelihood_per_point", "log-likelihood / point", "{:.4f}"),
+    "point_clouds": ("accuracy", "accuracy", "{:.3f}"),
+}
+BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
+
+
+def load(folders):
+    runs = []
+    for folder in folders:
+        for path in sorted(Path(folder).glob("**/all_results.json")):
+            result = json.loads(path.read_text())
+            if result.get("task") in METRIC:
+                result["name"], result["path"] = path.parent.name, path
+                runs.append(result)
+    runs.sort(key=lambda r: (ORDER.index(r["task"]), r["model"].startswith("deepsets"), r["model"], r["name"]))
+    return runs
+
+
+def paper_value(run):
+    """The paper's figure for this model on this task, or '-' (it reports none for point_clouds here)."""
+    model = run["model"]
+    key = BASELINES.get(model, model.split(",")[0])  # "ISAB(16)+PMA, softmax" -> "ISAB(16)+PMA"
+    value = run.get("paper", {}).get(key)
+    return "-" if value is None else METRIC[run["task"]][2].format(value)
+
+
+def split_model(model):
+    if model in BASELINES:
+        return BASELINES[model], "-"
+    blocks, _, attention = model.partition(", ")
+    return blocks, attention
+
+
+def table(runs):
+    lines = [
+        "| task | model | attention | parameters | steps x sets | lr schedule | metric | ours | paper | training time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        key, label, fmt = METRIC[r["task"]]
+        ours = fmt.format(r[key])
+        if r["task"] == "mixture_of_gaussians":
+            ours += f" (oracle {r['oracle_log_likelihood_per_point']:.4f})"
+        blocks, attention = split_model(r["model"])
+        lines.append(
+            f"| {r['task']} | {blocks} | {attention} | {r['parameters']:,} | {r['steps']:,} x {r['batch_size']} | "
+            f"{r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {r['train_seconds'] / 60:.1f} min |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="+")
+    p.add_argument("--copy_to", default=None)
+    args = p.parse_args()
+    runs = load(args.folders)
+    if not runs:
+        raise SystemExit(f"No train_sets.py all_results.json under {args.folders}.")
+    print(table(runs))
+    if args.copy_to:
+        target = Path(args.copy_to)
+        for r in runs:
+            if r["path"].parent.resolve() != (target / r["name"]).resolve():
+                (target / r["name"]).mkdir(parents=True, exist_ok=True)
+                shutil.copy(r["path"], target / r["name"] / "all_results.json")
+
+
+if __name__ == "__main__":
+    main()
