@@ -63,6 +63,15 @@ def training_time(r):
     return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
 
 
+def keep(runs, folder):
+    """Copy each run's all_results.json to folder/<run name>/ (skipping runs already there)."""
+    target = Path(folder)
+    for r in runs:
+        if r["path"].parent.resolve() != (target / r["name"]).resolve():
+            (target / r["name"]).mkdir(parents=True, exist_ok=True)
+            shutil.copy(r["path"], target / r["name"] / "all_results.json")
+
+
 def plot(runs, path):
     import matplotlib
 
@@ -104,12 +113,7 @@ def main():
         raise SystemExit(f"No all_results.json with evaluation results under {args.folders}.")
     print(table(runs))
     if args.copy_to:
-        target = Path(args.copy_to)
-        target.mkdir(parents=True, exist_ok=True)
-        for r in runs:
-            if r["path"].parent.resolve() != (target / r["name"]).resolve():
-                (target / r["name"]).mkdir(exist_ok=True)
-                shutil.copy(r["path"], target / r["name"] / "all_results.json")
+        keep(runs, args.copy_to)
     if args.plot:
         plot(runs, args.plot)
         print(f"wrote {args.plot}")

@@ -9,8 +9,9 @@ Training times are this machine's, as the runs recorded them (see each run's `th
 
 import argparse
 import json
-import shutil
 from pathlib import Path
+
+from lm_results import keep
 
 ORDER = ["max_regression", "mixture_of_gaussians", "point_clouds"]
 METRIC = {
@@ -76,11 +77,7 @@ def main():
         raise SystemExit(f"No train_sets.py all_results.json under {args.folders}.")
     print(table(runs))
     if args.copy_to:
-        target = Path(args.copy_to)
-        for r in runs:
-            if r["path"].parent.resolve() != (target / r["name"]).resolve():
-                (target / r["name"]).mkdir(parents=True, exist_ok=True)
-                shutil.copy(r["path"], target / r["name"] / "all_results.json")
+        keep(runs, args.copy_to)
 
 
 if __name__ == "__main__":
