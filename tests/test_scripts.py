@@ -12,15 +12,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_tiny(script, tmp_path):
+def run_script(script, *args, timeout=300):
+    """Runs scripts/<script> with these arguments, asserts that it succeeded, returns its stdout."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), "--tiny", "--output_dir", str(tmp_path)],
+        [sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, json.loads((tmp_path / script.replace(".py", ".json")).read_text())
+    return result.stdout
+
+
+def run_tiny(script, tmp_path):
+    stdout = run_script(script, "--tiny", "--output_dir", tmp_path)
+    return stdout, json.loads((tmp_path / script.replace(".py", ".json")).read_text())
 
 
 def test_bench_generation_tiny(tmp_path):
@@ -61,25 +67,17 @@ def test_lm_results_table_and_plot(tmp_path):
         ],
     }
     (run / "all_results.json").write_text(json.dumps(result))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "lm_results.py"),
-            str(tmp_path / "runs"),
-            "--copy_to",
-            str(tmp_path / "kept"),
-            "--plot",
-            str(tmp_path / "curve.png"),
-        ],
-        capture_output=True,
-        text=True,
+    stdout = run_script(
+        "lm_results.py",
+        tmp_path / "runs",
+        "--copy_to",
+        tmp_path / "kept",
+        "--plot",
+        tmp_path / "curve.png",
         timeout=120,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
     # a resumed run shows the whole run's training time (28 min), not this process's (25 min)
-    assert (
-        "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in out.stdout
-    )
+    assert "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
@@ -113,20 +111,8 @@ def test_set_results_table(tmp_path):
     for name, result in runs.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "all_results.json").write_text(json.dumps(result))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "set_results.py"),
-            str(tmp_path / "runs"),
-            "--copy_to",
-            str(tmp_path / "kept"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
+    stdout = run_script("set_results.py", tmp_path / "runs", "--copy_to", tmp_path / "kept", timeout=120)
+    lines = stdout.splitlines()
     assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
     assert lines[2] == "| max_regression | rFF+max | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | 1.0 min |"
     assert lines[3] == (
