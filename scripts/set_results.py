@@ -49,10 +49,18 @@ def split_model(model):
     return blocks, attention
 
 
+def depth(run):
+    """Blocks before and after pooling, "2 + 1" (the rFF baselines have no attention blocks: "-")."""
+    if "num_hidden_layers" not in run:
+        return "-"
+    return f"{run['num_hidden_layers']} + {run['num_decoder_layers']}"
+
+
 def table(runs):
     lines = [
-        "| task | model | attention | parameters | steps x sets | lr schedule | metric | ours | paper | training time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | model | depth | attention | parameters | steps x sets | lr schedule | metric | ours | paper "
+        "| training time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         key, label, fmt = METRIC[r["task"]]
@@ -61,7 +69,7 @@ def table(runs):
             ours += f" (oracle {r['oracle_log_likelihood_per_point']:.4f})"
         blocks, attention = split_model(r["model"])
         lines.append(
-            f"| {r['task']} | {blocks} | {attention} | {r['parameters']:,} | {r['steps']:,} x {r['batch_size']} | "
+            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {r['steps']:,} x {r['batch_size']} | "
             f"{r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {r['train_seconds'] / 60:.1f} min |"
         )
     return "\n".join(lines)

@@ -221,6 +221,12 @@ def main(argv=None):
         "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "threads": torch.get_num_threads(),
     }
+    if args.model == "set_transformer":  # the depth, for the results table
+        results.update(
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.num_hidden_layers,
+            num_decoder_layers=args.num_decoder_layers,
+        )
     results.update(
         evaluate(trainer.model, args, eval_dataset, training_args.per_device_eval_batch_size, trainer.args.device)
     )

@@ -94,6 +94,8 @@ def test_set_results_table(tmp_path):
             "train_seconds": 3000.0,
             "log_likelihood_per_point": -1.51234,
             "oracle_log_likelihood_per_point": -1.47,
+            "num_hidden_layers": 3,
+            "num_decoder_layers": 2,
             "paper": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145},
         },
         "rff": {
@@ -114,9 +116,9 @@ def test_set_results_table(tmp_path):
     stdout = run_script("set_results.py", tmp_path / "runs", "--copy_to", tmp_path / "kept", timeout=120)
     lines = stdout.splitlines()
     assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
-    assert lines[2] == "| max_regression | rFF+max | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | 1.0 min |"
+    assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | 1.0 min |"
     assert lines[3] == (
-        "| mixture_of_gaussians | ISAB(16)+PMA | softmax | 400,000 | 10,000 x 10 | linear | log-likelihood / point "
+        "| mixture_of_gaussians | ISAB(16)+PMA | 3 + 2 | softmax | 400,000 | 10,000 x 10 | linear | log-likelihood / point "
         "| -1.5123 (oracle -1.4700) | -1.5009 | 50.0 min |"
     )
     assert (tmp_path / "kept" / "mog" / "all_results.json").exists()
