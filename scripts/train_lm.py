@@ -454,6 +454,20 @@ def resolve_resume(training_args):
     return value
 
 
+def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps):
+    """Mean training loss of a run, resumed or not. The Trainer's `training_loss` averages only the steps this process
+    ran (`process_steps` after step `resumed_from`); a resumed run adds the losses logged before its checkpoint (each
+    logged loss is the mean of the steps since the previous log), weighted by the steps each covers. The steps between
+    the checkpoint's last log and the checkpoint were never recorded and are left out."""
+    total, steps, last = process_loss * process_steps, process_steps, 0
+    for entry in log_history:
+        if "loss" in entry and entry["step"] <= resumed_from:
+            total += entry["loss"] * (entry["step"] - last)
+            steps += entry["step"] - last
+            last = entry["step"]
+    return total / max(steps, 1)
+
+
 class TimedEvalCallback(TrainerCallback):
     """Records (seconds of training, step, eval loss) for the validation-vs-time plot. A resumed run starts from the
     seconds and points its checkpoint's marker recorded (`resume_from`), so both count the whole run."""
@@ -616,19 +630,25 @@ def main(argv=None):
         train_result = trainer.train(resume_from_checkpoint=resume)
         train_seconds = time.time() - train_start
         trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
-        steps_done = trainer.state.global_step - (int(Path(resume).name.split("-")[-1]) if resume else 0)
+        resumed_from = int(Path(resume).name.split("-")[-1]) if resume else 0
+        steps_done = trainer.state.global_step - resumed_from
         per_step = training_args.per_device_train_batch_size * training_args.world_size
         per_step *= training_args.gradient_accumulation_steps * length
+        history = trainer.state.log_history
+        train_loss = whole_run_train_loss(history, resumed_from, train_result.training_loss, steps_done)
+        # training time of the whole run, across resumes (None: resumed from a checkpoint that did not record it)
+        whole_seconds = (timed.before or 0.0) + train_seconds if timed.before is not None or not resume else None
+        tokens = trainer.state.global_step * per_step
         results.update(
-            train_loss=train_result.training_loss,
-            train_perplexity=math.exp(train_result.training_loss),
+            train_loss=train_loss,
+            train_perplexity=math.exp(train_loss),
             train_steps=trainer.state.global_step,
-            train_tokens=trainer.state.global_step * per_step,
-            train_tokens_per_second=steps_done * per_step / train_seconds,
+            train_tokens=tokens,
+            # the whole run's rate where its time is known, else this process's
+            train_tokens_per_second=tokens / whole_seconds if whole_seconds else steps_done * per_step / train_seconds,
             train_seconds=train_seconds,
-            resumed_from_step=int(Path(resume).name.split("-")[-1]) if resume else None,
-            # training time of the whole run, across resumes (None: resumed from a checkpoint that did not record it)
-            train_seconds_whole_run=(timed.before or 0.0) + train_seconds if timed.before is not None or not resume else None,
+            resumed_from_step=resumed_from or None,
+            train_seconds_whole_run=whole_seconds,
         )
         trainer.save_state()
     # final evaluation with the protocol, on every process (windows are split between them)

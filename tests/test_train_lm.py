@@ -292,7 +292,7 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
 
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--max_eval_tokens", 200]
-    extra += ["--eval_strategy", "steps", "--eval_steps", 4]
+    extra += ["--eval_strategy", "steps", "--eval_steps", 4, "--logging_steps", 1]
     straight = tmp_path / "straight"
     run(common_args(corpus, straight, "decoder", steps=16, extra=extra))
 
@@ -328,6 +328,9 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     # the resumed run's training time and validation curve include the part before the kill
     assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
     assert rb["train_seconds_whole_run"] > rb["train_seconds"]
+    assert rb["train_tokens_per_second"] == pytest.approx(rb["train_tokens"] / rb["train_seconds_whole_run"])
+    # the training loss averages the whole run (logged every step here), not only the steps after the resume
+    assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5)
     assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]
     assert [p["eval_loss"] for p in rb["validation_curve"]] == [p["eval_loss"] for p in ra["validation_curve"]]
 
