@@ -61,6 +61,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Trainer,
     TrainerCallback,
+    TrainerState,
     TrainingArguments,
     set_seed,
 )
@@ -627,15 +628,22 @@ def main(argv=None):
     }
     if training_args.do_train:
         train_start = time.time()
-        train_result = trainer.train(resume_from_checkpoint=resume)
+        resumed_from = int(Path(resume).name.split("-")[-1]) if resume else 0
+        if resume and resumed_from >= training_args.max_steps:
+            # a run stopped after its last checkpoint (in the final evaluation, say): nothing is left to train, and
+            # Trainer.train would still take one more step (transformers 5.23 checks max_steps after a step)
+            trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+            trainer._load_from_checkpoint(resume)
+            process_loss = 0.0
+        else:
+            process_loss = trainer.train(resume_from_checkpoint=resume).training_loss
         train_seconds = time.time() - train_start
         trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
-        resumed_from = int(Path(resume).name.split("-")[-1]) if resume else 0
         steps_done = trainer.state.global_step - resumed_from
         per_step = training_args.per_device_train_batch_size * training_args.world_size
         per_step *= training_args.gradient_accumulation_steps * length
         history = trainer.state.log_history
-        train_loss = whole_run_train_loss(history, resumed_from, train_result.training_loss, steps_done)
+        train_loss = whole_run_train_loss(history, resumed_from, process_loss, steps_done)
         # training time of the whole run, across resumes (None: resumed from a checkpoint that did not record it)
         whole_seconds = (timed.before or 0.0) + train_seconds if timed.before is not None or not resume else None
         tokens = trainer.state.global_step * per_step

@@ -335,6 +335,23 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     assert [p["eval_loss"] for p in rb["validation_curve"]] == [p["eval_loss"] for p in ra["validation_curve"]]
 
 
+def test_resume_from_the_final_checkpoint_only_evaluates(tmp_path, corpus):
+    """A run stopped after its last checkpoint (during the final evaluation, say) and restarted trains no further step:
+    same weights, same step count, same perplexities."""
+    out = tmp_path / "run"
+    args = common_args(corpus, out, "decoder", steps=8, extra=["--save_strategy", "steps", "--save_steps", 4])
+    run(args)
+    first = json.loads((out / "all_results.json").read_text())
+    weights = load_file(out / "model.safetensors")
+    result = run(args + ["--resume_from_checkpoint", "true"])
+    again = json.loads((out / "all_results.json").read_text())
+    assert again["resumed_from_step"] == 8 and again["train_steps"] == 8, result.stdout[-2000:]
+    resumed = load_file(out / "model.safetensors")
+    for name in weights:
+        assert torch.equal(weights[name], resumed[name]), name
+    assert again["test_perplexity"] == first["test_perplexity"]
+
+
 LOAD_FROM_HUB = """
 import json, sys
 sys.modules["hf_settransformer"] = None  # the code must come with the checkpoint
