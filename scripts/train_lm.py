@@ -455,6 +455,17 @@ def resolve_resume(training_args):
     return value
 
 
+def train_unless_finished(trainer, resume):
+    """`trainer.train(resume_from_checkpoint=resume)`, except that a checkpoint at or past `max_steps` (a run stopped
+    in its final evaluation, say) is only loaded: Trainer.train would still take one more step (transformers 5.23
+    checks `max_steps` after a step). Returns the mean training loss of the steps this call ran (0.0 for none)."""
+    if resume and int(Path(resume).name.split("-")[-1]) >= trainer.args.max_steps > 0:
+        trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+        trainer._load_from_checkpoint(resume)
+        return 0.0
+    return trainer.train(resume_from_checkpoint=resume).training_loss
+
+
 def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps):
     """Mean training loss of a run, resumed or not. The Trainer's `training_loss` averages only the steps this process
     ran (`process_steps` after step `resumed_from`); a resumed run adds the losses logged before its checkpoint (each
@@ -629,14 +640,7 @@ def main(argv=None):
     if training_args.do_train:
         train_start = time.time()
         resumed_from = int(Path(resume).name.split("-")[-1]) if resume else 0
-        if resume and resumed_from >= training_args.max_steps:
-            # a run stopped after its last checkpoint (in the final evaluation, say): nothing is left to train, and
-            # Trainer.train would still take one more step (transformers 5.23 checks max_steps after a step)
-            trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
-            trainer._load_from_checkpoint(resume)
-            process_loss = 0.0
-        else:
-            process_loss = trainer.train(resume_from_checkpoint=resume).training_loss
+        process_loss = train_unless_finished(trainer, resume)
         train_seconds = time.time() - train_start
         trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
         steps_done = trainer.state.global_step - resumed_from

@@ -33,6 +33,7 @@ from transformers.trainer_utils import get_last_checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from set_tasks import SHAPES, DeepSetsBaseline, MaxRegression, MixtureOfGaussians, PointClouds  # noqa: E402
+from train_lm import train_unless_finished  # noqa: E402
 
 from hf_settransformer import (  # noqa: E402
     DataCollatorForSets,
@@ -206,7 +207,7 @@ def main(argv=None):
     if resume in ("true", "True", "last"):  # the newest checkpoint in --output_dir, or a fresh start if none
         resume = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
     start = time.time()
-    trainer.train(resume_from_checkpoint=resume)
+    train_unless_finished(trainer, resume)
     train_seconds = time.time() - start
     trainer.save_model()
     trainer.save_state()

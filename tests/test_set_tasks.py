@@ -191,6 +191,10 @@ def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
     losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
     assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
+    # restarted after its last checkpoint: evaluates again without a 7th step
+    third = run(6, seed=1)
+    assert third["global_step"] == 6
+    assert {e["step"]: e["loss"] for e in third["log_history"] if "loss" in e} == losses
 
 
 def test_pma_classifier_learns_point_clouds_from_fresh_sets():
