@@ -69,7 +69,8 @@ def table(runs):
             ours += f" (oracle {r['oracle_log_likelihood_per_point']:.4f})"
         blocks, attention = split_model(r["model"])
         lines.append(
-            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {r['steps']:,} x {r['batch_size']} | "
+            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | "
+            f"{r['steps']:,} x {r['batch_size']} | "
             f"{r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {r['train_seconds'] / 60:.1f} min |"
         )
     return "\n".join(lines)

@@ -429,6 +429,11 @@ class CompleteCheckpointCallback(TrainerCallback):
                 os.replace(tmp, folder / COMPLETE_MARKER)
 
 
+def checkpoint_step(folder):
+    """`.../checkpoint-1464` -> 1464."""
+    return int(Path(folder).name.split("-")[-1])
+
+
 def resolve_resume(training_args):
     """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside."""
     value = training_args.resume_from_checkpoint
@@ -437,7 +442,7 @@ def resolve_resume(training_args):
     if str(value).lower() in ("true", "1", "last", "latest"):
         folders = sorted(
             (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-            key=lambda p: int(p.name.split("-")[-1]),
+            key=checkpoint_step,
         )
         complete = [p for p in folders if (p / COMPLETE_MARKER).is_file()]
         for p in folders:
@@ -459,7 +464,7 @@ def train_unless_finished(trainer, resume):
     """`trainer.train(resume_from_checkpoint=resume)`, except that a checkpoint at or past `max_steps` (a run stopped
     in its final evaluation, say) is only loaded: Trainer.train would still take one more step (transformers 5.23
     checks `max_steps` after a step). Returns the mean training loss of the steps this call ran (0.0 for none)."""
-    if resume and int(Path(resume).name.split("-")[-1]) >= trainer.args.max_steps > 0:
+    if resume and checkpoint_step(resume) >= trainer.args.max_steps > 0:
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
         trainer._load_from_checkpoint(resume)
         return 0.0
@@ -639,7 +644,7 @@ def main(argv=None):
     }
     if training_args.do_train:
         train_start = time.time()
-        resumed_from = int(Path(resume).name.split("-")[-1]) if resume else 0
+        resumed_from = checkpoint_step(resume) if resume else 0
         process_loss = train_unless_finished(trainer, resume)
         train_seconds = time.time() - train_start
         trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
