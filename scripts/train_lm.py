@@ -336,11 +336,13 @@ def decoder_windows(stream, block_size, stride):
 
 
 @torch.no_grad()
-def evaluate_stream(model, stream, data_args, accelerator, batch_size, eos_id, metric_path):
+def evaluate_stream(model, stream, data_args, accelerator, batch_size, eos_id, metric_path, progress=None):
     """Perplexity and next-token accuracy of `stream` under the protocol in the module docstring.
 
-    Windows are split across processes; sums are reduced over them. Returns a dict."""
+    Windows are split across processes; sums are reduced over them. `progress` (a description, e.g. "test") shows a
+    progress bar over this process's batches. Returns a dict."""
     import evaluate
+    from tqdm.auto import tqdm
 
     model.eval()
     device = accelerator.device
@@ -356,7 +358,7 @@ def evaluate_stream(model, stream, data_args, accelerator, batch_size, eos_id, m
         block = data_args.block_size
         stride = data_args.eval_stride or max(block // 2, 1)
         windows = decoder_windows(stream, block, stride)[rank::world]
-        for i in range(0, len(windows), batch_size):
+        for i in tqdm(range(0, len(windows), batch_size), desc=progress, unit="batch", disable=progress is None):
             chunk = windows[i : i + batch_size]
             width = max(end - begin for begin, end, _ in chunk)
             ids = torch.full((len(chunk), width), eos_id, dtype=torch.long)
@@ -379,7 +381,7 @@ def evaluate_stream(model, stream, data_args, accelerator, batch_size, eos_id, m
         context = model.config.context_length
         padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
         positions = torch.arange(1, len(full))[rank::world]
-        for i in range(0, len(positions), batch_size):
+        for i in tqdm(range(0, len(positions), batch_size), desc=progress, unit="batch", disable=progress is None):
             pos = positions[i : i + batch_size]  # predicted positions in `full`
             starts = pos - 1  # window = padded[start : start + context] ends right before full[pos]
             ids = torch.stack([padded[s : s + context] for s in starts.tolist()])
@@ -679,7 +681,16 @@ def main(argv=None):
             )
         if wanted:
             stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
-            metrics = evaluate_stream(eval_model, stream, data_args, trainer.accelerator, batch, eos_id, metric_path)
+            main = training_args.process_index == 0
+            if main and training_args.disable_tqdm:  # no bar: say what the (long, for the heads) evaluation is doing
+                print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
+            began = time.time()
+            bar = f"[train_lm] {split}" if main and not training_args.disable_tqdm else None
+            metrics = evaluate_stream(
+                eval_model, stream, data_args, trainer.accelerator, batch, eos_id, metric_path, progress=bar
+            )
+            if main:
+                print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({time.time() - began:.0f} s)")
             results.update({f"{split}_{k}": v for k, v in metrics.items()})
     results.update(
         wall_time_seconds=time.time() - wall_start,

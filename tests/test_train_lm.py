@@ -151,7 +151,7 @@ class Accel:
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
-def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family):
+def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family, capsys):
     import hf_settransformer as hfst
 
     vocab, n = 50, 37
@@ -171,10 +171,14 @@ def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family):
     data_args = train_lm.DataArguments(block_size=6, eval_stride=4)
     stream = torch.randint(2, vocab, (n,))
     metrics = train_lm.evaluate_stream(
-        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy")
+        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy"), "test"
     )
     assert metrics["tokens"] == n
     assert metrics["perplexity"] == pytest.approx(vocab, rel=1e-5)
+    # the progress bar counts this process's batches: decoder windows (6 tokens, stride 4) or one window per token
+    batches = math.ceil(len(train_lm.decoder_windows(stream, 6, 4)) / 4) if family == "decoder" else math.ceil(n / 4)
+    bar = capsys.readouterr().err
+    assert "test: 100%" in bar and f"{batches}/{batches} " in bar
 
 
 def test_decoder_protocol_equals_one_full_pass_when_the_window_covers_the_split():
@@ -203,7 +207,7 @@ def test_decoder_protocol_equals_one_full_pass_when_the_window_covers_the_split(
 def test_tiny_run_for_every_family(tmp_path, corpus, family):
     attention = {"decoder": "linear", "encoder": "softmax", "set_transformer": "linear", "perceiver_io": "softmax"}
     out = tmp_path / family
-    run(
+    result = run(
         common_args(
             corpus,
             out,
@@ -245,6 +249,9 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     assert f"{results['test_perplexity']:.2f}" in card and "scripts/train_lm.py" in card
     assert (out / "tokenizer.json").exists() and (out / "model.safetensors").exists()
     assert [point["step"] for point in results["validation_curve"]] == [30, 60]
+    # with --disable_tqdm (no progress bars) the final evaluation says what it is doing and prints as it goes
+    assert "[train_lm] evaluating validation:" in result.stdout and "[train_lm] evaluating test:" in result.stdout
+    assert f"[train_lm] test perplexity {results['test_perplexity']:.2f}" in result.stdout
 
 
 def test_offline_dataset_gives_a_clear_message(tmp_path):
