@@ -681,15 +681,15 @@ def main(argv=None):
             )
         if wanted:
             stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
-            main = training_args.process_index == 0
-            if main and training_args.disable_tqdm:  # no bar: say what the (long, for the heads) evaluation is doing
+            is_main = training_args.process_index == 0
+            if is_main and training_args.disable_tqdm:  # no bar: say what the (long, for the heads) evaluation is doing
                 print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
             began = time.time()
-            bar = f"[train_lm] {split}" if main and not training_args.disable_tqdm else None
+            bar = f"[train_lm] {split}" if is_main and not training_args.disable_tqdm else None
             metrics = evaluate_stream(
                 eval_model, stream, data_args, trainer.accelerator, batch, eos_id, metric_path, progress=bar
             )
-            if main:
+            if is_main:
                 print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({time.time() - began:.0f} s)")
             results.update({f"{split}_{k}": v for k, v in metrics.items()})
     results.update(
