@@ -56,6 +56,18 @@ def depth(run):
     return f"{run['num_hidden_layers']} + {run['num_decoder_layers']}"
 
 
+def steps(run):
+    """Steps x sets: "20,000 x 128", or "30,000 + 20,000 x 10" for a run continued with --model_name_or_path."""
+    before = f"{run['steps_before']:,} + " if run.get("steps_before") else ""
+    return f"{before}{run['steps']:,} x {run['batch_size']}"
+
+
+def training_time(run):
+    """Minutes of training, the continued run's included; "?" where a run did not record them."""
+    parts = [run.get("train_seconds"), run.get("train_seconds_before", 0.0)]
+    return "?" if None in parts else f"{sum(parts) / 60:.1f} min"
+
+
 def table(runs):
     lines = [
         "| task | model | depth | attention | parameters | steps x sets | lr schedule | metric | ours | paper "
@@ -70,8 +82,7 @@ def table(runs):
         blocks, attention = split_model(r["model"])
         lines.append(
             f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | "
-            f"{r['steps']:,} x {r['batch_size']} | "
-            f"{r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {r['train_seconds'] / 60:.1f} min |"
+            f"{steps(r)} | {r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {training_time(r)} |"
         )
     return "\n".join(lines)
 

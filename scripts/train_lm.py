@@ -507,7 +507,9 @@ class TimedEvalCallback(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if metrics and "eval_loss" in metrics:
-            self.points.append({"seconds": self.elapsed(), "step": state.global_step, "eval_loss": metrics["eval_loss"]})
+            self.points.append(
+                {"seconds": self.elapsed(), "step": state.global_step, "eval_loss": metrics["eval_loss"]}
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------- card

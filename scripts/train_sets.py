@@ -16,7 +16,9 @@ Tasks (Lee et al. 2019; data generated on the fly, sets of different sizes in on
     python scripts/train_sets.py --task point_clouds --attention_type linear --output_dir outputs/pc --max_steps 600 \\
         --per_device_train_batch_size 8 --learning_rate 1e-4   # lr 1e-3 at batch 8 stays at chance
 
-Each task runs with `--attention_type softmax|linear` and `--num_inducing_points m` (ISAB) or 0 (SAB). At the end the
+`--model_name_or_path DIR` continues a model saved by an earlier run (its config fixes the architecture; the results
+record the earlier run's steps and time), e.g. for more steps on a new learning-rate schedule. Each task runs with
+`--attention_type softmax|linear` and `--num_inducing_points m` (ISAB) or 0 (SAB). At the end the
 script evaluates on fresh sets (`--eval_sets`), prints the metric next to the paper's and writes all_results.json.
 """
 
@@ -28,12 +30,16 @@ from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from set_tasks import SHAPES, DeepSetsBaseline, MaxRegression, MixtureOfGaussians, PointClouds  # noqa: E402
-from train_lm import train_unless_finished  # noqa: E402
+from train_lm import (  # noqa: E402
+    CompleteCheckpointCallback,
+    TimedEvalCallback,
+    resolve_resume,
+    train_unless_finished,
+)
 
 from hf_settransformer import (  # noqa: E402
     DataCollatorForSets,
@@ -61,12 +67,18 @@ class SetArguments:
             "choices": ["set_transformer", "deepsets_max", "deepsets_mean", "deepsets_sum"],
         },
     )
-    attention_type: str = field(default="softmax", metadata={"choices": ["softmax", "linear"]})
-    feature_map: str = field(default="elu", metadata={"choices": ["elu", "exp"]})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "continue from a saved Set Transformer of this task (local or Hub); its config is the model's"
+        },
+    )
+    attention_type: str | None = field(default=None, metadata={"choices": ["softmax", "linear"]})
+    feature_map: str | None = field(default=None, metadata={"choices": ["elu", "exp"]})
     num_inducing_points: int | None = field(default=None, metadata={"help": "m of ISAB, 0 for SAB (task default)"})
     hidden_size: int | None = field(default=None, metadata={"help": "task default: 64 / 128 / 128"})
-    num_attention_heads: int = 4
-    num_hidden_layers: int = 2
+    num_attention_heads: int | None = field(default=None, metadata={"help": "default 4"})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "ISABs or SABs before pooling, default 2"})
     num_decoder_layers: int | None = field(default=None, metadata={"help": "SABs after PMA (task default 0 / 1 / 0)"})
     train_sets: int = field(default=10_000_000, metadata={"help": "size of the (generated) training index range"})
     eval_sets: int = field(default=1000, metadata={"help": "fresh sets for the final evaluation"})
@@ -88,6 +100,15 @@ TASK_DEFAULTS = {
         hidden_size=128, num_inducing_points=16, num_decoder_layers=1, min_size=300, max_size=600
     ),
     "point_clouds": dict(hidden_size=128, num_inducing_points=16, num_decoder_layers=0, min_size=1000, max_size=4000),
+}
+MODEL_DEFAULTS = dict(attention_type="softmax", feature_map="elu", num_attention_heads=4, num_hidden_layers=2)
+# the arguments that describe the model, which a checkpoint's config fixes
+ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_decoder_layers")
+# task -> (model class, the config values the task needs)
+TASK_MODELS = {
+    "max_regression": (SetTransformerForSequenceClassification, dict(input_size=1, num_labels=1)),
+    "mixture_of_gaussians": (SetTransformerForMixtureOfGaussians, dict(input_size=2, num_seeds=4)),
+    "point_clouds": (SetTransformerForSequenceClassification, dict(input_size=3, num_labels=len(SHAPES))),
 }
 
 
@@ -119,12 +140,32 @@ def build_model(args):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+    model_class, needs = TASK_MODELS[args.task]
     if args.task == "max_regression":
-        config = SetTransformerConfig(input_size=1, num_labels=1, problem_type="regression", **common)
-        return SetTransformerForSequenceClassification(config)
-    if args.task == "mixture_of_gaussians":
-        return SetTransformerForMixtureOfGaussians(SetTransformerConfig(input_size=2, num_seeds=4, **common))
-    return SetTransformerForSequenceClassification(SetTransformerConfig(input_size=3, num_labels=len(SHAPES), **common))
+        common["problem_type"] = "regression"
+    return model_class(SetTransformerConfig(**needs, **common))
+
+
+def load_model(args):
+    """The saved model of `--model_name_or_path`, checked against the task; its config fills the architecture
+    arguments (given ones are an error: the checkpoint decides them)."""
+    if args.model != "set_transformer":
+        raise SystemExit("--model_name_or_path continues a Set Transformer; the rFF+pooling baselines start fresh.")
+    given = [f"--{key}" for key in ARCHITECTURE if getattr(args, key) is not None]
+    if given:
+        raise SystemExit(f"{', '.join(given)}: the model comes from --model_name_or_path, whose config sets these.")
+    model_class, needs = TASK_MODELS[args.task]
+    config = SetTransformerConfig.from_pretrained(args.model_name_or_path)
+    wrong = {key: getattr(config, key, None) for key, value in needs.items() if getattr(config, key, None) != value}
+    if wrong or model_class.__name__ not in (config.architectures or []):
+        raise SystemExit(
+            f"{args.model_name_or_path} holds a {', '.join(config.architectures or ['model'])} with {wrong or needs}; "
+            f"the {args.task} task needs a {model_class.__name__} with {needs}."
+        )
+    model = model_class.from_pretrained(args.model_name_or_path)
+    for key in ARCHITECTURE:
+        setattr(args, key, getattr(config, key))
+    return model
 
 
 def l1_loss(outputs, labels, num_items_in_batch=None):
@@ -175,14 +216,15 @@ def evaluate(model, args, eval_dataset, batch_size, device):
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, TrainingArguments))
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    for key, value in TASK_DEFAULTS[args.task].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
     if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
         raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
     set_seed(training_args.seed)
+    model = load_model(args) if args.model_name_or_path else None
+    for key, value in {**MODEL_DEFAULTS, **TASK_DEFAULTS[args.task]}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     train_dataset, eval_dataset = datasets(args, training_args.seed)
-    model = build_model(args)
+    model = model or build_model(args)
     parameters = sum(p.numel() for p in model.parameters())
     name = (
         args.model
@@ -196,19 +238,31 @@ def main(argv=None):
     training_args.remove_unused_columns = False
     if args.task == "mixture_of_gaussians":
         training_args.label_names = []  # the points are the targets: the model returns the loss itself
+    # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
+    # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
+    resume = resolve_resume(training_args)
+    timed = TimedEvalCallback(resume_from=resume)
     trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
         data_collator=DataCollatorForSets(),
         compute_loss_func=l1_loss if args.task == "max_regression" and args.model == "set_transformer" else None,
+        callbacks=[CompleteCheckpointCallback(timed), timed],
     )
-    resume = training_args.resume_from_checkpoint
-    if resume in ("true", "True", "last"):  # the newest checkpoint in --output_dir, or a fresh start if none
-        resume = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
     start = time.time()
     train_unless_finished(trainer, resume)
-    train_seconds = time.time() - start
+    process_seconds = time.time() - start
+    # None where a resumed checkpoint did not record the time before it
+    train_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
+    before = {}  # the run this one continued (--model_name_or_path), when its results are at hand
+    if args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file():
+        parent = json.loads((Path(args.model_name_or_path) / "all_results.json").read_text())
+        seconds, earlier = parent.get("train_seconds"), parent.get("train_seconds_before", 0.0)
+        before = {
+            "steps_before": parent["steps"] + parent.get("steps_before", 0),
+            "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+        }
     trainer.save_model()
     trainer.save_state()
     results = {
@@ -216,11 +270,14 @@ def main(argv=None):
         "model": name,
         "parameters": parameters,
         "train_seconds": train_seconds,
+        "train_seconds_this_process": process_seconds,
         "steps": trainer.state.global_step,
         "batch_size": training_args.per_device_train_batch_size * training_args.world_size,
         "learning_rate": training_args.learning_rate,
         "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "threads": torch.get_num_threads(),
+        "continued_from": args.model_name_or_path,  # steps and train_seconds are this run's; *_before the parent's
+        **before,
     }
     if args.model == "set_transformer":  # the depth, for the results table
         results.update(

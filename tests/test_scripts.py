@@ -97,6 +97,9 @@ def test_set_results_table(tmp_path):
             "num_hidden_layers": 3,
             "num_decoder_layers": 2,
             "paper": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145},
+            "continued_from": "outputs/sets/mog-30k",  # --model_name_or_path: its steps and time come first
+            "steps_before": 30_000,
+            "train_seconds_before": 6000.0,
         },
         "rff": {
             "task": "max_regression",
@@ -104,7 +107,7 @@ def test_set_results_table(tmp_path):
             "parameters": 16_833,
             "steps": 100,
             "batch_size": 128,
-            "train_seconds": 60.0,
+            "train_seconds": None,  # resumed from a checkpoint that did not record the time before it
             "mae": 0.01,
             "paper": {"SAB+PMA": 0.2085, "rFF+max": 0.1355},
         },
@@ -116,10 +119,10 @@ def test_set_results_table(tmp_path):
     stdout = run_script("set_results.py", tmp_path / "runs", "--copy_to", tmp_path / "kept", timeout=120)
     lines = stdout.splitlines()
     assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
-    assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | 1.0 min |"
+    assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | ? |"
     assert lines[3] == (
-        "| mixture_of_gaussians | ISAB(16)+PMA | 3 + 2 | softmax | 400,000 | 10,000 x 10 | linear | log-likelihood / point "
-        "| -1.5123 (oracle -1.4700) | -1.5009 | 50.0 min |"
+        "| mixture_of_gaussians | ISAB(16)+PMA | 3 + 2 | softmax | 400,000 | 30,000 + 10,000 x 10 | linear "
+        "| log-likelihood / point | -1.5123 (oracle -1.4700) | -1.5009 | 150.0 min |"
     )
     assert (tmp_path / "kept" / "mog" / "all_results.json").exists()
     assert not (tmp_path / "kept" / "lm").exists()

@@ -1,4 +1,4 @@
-"""scripts/set_tasks.py generators, the mixture-of-Gaussians head, and a few Trainer steps per task lowering the loss."""
+"""scripts/set_tasks.py generators, the mixture-of-Gaussians head, a few Trainer steps per task lowering the loss."""
 
 import json
 import math
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import set_tasks  # noqa: E402
+import train_lm  # noqa: E402
 
 
 def test_max_regression_generator():
@@ -191,10 +192,65 @@ def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
     losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
     assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
+    # the checkpoints carry train_lm's completion marker; the resumed run reports the whole run's training time
+    assert (tmp_path / "checkpoint-6" / train_lm.COMPLETE_MARKER).is_file()
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    assert results["train_seconds"] > results["train_seconds_this_process"] > 0
     # restarted after its last checkpoint: evaluates again without a 7th step
     third = run(6, seed=1)
     assert third["global_step"] == 6
     assert {e["step"]: e["loss"] for e in third["log_history"] if "loss" in e} == losses
+
+
+def run_train_sets(output_dir, *extra, check=True):
+    args = [sys.executable, str(ROOT / "scripts" / "train_sets.py"), "--output_dir", str(output_dir)]
+    args += ["--per_device_train_batch_size", "4", "--eval_sets", "8", "--min_size", "20", "--max_size", "40"]
+    args += ["--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", *map(str, extra)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_model_name_or_path_continues_a_saved_model(tmp_path):
+    mog = ["--task", "mixture_of_gaussians"]
+    run_train_sets(tmp_path / "first", *mog, "--max_steps", 5, "--hidden_size", 16, "--num_decoder_layers", 2)
+    first = json.loads((tmp_path / "first" / "all_results.json").read_text())
+    # at learning rate 0 the continued model is the saved one: the same log-likelihood on the same fresh sets
+    run_train_sets(
+        tmp_path / "second", *mog, "--max_steps", 3, "--learning_rate", 0, "--model_name_or_path", tmp_path / "first"
+    )
+    second = json.loads((tmp_path / "second" / "all_results.json").read_text())
+    assert second["log_likelihood_per_point"] == pytest.approx(first["log_likelihood_per_point"], rel=1e-6)
+    assert second["parameters"] == first["parameters"] and second["hidden_size"] == 16
+    assert second["num_decoder_layers"] == 2  # from the checkpoint's config, not the task default (1)
+    assert second["steps"] == 3 and second["steps_before"] == 5
+    assert second["train_seconds_before"] == pytest.approx(first["train_seconds"])
+    # the architecture comes from the checkpoint: giving it too is an error, as is another task's checkpoint
+    clash = run_train_sets(
+        tmp_path / "x",
+        *mog,
+        "--max_steps",
+        1,
+        "--hidden_size",
+        32,
+        "--model_name_or_path",
+        tmp_path / "first",
+        check=False,
+    )
+    assert clash.returncode != 0 and "--hidden_size: the model comes from --model_name_or_path" in clash.stderr
+    other = run_train_sets(
+        tmp_path / "y",
+        "--task",
+        "point_clouds",
+        "--max_steps",
+        1,
+        "--model_name_or_path",
+        tmp_path / "first",
+        check=False,
+    )
+    assert other.returncode != 0
+    assert "the point_clouds task needs a SetTransformerForSequenceClassification" in other.stderr
 
 
 def test_pma_classifier_learns_point_clouds_from_fresh_sets():
