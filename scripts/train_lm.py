@@ -454,7 +454,7 @@ def resolve_resume(training_args):
                 shutil.rmtree(aside, ignore_errors=True)
                 p.rename(aside)
         if not complete:
-            print("[train_lm] no complete checkpoint to resume from: starting from scratch")
+            print(f"[train_lm] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
     if not (Path(value) / COMPLETE_MARKER).is_file():
