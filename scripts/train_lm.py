@@ -436,8 +436,9 @@ def checkpoint_step(folder):
     return int(Path(folder).name.split("-")[-1])
 
 
-def resolve_resume(training_args):
-    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside."""
+def resolve_resume(training_args, script="train_lm"):
+    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
+    names the caller in what it prints."""
     value = training_args.resume_from_checkpoint
     if value is None or str(value).lower() in ("false", "0", "none"):
         return None
@@ -450,11 +451,11 @@ def resolve_resume(training_args):
         for p in folders:
             if p not in complete and training_args.process_index == 0:
                 aside = p.with_name(f"incomplete-{p.name}")
-                print(f"[train_lm] {p} was never completely written (killed while saving?): moved to {aside}")
+                print(f"[{script}] {p} was never completely written (killed while saving?): moved to {aside}")
                 shutil.rmtree(aside, ignore_errors=True)
                 p.rename(aside)
         if not complete:
-            print(f"[train_lm] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
+            print(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
     if not (Path(value) / COMPLETE_MARKER).is_file():

@@ -240,7 +240,7 @@ def main(argv=None):
         training_args.label_names = []  # the points are the targets: the model returns the loss itself
     # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
     # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
-    resume = resolve_resume(training_args)
+    resume = resolve_resume(training_args, script="train_sets")
     timed = TimedEvalCallback(resume_from=resume)
     trainer = Trainer(
         model=model,

@@ -183,10 +183,12 @@ def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
         ]
         result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert result.returncode == 0, result.stderr[-3000:]
+        run.stdout = result.stdout
         return json.loads((tmp_path / "trainer_state.json").read_text())
 
     first = run(3, seed=0)  # no checkpoint yet: "true" means start from scratch, not an error
     assert first["global_step"] == 3 and (tmp_path / "checkpoint-3").is_dir()
+    assert f"[train_sets] no complete checkpoint in {tmp_path}: training starts at step 0" in run.stdout
     # picks up checkpoint-3: steps 1-3 are the first run's (a fresh start with another seed would log other losses)
     second = run(6, seed=1)
     losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
