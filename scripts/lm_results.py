@@ -79,7 +79,9 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"softmax": "-", "linear elu": "--", "linear exp": ":"}
+    styles = {"softmax": "-", "linear elu": "--", "linear exp": ":"}  # line style: attention; colour: family
+    families = list(dict.fromkeys(r["family"] for r in runs))
+    colors = {family: f"C{i % 10}" for i, family in enumerate(families)}
     for r in runs:
         curve = r.get("validation_curve") or []
         if not curve:
@@ -91,6 +93,7 @@ def plot(runs, path):
             [p["seconds"] / 60 for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
             styles[ATTENTION[(r["attention"], r["feature_map"])]],
+            color=colors[r["family"]],
             label=label,
         )
     ax.set_yscale("log")
