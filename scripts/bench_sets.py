@@ -34,6 +34,12 @@ def parse_args():
     p.add_argument("--batch_size", type=int, default=4)
     p.add_argument("--input_size", type=int, default=3)
     p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument(
+        "--intermediate_size",
+        type=int,
+        default=None,
+        help="feed-forward width; default the hidden size, as in the set models train_sets.py builds (the paper's rFF)",
+    )
     p.add_argument("--num_hidden_layers", type=int, default=2)
     p.add_argument("--num_attention_heads", type=int, default=4)
     p.add_argument("--num_inducing_points", type=int, default=16)
@@ -55,6 +61,7 @@ def build(args, fields):
         **{
             "input_size": args.input_size,
             "hidden_size": args.hidden_size,
+            "intermediate_size": args.intermediate_size or args.hidden_size,
             "num_hidden_layers": args.num_hidden_layers,
             "num_attention_heads": args.num_attention_heads,
             "num_inducing_points": args.num_inducing_points,
@@ -98,7 +105,8 @@ def main():
     models = {name: build(args, fields) for name, fields in CONTENDERS.items()}
     machine = describe_machine(args.device)
     setup = (
-        f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, {args.num_hidden_layers} encoder "
+        f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, feed-forward "
+        f"{args.intermediate_size or args.hidden_size}, {args.num_hidden_layers} encoder "
         f"layers, {args.num_attention_heads} heads, m={args.num_inducing_points}, fp32, forward+backward"
     )
     print(setup)
