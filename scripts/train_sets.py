@@ -75,6 +75,10 @@ class SetArguments:
     )
     attention_type: str | None = field(default=None, metadata={"choices": ["softmax", "linear"]})
     feature_map: str | None = field(default=None, metadata={"choices": ["elu", "exp"]})
+    norm_type: str | None = field(
+        default=None,
+        metadata={"help": "pre-norm of every block, default scalenorm", "choices": ["scalenorm", "layernorm"]},
+    )
     num_inducing_points: int | None = field(default=None, metadata={"help": "m of ISAB, 0 for SAB (task default)"})
     hidden_size: int | None = field(default=None, metadata={"help": "task default: 64 / 128 / 128"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "default 4"})
@@ -101,7 +105,9 @@ TASK_DEFAULTS = {
     ),
     "point_clouds": dict(hidden_size=128, num_inducing_points=16, num_decoder_layers=0, min_size=1000, max_size=4000),
 }
-MODEL_DEFAULTS = dict(attention_type="softmax", feature_map="elu", num_attention_heads=4, num_hidden_layers=2)
+MODEL_DEFAULTS = dict(
+    attention_type="softmax", feature_map="elu", norm_type="scalenorm", num_attention_heads=4, num_hidden_layers=2
+)
 # the arguments that describe the model, which a checkpoint's config fixes
 ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_decoder_layers")
 # task -> (model class, the config values the task needs)
@@ -137,6 +143,7 @@ def build_model(args):
         num_decoder_layers=args.num_decoder_layers,
         attention_type=args.attention_type,
         feature_map=args.feature_map,
+        norm_type=args.norm_type,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
@@ -232,6 +239,7 @@ def main(argv=None):
         else (
             f"{'ISAB(%d)' % args.num_inducing_points if args.num_inducing_points else 'SAB'}+PMA, {args.attention_type}"
             + (f" {args.feature_map}" if args.attention_type == "linear" else "")
+            + (f", {args.norm_type}" if args.norm_type != "scalenorm" else "")
         )
     )
     print(f"[train_sets] {args.task}: {name}, {parameters:,} parameters")

@@ -105,7 +105,7 @@ def test_mixture_head_loss_and_padding():
         ("max_regression", ["--learning_rate", "3e-3"]),
         ("max_regression", ["--model", "deepsets_max", "--learning_rate", "3e-3"]),
         ("mixture_of_gaussians", ["--min_size", "40", "--max_size", "80", "--attention_type", "linear"]),
-        ("point_clouds", ["--min_size", "64", "--max_size", "128"]),
+        ("point_clouds", ["--min_size", "64", "--max_size", "128", "--norm_type", "layernorm"]),
     ],
 )
 def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
@@ -149,6 +149,10 @@ def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
     ]
     assert math.isfinite(results[metric])
     assert results["lr_scheduler"] == "linear" and results["batch_size"] == 16 and results["steps"] == 40
+    if "--model" not in extra:  # a Set Transformer (the rFF baselines have no config)
+        config = json.loads((tmp_path / "config.json").read_text())
+        norm = extra[extra.index("--norm_type") + 1] if "--norm_type" in extra else "scalenorm"
+        assert config["norm_type"] == norm and (norm in results["model"]) == (norm != "scalenorm")
 
 
 def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
