@@ -132,6 +132,7 @@ def test_bench_sets_tiny(tmp_path):
     stdout, report = run_tiny("bench_sets.py", tmp_path)
     rows = {r["size"]: r for r in report["rows"]}
     assert set(rows) == {32, 128}
+    assert "hidden 32, feed-forward 32," in report["setup"]  # the set models' width: rFF as wide as the hidden size
     for row in rows.values():
         for name in ("SAB", "ISAB", "ISAB linear"):
             assert row[name]["ms"] > 0 and row[name]["saved_mib"] > 0
