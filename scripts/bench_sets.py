@@ -53,6 +53,7 @@ def parse_args():
     if args.tiny:
         args.sizes, args.hidden_size, args.batch_size, args.repeats, args.warmup = [32, 128], 32, 2, 2, 1
         args.sab_max = 128
+    args.intermediate_size = args.intermediate_size or args.hidden_size
     return args
 
 
@@ -61,7 +62,7 @@ def build(args, fields):
         **{
             "input_size": args.input_size,
             "hidden_size": args.hidden_size,
-            "intermediate_size": args.intermediate_size or args.hidden_size,
+            "intermediate_size": args.intermediate_size,
             "num_hidden_layers": args.num_hidden_layers,
             "num_attention_heads": args.num_attention_heads,
             "num_inducing_points": args.num_inducing_points,
@@ -106,7 +107,7 @@ def main():
     machine = describe_machine(args.device)
     setup = (
         f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, feed-forward "
-        f"{args.intermediate_size or args.hidden_size}, {args.num_hidden_layers} encoder "
+        f"{args.intermediate_size}, {args.num_hidden_layers} encoder "
         f"layers, {args.num_attention_heads} heads, m={args.num_inducing_points}, fp32, forward+backward"
     )
     print(setup)
