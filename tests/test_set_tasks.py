@@ -105,7 +105,10 @@ def test_mixture_head_loss_and_padding():
         ("max_regression", ["--learning_rate", "3e-3"]),
         ("max_regression", ["--model", "deepsets_max", "--learning_rate", "3e-3"]),
         ("mixture_of_gaussians", ["--min_size", "40", "--max_size", "80", "--attention_type", "linear"]),
-        ("point_clouds", ["--min_size", "64", "--max_size", "128", "--norm_type", "layernorm"]),
+        (
+            "point_clouds",
+            ["--min_size", "64", "--max_size", "128", "--norm_type", "layernorm", "--initializer_range", "0.03"],
+        ),
     ],
 )
 def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
@@ -153,6 +156,11 @@ def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
         config = json.loads((tmp_path / "config.json").read_text())
         norm = extra[extra.index("--norm_type") + 1] if "--norm_type" in extra else "scalenorm"
         assert config["norm_type"] == norm and (norm in results["model"]) == (norm != "scalenorm")
+        # the init std: given, or the task's default (0.05 for the mixture of Gaussians), named when not 0.02
+        std = float(extra[extra.index("--initializer_range") + 1]) if "--initializer_range" in extra else None
+        std = std or {"max_regression": 0.02, "mixture_of_gaussians": 0.05, "point_clouds": 0.02}[task]
+        assert config["initializer_range"] == results["initializer_range"] == std
+        assert (f"init {std:g}" in results["model"]) == (std != 0.02)
 
 
 def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
