@@ -149,5 +149,7 @@ class HfstConfig(PreTrainedConfig):
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         check_choice("pooling", self.pooling, POOLING_TYPES)
         check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise ValueError(f"`norm_eps` must be a positive number, got {self.norm_eps!r}.")
+        for name in ("norm_eps", "initializer_range"):  # an init std of 0 would train a model of zeros
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")

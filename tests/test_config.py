@@ -89,6 +89,9 @@ def test_bad_values_raise_naming_the_field(family, kwargs, field, hint):
     "family,kwargs,field",
     [
         ("set_transformer", {"num_seeds": 0}, "num_seeds"),
+        ("set_transformer", {"initializer_range": 0.0}, "initializer_range"),
+        ("set_transformer", {"initializer_range": -0.05}, "initializer_range"),
+        ("set_transformer", {"norm_eps": 0}, "norm_eps"),
         ("set_transformer", {"num_inducing_points": -2}, "num_inducing_points"),
         ("set_transformer", {"num_decoder_layers": -1}, "num_decoder_layers"),
         ("perceiver_io", {"num_latents": 0}, "num_latents"),
