@@ -43,7 +43,10 @@ class AttentionMask:
     """A mask built once per forward and handed to every attention layer that shares it.
 
     key_mask: (b, m) bool, True for real keys, or None when every key is real.
-    causal: query i sees keys j <= i (self-attention only).
+    causal: query i sees keys j <= i + (m - n): the n queries are the last n of the m key positions (self-attention
+        has n = m; a causal cross-attention, as Perceiver AR's, sees the m - n leading keys from every query).
+    prefix_length: with `causal`, the first `prefix_length` queries form a bidirectional prefix: they see the keys of
+        the prefix (and the m - n leading keys), every later query sees the whole prefix and its own past.
     dense: (b, 1, n or 1, m) bool mask for the softmax kernels, or None (no mask, or plain causal).
     has_keys: (b, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0).
     """
@@ -52,26 +55,39 @@ class AttentionMask:
     causal: bool = False
     dense: torch.Tensor | None = None
     has_keys: torch.Tensor | None = None
+    prefix_length: int = 0
 
     @classmethod
-    def build(cls, key_mask, causal=False, num_queries=None, for_softmax=True):
-        """`key_mask` (b, m), 1/True for real keys. `num_queries` is needed when `causal`."""
+    def build(cls, key_mask, causal=False, num_queries=None, for_softmax=True, num_keys=None, prefix_length=0):
+        """`key_mask` (b, m), 1/True for real keys. `num_queries` is needed when `causal`; `num_keys` when `causal`
+        and there is no `key_mask` but a prefix or a causal cross-attention needs a dense mask."""
+        if prefix_length and not causal:
+            raise ValueError("`prefix_length` needs a causal mask (a bidirectional prefix, causal after it).")
         if key_mask is not None:
             key_mask = key_mask.bool()
             if not torch.compiler.is_compiling() and bool(key_mask.all()):
                 key_mask = None  # all real: take the unmasked fast paths
-        if key_mask is None or not for_softmax:
-            return cls(key_mask=key_mask, causal=causal)
-        dense = key_mask[:, None, None, :]  # (b, 1, 1, m)
+        if not for_softmax or (key_mask is None and not prefix_length):
+            return cls(key_mask=key_mask, causal=causal, prefix_length=prefix_length)
+        m = key_mask.shape[-1] if key_mask is not None else num_keys
+        device = key_mask.device if key_mask is not None else None
+        dense = key_mask[:, None, None, :] if key_mask is not None else None  # (b, 1, 1, m)
         if causal:
-            m = key_mask.shape[-1]
-            n = num_queries
-            tri = torch.ones(n, m, dtype=torch.bool, device=key_mask.device).tril(m - n)  # (n, m)
-            dense = dense & tri  # (b, 1, n, m)
+            tri = causal_pattern(num_queries, m, prefix_length, device)  # (n, m)
+            dense = tri[None, None] if dense is None else dense & tri  # (b or 1, 1, n, m)
         has_keys = dense.any(-1, keepdim=True)  # (b, 1, n or 1, 1)
         # Rows without any key would give NaN in softmax: let them attend to everything, then zero them.
         dense = dense | ~has_keys
-        return cls(key_mask=key_mask, causal=causal, dense=dense, has_keys=has_keys)
+        return cls(key_mask=key_mask, causal=causal, dense=dense, has_keys=has_keys, prefix_length=prefix_length)
+
+
+def causal_pattern(n, m, prefix_length=0, device=None):
+    """(n, m) bool: query i sees key j <= i + m - n; the first `prefix_length` queries see the keys before
+    m - n + prefix_length (a bidirectional prefix)."""
+    allowed = torch.ones(n, m, dtype=torch.bool, device=device).tril(m - n)
+    if prefix_length:
+        allowed[:prefix_length, : m - n + prefix_length] = True
+    return allowed
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -84,7 +100,7 @@ def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0):
     if is_causal and n == 1:  # one new token sees every cached key
         is_causal = False
     elif is_causal and n != m:  # SDPA's is_causal aligns top-left; queries here are the last n of m positions
-        attn_mask, is_causal = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), False
+        attn_mask, is_causal = causal_pattern(n, m, device=q.device), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
     if mask.has_keys is not None:
         out = out * mask.has_keys
@@ -96,7 +112,7 @@ def softmax_attention_eager(q, k, v, mask: AttentionMask, dropout_p=0.0):
     allowed = mask.dense
     if allowed is None and mask.causal:
         n, m = scores.shape[-2:]
-        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+        allowed = causal_pattern(n, m, device=q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -264,6 +280,45 @@ def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
     return out, new_state
 
 
+def prefix_causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, prefix_length=0):
+    """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
+    m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) ->
+    (b,h,n,e) fp32.
+
+    The K = m - n + prefix_length leading keys are folded into one state; the first `prefix_length` queries read that
+    state alone (the bidirectional prefix), the others continue it causally with `causal_linear_attention`."""
+    with _no_autocast(q):
+        q, k, v = q.float(), k.float(), v.float()
+        n, m = q.shape[2], k.shape[2]
+        lead = m - n + prefix_length
+        state = None
+        if lead:
+            lead_mask = None if key_mask is None else key_mask[:, :lead]
+            _, phi_k, _, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, None)
+            kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, :lead])  # (b, h, d, e)
+            state = LinearAttentionState(kv=kv, z=phi_k.sum(dim=-2), k_max=k_max)
+        outs = []
+        if prefix_length:
+            phi_q = _query_features(q[:, :, :prefix_length], feature_map, state.k_max)
+            num = torch.matmul(phi_q, state.kv)  # (b, h, prefix, e)
+            den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
+            outs.append(_ratio(num, den))
+        if prefix_length < n:
+            rest_mask = None if key_mask is None else key_mask[:, lead:]
+            out, _ = _causal_linear_attention(
+                q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:], rest_mask, feature_map, chunk_size, state
+            )
+            outs.append(out)
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _query_features(q, feature_map, k_max):
+    if feature_map == "elu":
+        return _elu_feature(q)
+    q_fold = q + k_max[:, :, None, :]  # as in _causal_features
+    return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
+
+
 def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu"):
     """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e) -> (out (b,h,1,e), new state).
 
@@ -353,7 +408,11 @@ class MultiHeadAttention(nn.Module):
             impl = "eager" if output_attentions else self.config._attn_implementation
             kernel = SOFTMAX_KERNELS.get(impl, softmax_attention_sdpa)
             out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
-        elif self.causal:
+        elif mask.causal and past_key_values is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
+            out = prefix_causal_linear_attention(
+                q, k, v, mask.key_mask, self.feature_map, self.chunk_size, mask.prefix_length
+            )
+        elif self.causal or mask.causal:
             n = q.shape[2]
             key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # new tokens: the past is in the state
             state = None if past_key_values is None else past_key_values.get_state(layer_idx)

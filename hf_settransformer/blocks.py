@@ -10,10 +10,11 @@ post-norm LayerNorm, PMA applies the paper's rFF to its input (the official code
 honours an `attention_mask` (the official code has none).
 """
 
+import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import MultiHeadAttention
+from .attention import AttentionMask, MultiHeadAttention
 from .layers import FeedForward, LearnedVectors, make_norm
 
 
@@ -79,11 +80,38 @@ class ISAB(nn.Module):
         self.induce = MAB(config, self_attention=False)  # I attends to X
         self.broadcast = MAB(config, self_attention=False)  # X attends to H
 
-    def forward(self, hidden_states, mask=None, output_attentions=False):
-        """(b, n, hidden) -> ((b, n, hidden), (weights I<-X, weights X<-H) or None)."""
+    def forward(self, hidden_states, mask=None, output_attentions=False, prefix_length=None):
+        """(b, n, hidden) -> ((b, n, hidden), (weights I<-X, weights X<-H) or None).
+
+        `prefix_length` (the many-target language model): the inducing points summarise the first `prefix_length`
+        elements only; those elements read the summary, and each later element reads the summary and the later
+        elements up to itself (causal), so nothing sees a later element of the causal part."""
         inducing = self.inducing_points(hidden_states.shape[0])  # (b, m, hidden)
-        induced, w_in, _ = self.induce(inducing, hidden_states, mask, None, None, output_attentions)
-        out, w_out, _ = self.broadcast(hidden_states, induced, None, None, None, output_attentions)
+        if prefix_length is None:
+            induced, w_in, _ = self.induce(inducing, hidden_states, mask, None, None, output_attentions)
+            out, w_out, _ = self.broadcast(hidden_states, induced, None, None, None, output_attentions)
+            return out, (w_in, w_out)
+        b, n, _ = hidden_states.shape
+        m = inducing.shape[1]
+        key_mask = None if mask is None else mask.key_mask  # (b, n) or None
+        for_softmax = self.induce.attention.attention_type == "softmax"
+        in_prefix = (torch.arange(n, device=hidden_states.device) < prefix_length).expand(b, n)
+        prefix_keys = in_prefix if key_mask is None else in_prefix & key_mask
+        induce_mask = AttentionMask.build(prefix_keys, for_softmax=for_softmax)
+        induced, w_in, _ = self.induce(inducing, hidden_states, induce_mask, None, None, output_attentions)
+        context = torch.cat([induced, hidden_states[:, prefix_length:]], dim=1)  # (b, m + n - prefix, hidden)
+        context_mask = None
+        if key_mask is not None:
+            context_mask = torch.cat([key_mask.new_ones(b, m), key_mask[:, prefix_length:]], dim=1)
+        broadcast_mask = AttentionMask.build(
+            context_mask,
+            causal=True,
+            num_queries=n,
+            num_keys=context.shape[1],
+            for_softmax=for_softmax,
+            prefix_length=prefix_length,
+        )
+        out, w_out, _ = self.broadcast(hidden_states, context, broadcast_mask, None, None, output_attentions)
         return out, (w_in, w_out)
 
 
@@ -96,9 +124,14 @@ class PMA(nn.Module):
         self.ffn = FeedForward(config)
         self.pool = MAB(config, self_attention=False)
 
-    def forward(self, hidden_states, mask=None, output_attentions=False):
-        """(b, n, hidden) -> ((b, k, hidden), weights (b, h, k, n) or None)."""
+    def forward(self, hidden_states, mask=None, output_attentions=False, queries=None):
+        """(b, n, hidden) -> ((b, k, hidden), weights (b, h, k, n) or None).
+
+        `queries` (b, t, hidden): one pooling query per target instead of the k shared seeds: each is the mean seed
+        plus that target's state (the many-target language-model heads, with a causal `mask`) -> (b, t, hidden)."""
         seeds = self.seeds(hidden_states.shape[0])  # (b, k, hidden)
+        if queries is not None:
+            seeds = seeds.mean(dim=1, keepdim=True) + queries  # (b, t, hidden)
         out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask, None, None, output_attentions)
         return out, weights
 

@@ -14,6 +14,7 @@ FEATURE_MAPS = ("elu", "exp")
 NORM_TYPES = ("scalenorm", "layernorm")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
 POOLING_TYPES = ("pma", "mean")
+NEXT_TOKEN_MODES = ("many", "window")
 
 
 def check_choice(name, value, choices):
@@ -68,6 +69,17 @@ class HfstConfig(PreTrainedConfig):
     pooling (`str`, defaults to `"pma"`): how sequence-level heads pool: `"pma"` (attention pooling with one seed,
         Lee et al. 2019) or `"mean"` (masked mean).
     context_length (`int`, defaults to 64): tokens seen by the `*ForNextTokenPrediction` heads.
+    next_token_mode (`str`, defaults to `"many"`): how a `*ForNextTokenPrediction` head reads its window. `"many"`:
+        the last `target_length` positions each predict their next token in one pass, the positions before them are
+        a bidirectional prefix (encoder, Set Transformer) or reached through a causal cross-attention (Perceiver
+        AR); no prediction sees its own target or a later token. `"window"`: the design document's literal model,
+        one prediction per window (logits of shape (batch, 1, vocab)).
+    target_length (`int`, *optional*): predictions per window in `"many"` mode; defaults to `context_length // 2`.
+    adaptive_softmax_cutoffs (`list[int]`, *optional*): replace every language-model head's output layer by an
+        adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`) with these cluster boundaries;
+        token ids must be ordered by decreasing frequency. Logits are then log-probabilities, and the output layer
+        is not tied to the input embedding.
+    adaptive_softmax_div_value (`float`, defaults to 4.0): width divisor of each successive adaptive cluster.
     initializer_range (`float`, defaults to 0.02): std of the normal initialisation.
     """
 
@@ -92,11 +104,15 @@ class HfstConfig(PreTrainedConfig):
         linear_attention_chunk_size=64,
         pooling="pma",
         context_length=64,
+        next_token_mode="many",
+        target_length=None,
+        adaptive_softmax_cutoffs=None,
+        adaptive_softmax_div_value=4.0,
         initializer_range=0.02,
         pad_token_id=None,
         bos_token_id=None,
         eos_token_id=None,
-        tie_word_embeddings=True,
+        tie_word_embeddings=None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -118,6 +134,14 @@ class HfstConfig(PreTrainedConfig):
         self.linear_attention_chunk_size = linear_attention_chunk_size
         self.pooling = pooling
         self.context_length = context_length
+        self.next_token_mode = next_token_mode
+        self.target_length = max(context_length // 2, 1) if target_length is None and isinstance(
+            context_length, int
+        ) else target_length
+        self.adaptive_softmax_cutoffs = list(adaptive_softmax_cutoffs) if adaptive_softmax_cutoffs else None
+        self.adaptive_softmax_div_value = adaptive_softmax_div_value
+        if tie_word_embeddings is None:  # an adaptive output layer has no vocabulary x hidden matrix to tie
+            tie_word_embeddings = self.adaptive_softmax_cutoffs is None
         self.initializer_range = initializer_range
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
@@ -149,7 +173,35 @@ class HfstConfig(PreTrainedConfig):
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         check_choice("pooling", self.pooling, POOLING_TYPES)
         check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))
+        check_choice("next_token_mode", self.next_token_mode, NEXT_TOKEN_MODES)
+        check_positive("target_length", self.target_length)
+        if self.target_length > self.context_length:
+            raise ValueError(
+                f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
+            )
+        self.check_adaptive_softmax()
         for name in ("norm_eps", "initializer_range"):  # an init std of 0 would train a model of zeros
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+
+    def check_adaptive_softmax(self):
+        cutoffs = self.adaptive_softmax_cutoffs
+        if cutoffs is None:
+            return
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs) or any(
+            b <= a for a, b in zip([0] + cutoffs, cutoffs)
+        ):
+            raise ValueError(f"`adaptive_softmax_cutoffs` must be increasing positive integers, got {cutoffs!r}.")
+        if self.vocab_size is None or cutoffs[-1] >= self.vocab_size:
+            raise ValueError(
+                f"`adaptive_softmax_cutoffs` must end below `vocab_size` ({self.vocab_size}), got {cutoffs!r}."
+            )
+        value = self.adaptive_softmax_div_value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf"):
+            raise ValueError(f"`adaptive_softmax_div_value` must be a finite number >= 1, got {value!r}.")
+        if self.tie_word_embeddings:
+            raise ValueError(
+                "`tie_word_embeddings=True` cannot hold with `adaptive_softmax_cutoffs`: the adaptive output layer has "
+                "no vocabulary x hidden matrix to share with the input embedding (leave it unset or False)."
+            )

@@ -178,11 +178,13 @@ class HfstPreTrainedModel(PreTrainedModel):
         position_ids=None,
         causal=False,
         past_length=0,
+        prefix_length=0,
     ):
         """Checks the inputs and the mask, embeds the inputs and builds the attention mask once for the stack.
 
         Positions are counted from the first real token of each row (left padding does not shift them), after
-        `past_length` cached tokens. `attention_mask` covers the cached tokens too.
+        `past_length` cached tokens. `attention_mask` covers the cached tokens too. `prefix_length` > 0 (with
+        `causal`): the first positions attend to each other bidirectionally, the later ones causally.
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
         b, n = input_shape(input_ids, input_features, inputs_embeds)
         key_mask = check_attention_mask(attention_mask, b, past_length + n)
@@ -193,7 +195,9 @@ class HfstPreTrainedModel(PreTrainedModel):
                 position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
         hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
         for_softmax = self.config.attention_type == "softmax"
-        mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, for_softmax=for_softmax)
+        mask = AttentionMask.build(
+            key_mask, causal=causal, num_queries=n, num_keys=n, for_softmax=for_softmax, prefix_length=prefix_length
+        )
         return hidden_states, position_ids, mask
 
     def get_input_embeddings(self):
@@ -250,10 +254,45 @@ class LMHeadMixin:
     def make_lm_head(self, config):
         if not config.vocab_size:
             raise ValueError(f"`vocab_size` must be set for {type(self).__name__} (it predicts tokens).")
+        if config.adaptive_softmax_cutoffs:  # Grave et al. 2017; ids ordered by decreasing frequency
+            return nn.AdaptiveLogSoftmaxWithLoss(
+                config.hidden_size,
+                config.vocab_size,
+                config.adaptive_softmax_cutoffs,
+                div_value=float(config.adaptive_softmax_div_value),
+            )
         return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    @property
+    def adaptive_output(self):
+        return isinstance(self.lm_head, nn.AdaptiveLogSoftmaxWithLoss)
+
+    def lm_logits(self, hidden_states):
+        """(..., hidden) -> (..., vocab): logits, or the adaptive softmax's exact log-probabilities (which softmax,
+        argmax, sampling and cross-entropy treat exactly as logits)."""
+        if not self.adaptive_output:
+            return self.lm_head(hidden_states)
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        with torch.autocast(device_type=flat.device.type, enabled=False):  # its index_copy_ mixes dtypes otherwise
+            log_probs = self.lm_head.log_prob(flat.to(self.lm_head.head.weight.dtype))
+        return log_probs.view(*hidden_states.shape[:-1], -1)
+
+    def lm_loss(self, hidden_states, targets, divisor=None):
+        """Summed cross-entropy of `targets` (-100 ignored) from (..., hidden) states, / `divisor` (default: the
+        number of counted targets). The adaptive softmax computes only the clusters the targets fall in."""
+        hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+        targets = targets.reshape(-1).to(hidden.device)
+        keep = targets != -100
+        hidden, targets = hidden[keep], targets[keep]
+        if self.adaptive_output:
+            with torch.autocast(device_type=hidden.device.type, enabled=False):  # as in lm_logits
+                total = -self.lm_head(hidden.to(self.lm_head.head.weight.dtype), targets).output.float().sum()
+        else:
+            total = F.cross_entropy(self.lm_head(hidden).float(), targets, reduction="sum")
+        return total / (keep.sum().clamp_min(1) if divisor is None else divisor)
+
     def get_output_embeddings(self):
-        return self.lm_head
+        return None if self.adaptive_output else self.lm_head
 
     def set_output_embeddings(self, value):
         self.lm_head = value
@@ -407,11 +446,32 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
 
-class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
-    """The design document's WikiText-2 model: the last `context_length` tokens go through the family's stack, an
-    attention pooling summarises them, a vocabulary projection predicts the next token.
+def mean_loss(logits, targets):
+    """Mean cross-entropy over the targets that are not -100 (0 when there are none, not NaN)."""
+    keep = targets != -100
+    total = F.cross_entropy(logits[keep].float(), targets[keep], reduction="sum")
+    return total / keep.sum().clamp_min(1)
 
-    `input_ids` (b, t) -> `logits` (b, 1, vocab) for the token after position t; `labels` (b,) holds that token.
+
+class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
+    """The design document's WikiText-2 model: the tokens before a target go through the family's stack, an attention
+    pooling (PMA, a learned seed) reads them, a vocabulary projection predicts the target.
+
+    `config.next_token_mode="many"` (default): one pass over a window of up to `context_length` tokens predicts the
+    next token at each of its last `target_length` positions. The positions before them are a prefix that the stack
+    reads bidirectionally (encoder, Set Transformer: its inducing points summarise the prefix) or through a causal
+    cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix and the positions up to
+    itself, never its own target or a later token. The pooling query of each target is the PMA seed plus that
+    position's state: a shared seed alone gives every target the same query, whose softmax weights over the keys
+    cannot depend on where the target is, so it cannot single out the most recent tokens.
+    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
+    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing.
+    `labels` (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the
+    loss counts the target positions only.
+
+    `"window"`: one prediction per window: `logits` (b, 1, vocab) for the token after the window; `labels` (b,) hold
+    that token (or causal-LM labels, read as "predict each row's last token from the tokens before it").
+
     `generate()` slides a window over the last `context_length` tokens (the family's class lists `GenerationMixin`
     after its `PreTrainedModel`, as transformers requires).
     """
@@ -420,6 +480,11 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
 
     def __init__(self, config):
         super().__init__(config)
+        if config.next_token_mode == "many" and config.pooling != "pma":
+            raise ValueError(
+                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
+                "`next_token_mode='window'` for mean pooling."
+            )
         self.model = self.base_model_class(config)
         self.head_pool = self.make_head_pool(config)
         self.lm_head = self.make_lm_head(config)
@@ -436,10 +501,100 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         return_dict=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor` of shape (batch,)): the token that follows each window; -100 is ignored.
-        Causal-LM labels of shape (batch, length) equal to `input_ids` (what transformers' `run_clm.py` and
-        `DataCollatorForLanguageModeling(mlm=False)` give) are read as "predict each row's last token from the tokens
-        before it": the last token is then left out of the window, so it never sees its own label."""
+        r"""labels (`torch.LongTensor`): `"many"`: shape (batch, length), causal-LM labels (-100 ignored).
+        `"window"`: shape (batch,), the token after each window, or causal-LM labels shaped like `input_ids`.
+        prefix_length (`int`, *optional*, `"many"` only, a keyword argument): where the prefix of the (last
+        `context_length` tokens of the) window ends; every later position is a target. Default: all but the last
+        `target_length` positions. The same prefix gives a target the same prediction in any window that ends at or
+        after it (evaluation passes it for the short windows at the start of a text)."""
+        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        if self.config.next_token_mode == "window":
+            output = self.window_forward(
+                input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+            )
+        else:
+            output = self.many_forward(
+                input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+            )
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+
+    def many_forward(
+        self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+    ):
+        source = input_ids if input_ids is not None else inputs_embeds
+        if source is None:
+            raise ValueError(f"{type(self).__name__} needs `input_ids` or `inputs_embeds`.")
+        b, full_length = source.shape[0], source.shape[1]
+        if labels is not None and tuple(labels.shape) != (b, full_length):
+            raise ValueError(
+                f"`labels` of {type(self).__name__} (next_token_mode='many') are causal-LM labels shaped like the "
+                f"inputs, ({b}, {full_length}); got {tuple(labels.shape)}. For one target per window use "
+                "next_token_mode='window'."
+            )
+        window = self.config.context_length
+        input_ids, inputs_embeds, attention_mask = (
+            None if x is None else x[:, -window:] for x in (input_ids, inputs_embeds, attention_mask)
+        )
+        length = min(full_length, window)
+        prefix_length = kwargs.pop("prefix_length", None)
+        if prefix_length is None:
+            num_targets = min(self.config.target_length, length)
+        elif isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
+            num_targets = length - prefix_length
+        else:
+            raise ValueError(
+                f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), "
+                f"got {prefix_length!r}."
+            )
+        outputs, states = self.target_states(
+            num_targets,
+            attention_mask,
+            output_attentions,
+            output_hidden_states,
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )  # states (b, t, hidden)
+        targets = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:][:, -num_targets:]  # (b, t)
+        logits = loss = None
+        if targets is not None and self.training and torch.is_grad_enabled():
+            loss = self.lm_loss(states, targets)  # no full logits while training
+        else:
+            target_logits = self.lm_logits(states)  # (b, t, vocab)
+            if targets is not None:
+                loss = mean_loss(target_logits.flatten(0, 1), targets.reshape(-1).to(target_logits.device))
+            logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
+            logits[:, -num_targets:] = target_logits
+        return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
+        """Default (encoder): the stack with a bidirectional prefix, then one PMA query per target reading the states
+        up to it. -> (base model outputs, (b, num_targets, hidden))."""
+        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
+        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
+        outputs = self.model(
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            prefix_length=n - num_targets,
+            **inputs,
+        )
+        states = outputs.last_hidden_state  # (b, n, hidden)
+        key_mask = check_attention_mask(attention_mask, b, n)
+        mask = AttentionMask.build(
+            key_mask,
+            causal=True,
+            num_queries=num_targets,
+            num_keys=n,
+            for_softmax=self.config.attention_type == "softmax",
+        )
+        pooled, _ = self.head_pool.pma(states, mask, queries=states[:, -num_targets:])
+        return outputs, pooled
+
+    def window_forward(
+        self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+    ):
         window = self.config.context_length
         if labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
             input_ids, labels = input_ids[:, :-1], labels[:, -1]
@@ -447,7 +602,6 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         input_ids = None if input_ids is None else input_ids[:, -window:]
         inputs_embeds = None if inputs_embeds is None else inputs_embeds[:, -window:]
         attention_mask = None if attention_mask is None else attention_mask[:, -window:]
-        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
         outputs, pooled = self.run_base_model(
             attention_mask,
             output_attentions,
@@ -456,7 +610,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        logits = self.lm_head(pooled).unsqueeze(1)  # (b, 1, vocab)
+        logits = self.lm_logits(pooled).unsqueeze(1)  # (b, 1, vocab)
         loss = None
         if labels is not None:
             if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
@@ -466,10 +620,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
                     f"{tuple(labels.shape)}."
                 )
             loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
-        output = CausalLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
         # generate() would feed only the newest token once it believes a cache exists: feed the whole window.

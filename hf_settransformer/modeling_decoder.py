@@ -4,6 +4,7 @@ cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/
 `EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -197,7 +198,15 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             hidden_states = hidden_states[:, -logits_to_keep:]
         chunk = self.config.lm_loss_chunk_size
         keep_all = isinstance(logits_to_keep, int) and logits_to_keep == 0
-        if chunk and labels is not None and self.training and torch.is_grad_enabled() and keep_all:
+        training_loss = labels is not None and self.training and torch.is_grad_enabled() and keep_all
+        if training_loss and self.adaptive_output:
+            # adaptive softmax: only the clusters the targets fall in are computed; no full log-probabilities
+            shift_labels = kwargs.get("shift_labels")
+            if shift_labels is None:
+                shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+            divisor = kwargs.get("num_items_in_batch")
+            logits, loss = None, self.lm_loss(hidden_states, shift_labels, divisor=divisor)
+        elif chunk and training_loss:
             # output layer + cross-entropy in chunks of positions: no full logits (config.lm_loss_chunk_size)
             logits, loss = (
                 None,
@@ -211,7 +220,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
                 ),
             )
         else:
-            logits = self.lm_head(hidden_states)  # (b, n, vocab)
+            logits = self.lm_logits(hidden_states)  # (b, n, vocab); log-probabilities for an adaptive softmax
             loss = None
             if labels is not None:
                 loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

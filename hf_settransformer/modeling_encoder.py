@@ -50,13 +50,23 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        prefix_length=None,
         **kwargs,
     ):
+        r"""prefix_length (`int`, *optional*): None (default) for bidirectional attention over every position; an int
+        for a causal encoder whose first `prefix_length` positions attend to each other bidirectionally (the
+        many-target next-token head)."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
         hidden_states, _, mask = self.embed_inputs(
-            input_ids, input_features, inputs_embeds, attention_mask, position_ids
+            input_ids,
+            input_features,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            causal=prefix_length is not None,
+            prefix_length=prefix_length or 0,
         )
         hidden_states, all_states, all_weights, _ = run_stack(
             self.layers, hidden_states, mask, output_attentions, output_hidden_states

@@ -21,6 +21,8 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     PerceiverIOModelOutput,
+    check_attention_mask,
+    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -65,8 +67,13 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        target_length=None,
         **kwargs,
     ):
+        r"""target_length (`int`, *optional*): Perceiver AR (Hawthorne et al. 2022), for the many-target language model:
+        the last `t = min(target_length, n)` inputs, plus the first t learned latents, are the latents; latent i
+        cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
+        querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
@@ -74,6 +81,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             input_ids, input_features, inputs_embeds, attention_mask, position_ids
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
+        if target_length is not None:
+            output = self.causal_forward(inputs, mask.key_mask, min(target_length, n), output_attentions, output_hidden_states)
+            return output if return_dict else output.to_tuple()
 
         latents, enc_weights, _ = self.encoder_cross_attention(
             self.latents(b), inputs, mask, None, None, output_attentions
@@ -103,6 +113,42 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
+
+    def causal_forward(self, inputs, key_mask, t, output_attentions, output_hidden_states):
+        """Perceiver AR: see `forward`'s `target_length`. inputs (b, n, hidden), key_mask (b, n) or None."""
+        b, n = inputs.shape[:2]
+        if t > self.config.num_latents:
+            raise ValueError(
+                f"Perceiver AR needs one latent per target: `num_latents` ({self.config.num_latents}) must be at least "
+                f"the number of targets ({t}, `target_length`)."
+            )
+        for_softmax = self.config.attention_type == "softmax"
+        cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n, for_softmax=for_softmax)
+        latent_keys = None if key_mask is None else key_mask[:, -t:]
+        self_mask = AttentionMask.build(latent_keys, causal=True, num_queries=t, num_keys=t, for_softmax=for_softmax)
+        latents = inputs[:, -t:] + self.latents(b)[:, :t]  # (b, t, hidden); slot i = the i-th target
+        latents, enc_weights, _ = self.encoder_cross_attention(latents, inputs, cross_mask, None, None, output_attentions)
+        all_states = (inputs, latents) if output_hidden_states else None
+        all_weights = () if output_attentions else None
+        for _ in range(self.config.num_blocks):
+            latents, all_states, all_weights, _ = run_stack(
+                self.latent_layers,
+                latents,
+                self_mask,
+                output_attentions,
+                output_hidden_states,
+                hidden_states_so_far=all_states[:-1] if output_hidden_states else (),
+                attentions_so_far=all_weights or (),
+            )
+        latents = self.latent_norm(latents)
+        outputs, dec_weights, _ = self.decoder_cross_attention(latents, latents, self_mask, None, None, output_attentions)
+        return PerceiverIOModelOutput(
+            last_hidden_state=self.final_norm(outputs),
+            latent_hidden_state=latents,
+            hidden_states=all_states,
+            attentions=all_weights,
+            cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
+        )
 
     def decoder_queries(self, inputs, position_ids, batch_size, length):
         kind = self.config.output_query_type
@@ -144,4 +190,31 @@ class PerceiverIOForSequenceClassification(
 class PerceiverIOForNextTokenPrediction(
     PerceiverPooledHeadMixin, ForNextTokenPredictionMixin, PerceiverIOPreTrainedModel, GenerationMixin
 ):
+    """`"many"`: Perceiver AR (see `PerceiverIOModel.forward`'s `target_length`), then one PMA query per target
+    reading the decoded states up to it; `"window"`: Perceiver IO over the window, PMA pooling."""
+
     base_model_class = PerceiverIOModel
+
+    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
+        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
+        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
+        outputs = self.model(
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            target_length=num_targets,
+            **inputs,
+        )
+        states = outputs.last_hidden_state  # (b, t, hidden)
+        key_mask = check_attention_mask(attention_mask, b, n)
+        key_mask = None if key_mask is None else key_mask[:, -num_targets:]
+        mask = AttentionMask.build(
+            key_mask,
+            causal=True,
+            num_queries=num_targets,
+            num_keys=num_targets,
+            for_softmax=self.config.attention_type == "softmax",
+        )
+        pooled, _ = self.head_pool.pma(states, mask, queries=states)
+        return outputs, pooled

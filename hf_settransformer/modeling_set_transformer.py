@@ -24,6 +24,7 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     SetModelOutput,
+    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -63,18 +64,27 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        prefix_length=None,
         **kwargs,
     ):
+        r"""prefix_length (`int`, *optional*): the many-target language model. The first `prefix_length` elements are
+        a set (ISAB: summarised by the inducing points; SAB: bidirectional among themselves); every later element
+        reads that summary and the later elements up to itself, and `pooler_output` has one PMA-pooled vector per later
+        element (b, n - prefix_length, hidden), whose query is the seed plus that element's state and whose keys stop at
+        it; the decoder SABs run causally over them."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
-        hidden_states, _, mask = self.embed_inputs(input_ids, input_features, inputs_embeds, attention_mask)
+        causal = prefix_length is not None
+        hidden_states, _, mask = self.embed_inputs(
+            input_ids, input_features, inputs_embeds, attention_mask, causal=causal, prefix_length=prefix_length or 0
+        )
 
         all_states = (hidden_states,) if output_hidden_states else None
         all_weights = () if output_attentions else None
         for layer in self.encoder_layers:
             if isinstance(layer, ISAB):
-                hidden_states, weights = layer(hidden_states, mask, output_attentions)
+                hidden_states, weights = layer(hidden_states, mask, output_attentions, prefix_length=prefix_length)
             else:
                 hidden_states, weights, _ = layer(hidden_states, None, mask, None, None, output_attentions)
                 weights = (weights,)
@@ -86,11 +96,26 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
 
-        pooled, weights = self.pma(hidden_states, mask, output_attentions)  # (b, k, hidden)
+        pool_mask, decoder_mask, queries = mask, AttentionMask(), None
+        if causal:  # one pooled vector per target element (b, t, hidden), each reading the elements up to it
+            b, n = hidden_states.shape[:2]
+            t = n - prefix_length
+            for_softmax = self.config.attention_type == "softmax"
+            key_mask = mask.key_mask
+            queries = hidden_states[:, prefix_length:]
+            pool_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n, for_softmax=for_softmax)
+            decoder_mask = AttentionMask.build(
+                None if key_mask is None else key_mask[:, prefix_length:],
+                causal=True,
+                num_queries=t,
+                num_keys=t,
+                for_softmax=for_softmax,
+            )
+        pooled, weights = self.pma(hidden_states, pool_mask, output_attentions, queries=queries)  # (b, k or t, hidden)
         if output_attentions:
             all_weights += (weights,)
         pooled, _, all_weights, _ = run_stack(
-            self.decoder_layers, pooled, AttentionMask(), output_attentions, False, attentions_so_far=all_weights or ()
+            self.decoder_layers, pooled, decoder_mask, output_attentions, False, attentions_so_far=all_weights or ()
         )
         pooled = self.decoder_norm(pooled)
         output = SetModelOutput(
@@ -122,9 +147,24 @@ class SetTransformerForSequenceClassification(
 class SetTransformerForNextTokenPrediction(
     SetPooledHeadMixin, ForNextTokenPredictionMixin, SetTransformerPreTrainedModel, GenerationMixin
 ):
-    """The last `context_length` tokens as a set (no order), pooled by PMA, vocabulary projection."""
+    """The last `context_length` tokens (no positions), the model's own PMA and decoder, vocabulary projection.
+    `"many"`: the first tokens of the window are a set the inducing points summarise, each target reads that summary
+    and the tokens up to itself (see `SetTransformerModel.forward`); `"window"`: the whole window as one set."""
 
     base_model_class = SetTransformerModel
+
+    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
+        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
+        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
+        outputs = self.model(
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            prefix_length=n - num_targets,
+            **inputs,
+        )
+        return outputs, outputs.pooler_output  # (b, num_targets, hidden)
 
 
 @dataclass

@@ -234,7 +234,7 @@ def test_gradient_checkpointing_gives_same_gradients(family, attention_type, fea
     config = tiny_config(family, attention_type, feature_map)
     cls = hfst.FAMILIES[type(config)][AutoModelForCausalLM]
     inputs = model_inputs(family)
-    labels = inputs["input_ids"] if family == "decoder" else inputs["input_ids"][:, 0]
+    labels = inputs["input_ids"]  # causal-LM labels for the decoder and the many-target heads
 
     def grads(checkpointing):
         model = make_model(cls, config).train()
@@ -266,8 +266,9 @@ def synthetic_examples(family, head_auto, n=32, length=8):
             examples.append({"input_ids": masked, "labels": labels})
         elif family == "decoder":
             examples.append({"input_ids": ids, "labels": ids})
-        else:
-            examples.append({"input_ids": ids, "labels": ids[0]})  # next token = first of the window
+        else:  # many-target heads: a counting sequence, each next token is the previous one plus 1
+            ids = (ids[0] + torch.arange(length)) % (VOCAB - 1) + 1
+            examples.append({"input_ids": ids, "labels": ids})
     return examples
 
 

@@ -26,7 +26,9 @@ def test_text_generation_pipeline(family):
     assert text.startswith(prompt)
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     expected = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    assert tokenizer(text, return_tensors="pt").input_ids.tolist() == expected.tolist()
+    # the text keeps the generated words; special tokens an untrained model may emit are dropped from it
+    words = [t for t in expected[0].tolist() if t not in tokenizer.all_special_ids]
+    assert tokenizer(text, return_tensors="pt").input_ids[0].tolist() == words
     batch = generator([prompt, "w9 w10"], max_new_tokens=3, do_sample=False, batch_size=2)
     assert len(batch) == 2 and batch[1][0]["generated_text"].startswith("w9 w10")
 
