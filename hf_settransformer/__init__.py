@@ -25,6 +25,16 @@ from .configuration_encoder import TransformerEncoderConfig
 from .configuration_perceiver_io import PerceiverIOConfig
 from .configuration_set_transformer import SetTransformerConfig
 from .data import DataCollatorForSets
+from .language_modeling import (
+    BlockDataset,
+    TargetWindowDataset,
+    WindowDataset,
+    build_word_tokenizer,
+    decoder_windows,
+    evaluate_stream,
+    target_windows,
+    token_stream,
+)
 from .layers import ScaleNorm
 from .modeling_decoder import TransformerDecoderForCausalLM, TransformerDecoderModel
 from .modeling_encoder import (
@@ -38,6 +48,16 @@ from .modeling_perceiver_io import (
     PerceiverIOForNextTokenPrediction,
     PerceiverIOForSequenceClassification,
     PerceiverIOModel,
+)
+from .training import (
+    COMPLETE_MARKER,
+    CompleteCheckpointCallback,
+    TimeBudgetCallback,
+    TimedEvalCallback,
+    checkpoint_step,
+    resolve_resume,
+    train_unless_finished,
+    whole_run_train_loss,
 )
 from .modeling_set_transformer import (
     SetTransformerForMixtureOfGaussians,
@@ -81,6 +101,22 @@ for _config_class, _models in FAMILIES.items():
         _model_class.register_for_auto_class(_auto_class.__name__)
 
 __all__ = [
+    "COMPLETE_MARKER",
+    "BlockDataset",
+    "CompleteCheckpointCallback",
+    "TargetWindowDataset",
+    "TimeBudgetCallback",
+    "TimedEvalCallback",
+    "WindowDataset",
+    "build_word_tokenizer",
+    "checkpoint_step",
+    "decoder_windows",
+    "evaluate_stream",
+    "resolve_resume",
+    "target_windows",
+    "token_stream",
+    "train_unless_finished",
+    "whole_run_train_loss",
     "ISAB",
     "MAB",
     "PMA",

@@ -34,12 +34,6 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from set_tasks import SHAPES, DeepSetsBaseline, MaxRegression, MixtureOfGaussians, PointClouds  # noqa: E402
-from train_lm import (  # noqa: E402
-    CompleteCheckpointCallback,
-    TimedEvalCallback,
-    resolve_resume,
-    train_unless_finished,
-)
 
 from hf_settransformer import (  # noqa: E402
     DataCollatorForSets,
@@ -48,6 +42,12 @@ from hf_settransformer import (  # noqa: E402
     SetTransformerForSequenceClassification,
 )
 from hf_settransformer.modeling_set_transformer import mixture_log_likelihood  # noqa: E402
+from hf_settransformer.training import (  # noqa: E402
+    CompleteCheckpointCallback,
+    TimedEvalCallback,
+    resolve_resume,
+    train_unless_finished,
+)
 
 PAPER = {  # Lee et al. 2019, Table 1 (MAE) and Table 3 (LL0 per data point)
     "max_regression": {"SAB+PMA": 0.2085, "rFF+mean": 2.133, "rFF+sum": 1.902, "rFF+max": 0.1355},

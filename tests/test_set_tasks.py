@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import set_tasks  # noqa: E402
-import train_lm  # noqa: E402
+from hf_settransformer.training import COMPLETE_MARKER  # noqa: E402
 
 
 def test_max_regression_generator():
@@ -206,8 +206,8 @@ def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
     losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
     assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
-    # the checkpoints carry train_lm's completion marker; the resumed run reports the whole run's training time
-    assert (tmp_path / "checkpoint-6" / train_lm.COMPLETE_MARKER).is_file()
+    # the checkpoints carry the package's completion marker; the resumed run reports the whole run's training time
+    assert (tmp_path / "checkpoint-6" / COMPLETE_MARKER).is_file()
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert results["train_seconds"] > results["train_seconds_this_process"] > 0
     # restarted after its last checkpoint: evaluates again without a 7th step

@@ -16,9 +16,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import train_lm  # noqa: E402
+from hf_settransformer.training import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
 
@@ -97,107 +95,6 @@ def common_args(corpus, output_dir, family="decoder", steps=20, extra=()):
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
-
-
-def test_word_tokenizer_vocabulary_and_eos(corpus):
-    lines = (corpus / "train.txt").read_text().split("\n")
-    tokenizer = train_lm.build_word_tokenizer(lines)
-    words = {w for line in lines for w in line.split()}
-    assert len(tokenizer) == len(words | {"<eos>", "<unk>"})
-    assert tokenizer.convert_ids_to_tokens([0, 1]) == ["<unk>", "<eos>"]
-    assert tokenizer.eos_token == "<eos>" and tokenizer.unk_token == "<unk>"
-    stream = train_lm.token_stream(["the cat", "", " of <unk> "], tokenizer, tokenizer.eos_token_id)
-    eos, unk = tokenizer.eos_token_id, tokenizer.unk_token_id
-    the, of = tokenizer.convert_tokens_to_ids(["the", "of"])
-    assert stream.tolist() == [the, unk, eos, eos, of, unk, eos]  # unknown "cat" -> <unk>; an <eos> per line
-    # decoding keeps word boundaries, also for a continuation decoded on its own (text-generation pipeline)
-    assert tokenizer.decode([the, of]).strip() == "the of" and tokenizer.decode([of]) == " of"
-
-
-def test_wikitext2_vocabulary_is_the_standard_33278():
-    data = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.train.tokens"
-    if not data.is_file():
-        pytest.skip("the shared WikiText-2 copy is not beside this checkout")
-    lines = data.read_text(encoding="utf-8").split("\n")[:-1]
-    tokenizer = train_lm.build_word_tokenizer(lines)
-    assert len(tokenizer) == 33278
-    assert len(train_lm.token_stream(lines, tokenizer, tokenizer.eos_token_id)) == 2088628
-
-
-# ------------------------------------------------------------------------------------------------ protocol
-
-
-def test_decoder_windows_score_every_token_once_with_enough_context():
-    n, block, stride = 23, 8, 3
-    windows = train_lm.decoder_windows(torch.arange(n), block, stride)
-    scored = []
-    for begin, end, count in windows:
-        assert end - begin <= block and 1 <= count <= end - begin - 1
-        for position in range(end - count, end):
-            scored.append(position)
-            context = position - begin
-            assert context >= min(block - stride, position)  # full context, or everything before it
-    assert scored == list(range(1, n + 1))  # positions of [eos] + stream: every token once, in order
-
-
-class Accel:
-    """The two things evaluate_stream needs from accelerate, for one process."""
-
-    device, process_index, num_processes = torch.device("cpu"), 0, 1
-
-    @staticmethod
-    def reduce(tensor, reduction="sum"):
-        return tensor
-
-
-@pytest.mark.parametrize("family", ["decoder", "encoder"])
-def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family, capsys):
-    import hf_settransformer as hfst
-
-    vocab, n = 50, 37
-    cls = hfst.TransformerDecoderForCausalLM if family == "decoder" else hfst.TransformerEncoderForNextTokenPrediction
-    config_cls = hfst.TransformerDecoderConfig if family == "decoder" else hfst.TransformerEncoderConfig
-    model = cls(
-        config_cls(
-            vocab_size=vocab,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            context_length=6,
-            tie_word_embeddings=False,
-        )
-    )
-    torch.nn.init.zeros_(model.lm_head.weight)  # every next token equally likely
-    data_args = train_lm.DataArguments(block_size=6, eval_stride=4)
-    stream = torch.randint(2, vocab, (n,))
-    metrics = train_lm.evaluate_stream(
-        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy"), "test"
-    )
-    assert metrics["tokens"] == n
-    assert metrics["perplexity"] == pytest.approx(vocab, rel=1e-5)
-    # the progress bar counts this process's batches: decoder windows (6 tokens, stride 4) or one window per token
-    batches = math.ceil(len(train_lm.decoder_windows(stream, 6, 4)) / 4) if family == "decoder" else math.ceil(n / 4)
-    bar = capsys.readouterr().err
-    assert "test: 100%" in bar and f"{batches}/{batches} " in bar
-
-
-def test_decoder_protocol_equals_one_full_pass_when_the_window_covers_the_split():
-    import hf_settransformer as hfst
-
-    model = hfst.TransformerDecoderForCausalLM(
-        hfst.TransformerDecoderConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
-    ).eval()
-    stream = torch.randint(2, 30, (19,))
-    data_args = train_lm.DataArguments(block_size=32, eval_stride=16)
-    metrics = train_lm.evaluate_stream(
-        model, stream, data_args, Accel, 4, 1, str(ROOT / "scripts" / "metrics" / "next_token_accuracy")
-    )
-    full = torch.cat([torch.tensor([1]), stream])
-    with torch.no_grad():
-        logits = model(input_ids=full[None]).logits[0, :-1]
-    nll = torch.nn.functional.cross_entropy(logits, full[1:], reduction="sum").item()
-    assert metrics["perplexity"] == pytest.approx(math.exp(nll / 19), rel=1e-5)
-    assert metrics["accuracy"] == pytest.approx((logits.argmax(-1) == full[1:]).float().mean().item())
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -298,7 +195,7 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
 
 
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
-    extra = ["--save_strategy", "steps", "--save_steps", 4, "--max_eval_tokens", 200]
+    extra = ["--save_strategy", "steps", "--save_steps", 4, "--save_total_limit", 5, "--max_eval_tokens", 200]
     extra += ["--eval_strategy", "steps", "--eval_steps", 4, "--logging_steps", 1]
     straight = tmp_path / "straight"
     run(common_args(corpus, straight, "decoder", steps=16, extra=extra))
@@ -312,7 +209,7 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 200
-    while not (killed / "checkpoint-8" / train_lm.COMPLETE_MARKER).exists():
+    while not (killed / "checkpoint-8" / COMPLETE_MARKER).exists():
         assert proc.poll() is None and time.time() < deadline, "the run ended before checkpoint-8"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)

@@ -1,0 +1,243 @@
+"""Language-modelling data and evaluation for your own Trainer scripts: a word-level tokenizer, the training datasets
+of every head, and the perplexity protocol over a token stream.
+
+Needs `tokenizers` (installed with transformers) for the tokenizer; the rest needs torch only. The modeling files never
+import this module, so a pushed checkpoint does not carry it.
+
+The protocol (`evaluate_stream`): a split is one token stream, `[eos] + stream` (the leading `<eos>` is the context of
+the first word); every token after it is predicted exactly once and scored.
+- causal LMs (`TransformerDecoderForCausalLM`): sliding windows of `block_size` tokens moved by `stride`; the tokens
+  a window adds are scored, so each has at least `block_size - stride` tokens of context (fewer at the start);
+- many-target heads (`*ForNextTokenPrediction`, `next_token_mode="many"`): windows of `context_length` tokens moved
+  by `target_length`; the last `target_length` positions of each window predict the next `target_length` tokens, so
+  each has at least `context_length - target_length` tokens of context (fewer at the start, where the windows are
+  shorter);
+- the literal one-target head (`next_token_mode="window"`): one window of the up to `context_length` preceding tokens
+  per scored token.
+Perplexity = exp(mean negative log-likelihood per scored token); accuracy = fraction of scored tokens whose most likely
+token is the reference.
+"""
+
+import math
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+CAUSAL_LM_TYPES = ("hfst_decoder",)
+
+
+def build_word_tokenizer(lines, model_max_length=None):
+    """Word-level `PreTrainedTokenizerFast` from training lines: whitespace split, ids by decreasing frequency (what an
+    adaptive softmax needs; ties in order of first appearance) after `<unk>` (0) and `<eos>` (1, also the padding
+    token). Tokens decode with a leading space each, so decoded continuations keep their word boundaries."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    counts = Counter(word for line in lines for word in line.split())
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for word, _ in counts.most_common():
+        vocab.setdefault(word, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.Replace(Regex("^"), " ")  # a space before every word
+    extra = {} if model_max_length is None else {"model_max_length": model_max_length}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        pad_token="<eos>",
+        model_input_names=["input_ids", "attention_mask"],
+        **extra,
+    )
+
+
+def token_stream(lines, tokenizer, eos_id):
+    """Lines -> one 1-D LongTensor of ids with an `<eos>` after every line (the WikiText convention)."""
+    ids = []
+    for line in tokenizer(lines, add_special_tokens=False)["input_ids"]:
+        ids.extend(line)
+        ids.append(eos_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+class BlockDataset(torch.utils.data.Dataset):
+    """Causal-LM training: the stream (1-D) cut into non-overlapping blocks; labels = input_ids (shifted in the
+    model). Items: {"input_ids": (block_size,), "labels": (block_size,)}."""
+
+    def __init__(self, stream, block_size):
+        if block_size < 2 or len(stream) < block_size:
+            raise ValueError(f"A block of {block_size} tokens needs block_size >= 2 and a stream of at least that many "
+                             f"tokens; the stream has {len(stream)}.")
+        self.blocks = stream[: len(stream) // block_size * block_size].view(-1, block_size)
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+
+
+class TargetWindowDataset(torch.utils.data.Dataset):
+    """Many-target heads: windows of `context_length` tokens whose last `target_length - 1` labels are trained (the
+    last position's target lies outside the window), so consecutive windows start `target_length - 1` tokens apart
+    and every token of the stream after the first prefix is a target once per epoch.
+    Items: {"input_ids": (context_length,), "labels": (context_length,)} (causal-LM labels = input_ids)."""
+
+    def __init__(self, stream, context_length, target_length):
+        if not 2 <= target_length <= context_length or len(stream) < context_length:
+            raise ValueError(
+                f"Windows of {context_length} tokens with {target_length} targets need 2 <= target_length <= "
+                f"context_length and a stream of at least context_length tokens; the stream has {len(stream)}."
+            )
+        self.stream, self.context = stream, context_length
+        self.starts = torch.arange(0, len(stream) - context_length + 1, target_length - 1)
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, i):
+        start = int(self.starts[i])
+        window = self.stream[start : start + self.context]
+        return {"input_ids": window, "labels": window}
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """The literal one-target head: `context_length` tokens and the token after them.
+    Items: {"input_ids": (context_length,), "labels": ()}. `num_targets` samples that many windows (seeded)."""
+
+    def __init__(self, stream, context_length, num_targets=None, seed=0):
+        if len(stream) <= context_length:
+            raise ValueError(f"Windows of {context_length} tokens need a longer stream than {len(stream)} tokens.")
+        self.stream, self.context = stream, context_length
+        positions = torch.arange(context_length, len(stream))
+        if num_targets is not None and num_targets < len(positions):
+            g = torch.Generator().manual_seed(seed)
+            positions = positions[torch.randperm(len(positions), generator=g)[:num_targets]]
+        self.positions = positions
+
+    def __len__(self):
+        return len(self.positions)
+
+    def __getitem__(self, i):
+        p = int(self.positions[i])
+        return {"input_ids": self.stream[p - self.context : p], "labels": self.stream[p]}
+
+
+def decoder_windows(stream_length, block_size, stride):
+    """Sliding windows over `[eos] + stream`: [(start, end, tokens scored at the end of the window)], each token of the
+    stream scored once (see the module docstring)."""
+    check_stride(block_size, stride, "block_size")
+    total = stream_length + 1
+    windows, prev_end = [], 1
+    for begin in range(0, total, stride):
+        end = min(begin + block_size, total)
+        windows.append((begin, end, end - prev_end))
+        prev_end = end
+        if end == total:
+            break
+    return windows
+
+
+def target_windows(stream_length, context_length, target_length):
+    """Windows of a many-target head over `[eos] + stream`: [(start, end, tokens scored)]; window [start, end)
+    predicts the tokens end - scored + 1 .. end, with its last `scored` positions."""
+    check_stride(context_length, target_length, "context_length")
+    last = stream_length  # index of the last token of [eos] + stream
+    windows, prev = [], 0
+    while prev < last:
+        end = min(prev + target_length, last)
+        windows.append((max(0, end - context_length), end, end - prev))
+        prev = end
+    return windows
+
+
+def check_stride(window, stride, name):
+    if not isinstance(stride, int) or not 1 <= stride <= window:
+        raise ValueError(
+            f"The stride must be an integer in [1, {name}={window}] so that every token is scored once with context; "
+            f"got {stride!r}."
+        )
+
+
+@torch.no_grad()
+def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, eos_id=0, progress=None,
+                    rank=0, world_size=1):
+    """Perplexity and next-token accuracy of a 1-D token `stream` under the protocol of the module docstring.
+
+    model: a causal LM (`block_size`, `stride`: the windows, default stride block_size // 2) or a `*ForNextTokenPrediction`
+    head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size` split the windows between
+    data-parallel processes: the returned sums ("nll", "tokens", "correct") are this process's, to be reduced.
+    `progress`: a description for a tqdm bar over the batches. -> {"perplexity", "accuracy", "tokens", "nll",
+    "correct"}."""
+    from tqdm.auto import tqdm
+
+    model.eval()
+    device = next(model.parameters()).device
+    full = torch.cat([torch.tensor([eos_id]), stream])
+    sums = torch.zeros(3, dtype=torch.float64)  # nll, tokens, correct
+    config = model.config
+
+    def score(logits, target):
+        logits, target = logits.float(), target.to(logits.device)
+        sums[0] += F.cross_entropy(logits, target, reduction="sum").double().cpu()
+        sums[1] += target.numel()
+        sums[2] += (logits.argmax(-1) == target).sum().cpu()
+
+    if config.model_type in CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
+        causal_lm = config.model_type in CAUSAL_LM_TYPES
+        if causal_lm:
+            windows = decoder_windows(len(stream), block_size, stride or max(block_size // 2, 1))
+        else:
+            windows = target_windows(len(stream), config.context_length, config.target_length)
+        windows = windows[rank::world_size]
+        groups = {}  # windows of one length batch together without padding
+        for w in windows:
+            groups.setdefault(w[1] - w[0], []).append(w)
+        batches = [g[i : i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
+        for chunk in tqdm(batches, desc=progress, unit="batch", disable=progress is None):
+            ids = torch.stack([full[begin:end] for begin, end, _ in chunk]).to(device)
+            scored = chunk[0][2] if all(w[2] == chunk[0][2] for w in chunk) else None
+            if scored is None:  # the last window of a split scores fewer tokens: score it alone
+                for w in chunk:
+                    score_window(model, full, w, causal_lm, device, score)
+                continue
+            n = ids.shape[1]
+            kwargs = {} if causal_lm else {"prefix_length": n - scored}
+            logits = model(input_ids=ids, **kwargs).logits  # (b, n, vocab)
+            if causal_lm:
+                logits, target = logits[:, n - scored - 1 : n - 1], ids[:, n - scored :]
+            else:  # position t predicts token t + 1; the last position predicts the token after the window
+                logits = logits[:, n - scored :]
+                target = torch.stack([full[end - scored + 1 : end + 1] for _, end, _ in chunk]).to(device)
+            score(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    else:
+        context = config.context_length
+        padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
+        positions = torch.arange(1, len(full))[rank::world_size]
+        for i in tqdm(range(0, len(positions), batch_size), desc=progress, unit="batch", disable=progress is None):
+            pos = positions[i : i + batch_size]
+            ids = torch.stack([padded[s : s + context] for s in (pos - 1).tolist()])
+            mask = (torch.arange(context)[None, :] >= (context - pos)[:, None]).long()  # real tokens only
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0]
+            score(logits, full[pos])
+    nll, count, correct = sums.tolist()
+    return {
+        "perplexity": math.exp(nll / count) if count else float("nan"),
+        "accuracy": correct / count if count else float("nan"),
+        "tokens": int(count),
+        "nll": nll,
+        "correct": int(correct),
+    }
+
+
+def score_window(model, full, window, causal_lm, device, score):
+    begin, end, scored = window
+    ids = full[begin:end][None].to(device)
+    n = end - begin
+    if causal_lm:
+        logits = model(input_ids=ids).logits[0, n - scored - 1 : n - 1]
+        score(logits, full[end - scored : end])
+    else:
+        logits = model(input_ids=ids, prefix_length=n - scored).logits[0, n - scored :]
+        score(logits, full[end - scored + 1 : end + 1])

@@ -1,0 +1,149 @@
+"""hf_settransformer.language_modeling: the word-level tokenizer, the training datasets and the evaluation protocol
+(every token scored once, by causal LMs, many-target heads and one-target heads)."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_settransformer as hfst
+from hf_settransformer.language_modeling import (
+    BlockDataset,
+    TargetWindowDataset,
+    build_word_tokenizer,
+    decoder_windows,
+    evaluate_stream,
+    target_windows,
+    token_stream,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_word_tokenizer_vocabulary_and_eos():
+    lines = [" the cat sat on the mat ", "", " = Heading = ", " the <unk> of the cat "]
+    tokenizer = build_word_tokenizer(lines, model_max_length=64)
+    words = {w for line in lines for w in line.split()}
+    assert len(tokenizer) == len(words | {"<eos>", "<unk>"}) and tokenizer.model_max_length == 64
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<unk>", "<eos>", "the", "cat"]  # by frequency
+    assert tokenizer.eos_token == "<eos>" and tokenizer.unk_token == "<unk>"
+    stream = token_stream(["the dog", "", " of <unk> "], tokenizer, tokenizer.eos_token_id)
+    eos, unk = tokenizer.eos_token_id, tokenizer.unk_token_id
+    the, of = tokenizer.convert_tokens_to_ids(["the", "of"])
+    assert stream.tolist() == [the, unk, eos, eos, of, unk, eos]  # unknown "dog" -> <unk>; an <eos> per line
+    # decoding keeps word boundaries, also for a continuation decoded on its own (text-generation pipeline)
+    assert tokenizer.decode([the, of]).strip() == "the of" and tokenizer.decode([of]) == " of"
+
+
+def test_wikitext2_vocabulary_is_the_standard_33278():
+    data = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.train.tokens"
+    if not data.is_file():
+        pytest.skip("the shared WikiText-2 copy is not beside this checkout")
+    lines = data.read_text(encoding="utf-8").split("\n")[:-1]
+    tokenizer = build_word_tokenizer(lines)
+    assert len(tokenizer) == 33278
+    assert len(token_stream(lines, tokenizer, tokenizer.eos_token_id)) == 2088628
+
+
+def test_datasets_cover_the_stream():
+    stream = torch.arange(40)
+    blocks = BlockDataset(stream, 8)
+    assert len(blocks) == 5 and torch.equal(blocks[1]["input_ids"], torch.arange(8, 16))
+    windows = TargetWindowDataset(stream, context_length=10, target_length=5)
+    # each window trains its last 4 labels (positions 6..9 predict tokens 7..10 of the window): consecutive windows
+    # start 4 apart, so every token after the first prefix is a target once
+    trained = [int(w["input_ids"][0]) + k for w in windows for k in range(6, 10)]
+    assert trained == list(range(6, 6 + len(trained))) and trained[-1] >= 40 - 4
+    with pytest.raises(ValueError, match="block_size >= 2"):
+        BlockDataset(stream, 0)
+    with pytest.raises(ValueError, match="2 <= target_length <= context_length"):
+        TargetWindowDataset(stream, 10, 11)
+
+
+# ------------------------------------------------------------------------------------------------ protocol
+
+
+def test_decoder_windows_score_every_token_once_with_enough_context():
+    n, block, stride = 23, 8, 3
+    scored = []
+    for begin, end, count in decoder_windows(n, block, stride):
+        assert end - begin <= block and 1 <= count <= end - begin - 1
+        for position in range(end - count, end):
+            scored.append(position)
+            assert position - begin >= min(block - stride, position)  # full context, or everything before it
+    assert scored == list(range(1, n + 1))  # positions of [eos] + stream: every token once, in order
+
+
+def test_target_windows_score_every_token_once_with_enough_context():
+    n, context, targets = 29, 8, 3
+    scored = []
+    for begin, end, count in target_windows(n, context, targets):
+        assert end - begin <= context and 1 <= count <= targets
+        for token in range(end - count + 1, end + 1):  # predicted by position token - 1 of the window
+            scored.append(token)
+            assert token - begin >= min(context - targets + 1, token)
+    assert scored == list(range(1, n + 1))
+
+
+@pytest.mark.parametrize("stride", [0, 9, -3])
+def test_strides_that_cannot_score_every_token_are_refused(stride):
+    with pytest.raises(ValueError, match=r"stride must be an integer in \[1, block_size=8\]"):
+        decoder_windows(20, 8, stride)
+
+
+def head(family, mode="many", vocab=50, **fields):
+    cls = {"decoder": hfst.TransformerDecoderForCausalLM, "encoder": hfst.TransformerEncoderForNextTokenPrediction}
+    config_cls = {"decoder": hfst.TransformerDecoderConfig, "encoder": hfst.TransformerEncoderConfig}
+    extra = {} if family == "decoder" else dict(context_length=6, target_length=3, next_token_mode=mode)
+    torch.manual_seed(0)
+    config = config_cls[family](
+        vocab_size=vocab, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False,
+        **{**extra, **fields},
+    )
+    return cls[family](config).eval()
+
+
+@pytest.mark.parametrize("family,mode", [("decoder", None), ("encoder", "many"), ("encoder", "window")])
+def test_uniform_model_has_perplexity_equal_to_the_vocabulary(family, mode, capsys):
+    vocab, n = 50, 37
+    model = head(family, mode, vocab)
+    torch.nn.init.zeros_(model.lm_head.weight)  # every next token equally likely
+    stream = torch.randint(2, vocab, (n,))
+    metrics = evaluate_stream(model, stream, batch_size=4, block_size=6, stride=4, eos_id=1, progress="test")
+    assert metrics["tokens"] == n
+    assert metrics["perplexity"] == pytest.approx(vocab, rel=1e-5)
+    assert "test: 100%" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_protocol_equals_one_full_pass_when_the_window_covers_the_split(family):
+    """Decoder: one window of 32 > split. Many-target encoder with target_length = context_length: no prefix, one
+    causal pass predicts every token."""
+    fields = {} if family == "decoder" else dict(context_length=32, target_length=32)
+    model = head(family, vocab=30, **fields)
+    stream = torch.randint(2, 30, (19,))
+    metrics = evaluate_stream(model, stream, batch_size=4, block_size=32, stride=16, eos_id=1)
+    full = torch.cat([torch.tensor([1]), stream])
+    with torch.no_grad():
+        logits = model(input_ids=full[None, :-1]).logits[0]
+    nll = torch.nn.functional.cross_entropy(logits, full[1:], reduction="sum").item()
+    assert metrics["tokens"] == 19
+    assert metrics["perplexity"] == pytest.approx(math.exp(nll / 19), rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx((logits.argmax(-1) == full[1:]).float().mean().item())
+
+
+def test_many_target_protocol_equals_scoring_each_token_with_its_own_window():
+    """Each token is scored by the window that ends right before it, with the protocol's prefix."""
+    model = head("encoder", context_length=6, target_length=3)
+    stream = torch.randint(2, 50, (17,))
+    metrics = evaluate_stream(model, stream, batch_size=3, eos_id=1)
+    full = torch.cat([torch.tensor([1]), stream])
+    nll = 0.0
+    with torch.no_grad():
+        for begin, end, count in target_windows(17, 6, 3):
+            for token in range(end - count + 1, end + 1):
+                window = full[begin:token]  # ends right before the token; same prefix as in the full window
+                logits = model(input_ids=window[None], prefix_length=end - begin - count).logits[0, -1]
+                nll -= torch.log_softmax(logits, -1)[full[token]].item()
+    assert metrics["tokens"] == 17 and metrics["nll"] == pytest.approx(nll, rel=1e-5)
