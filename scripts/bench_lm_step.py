@@ -1,0 +1,145 @@
+"""Language-model training throughput of every family at the `small` preset of train_lm.py: tokens/s of one training
+step (zero_grad, forward with labels, backward, AdamW) with the full softmax output layer or the adaptive softmax,
+in fp32 or under bf16 autocast, eager or `torch.compile`d, measured in one run.
+
+The contenders alternate step by step (a, b, c, ...) on the same fixed random token ids; the first `--warmup` steps
+(which include compilation) are dropped and medians reported. Tokens/s counts the tokens fed to the model (batch x
+sequence); the decoder predicts every one of them, a many-target head its last `target_length` per window.
+"peak" is the FLOP/s of a 2048 x 2048 matmul in the same precision, measured in the same run; "% of peak" is the
+step's counted FLOPs (`torch.utils.flop_counter`, forward + backward) / step time / that peak.
+
+    python scripts/bench_lm_step.py                                      # decoder and encoder, all variants
+    python scripts/bench_lm_step.py --families decoder encoder set_transformer perceiver_io --no_compile
+    python scripts/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
+
+Writes `<output_dir>/bench_lm_step.json`.
+"""
+
+import torch
+from bench_common import base_parser, describe_machine, markdown_table, setup_device, time_alternating, write_json
+from torch.utils import flop_counter
+from transformers import AutoModelForCausalLM
+
+import hf_settransformer as hfst
+
+CONFIGS = {
+    "decoder": hfst.TransformerDecoderConfig,
+    "encoder": hfst.TransformerEncoderConfig,
+    "set_transformer": hfst.SetTransformerConfig,
+    "perceiver_io": hfst.PerceiverIOConfig,
+}
+
+
+def parse_args():
+    p = base_parser(__doc__)
+    p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(CONFIGS))
+    p.add_argument("--attention_type", default="softmax", choices=["softmax", "linear"])
+    p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument("--num_hidden_layers", type=int, default=4)
+    p.add_argument("--vocab_size", type=int, default=33278)
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--cutoffs", type=int, nargs="+", default=[2000, 10000], help="adaptive softmax clusters")
+    p.add_argument("--no_compile", action="store_true", help="skip the torch.compile contenders")
+    p.add_argument("--no_bf16", action="store_true", help="skip the bf16 contenders")
+    args = p.parse_args()
+    if args.tiny:
+        args.hidden_size, args.num_hidden_layers, args.vocab_size, args.seq_len, args.batch_size = 32, 1, 500, 16, 2
+        args.cutoffs, args.repeats, args.warmup, args.no_compile = [50, 200], 2, 1, True
+    return args
+
+
+def build(family, adaptive, args):
+    fields = dict(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_attention_heads=4,
+        intermediate_size=4 * args.hidden_size,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attention_type=args.attention_type,
+        max_position_embeddings=max(1024, args.seq_len),
+        adaptive_softmax_cutoffs=args.cutoffs if adaptive else None,
+    )
+    if family == "perceiver_io":
+        fields.update(num_self_attends_per_block=args.num_hidden_layers, num_latents=args.seq_len // 2)
+    else:
+        fields["num_hidden_layers"] = args.num_hidden_layers
+    if family != "decoder":
+        fields.update(context_length=args.seq_len, target_length=args.seq_len // 2)
+    if family == "set_transformer":
+        fields.update(num_inducing_points=16, num_decoder_layers=1)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(CONFIGS[family](**fields)).train()
+
+
+def make_step(model, ids, device, bf16, compiled):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compiled else model
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def step_flops(model, ids, bf16, device):
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            model(input_ids=ids, labels=ids).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def matmul_peak(device, bf16, size=2048, repeats=5):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+    timing = time_alternating({"mm": lambda: a @ b}, device, repeats, 2)
+    return 2 * size**3 / timing["mm"]["median_s"]
+
+
+def main():
+    args = parse_args()
+    setup_device(args)
+    device = torch.device(args.device)
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device=device)
+    variants = [(adaptive, bf16, compiled) for adaptive in (False, True) for bf16 in (False, True)
+                for compiled in (False, True)]
+    variants = [v for v in variants if not (args.no_compile and v[2]) and not (args.no_bf16 and v[1])]
+    contenders, flops = {}, {}
+    for family in args.families:
+        for adaptive, bf16, compiled in variants:
+            name = f"{family} / {'adaptive' if adaptive else 'full'} / {'bf16' if bf16 else 'fp32'}" + (
+                " / compile" if compiled else ""
+            )
+            model = build(family, adaptive, args).to(device)
+            flops[name] = step_flops(model, ids, bf16, device)
+            contenders[name] = make_step(model, ids, device, bf16, compiled)
+    peaks = {bf16: matmul_peak(device, bf16) for bf16 in {v[1] for v in variants}}
+    timings = time_alternating(contenders, device, args.repeats, args.warmup)
+    tokens = args.batch_size * args.seq_len
+    rows, records = [], []
+    for name, timing in timings.items():
+        bf16 = "bf16" in name
+        seconds = timing["median_s"]
+        achieved = flops[name] / seconds
+        family = name.split(" / ")[0]
+        base = timings[f"{family} / full / fp32"]["median_s"] if f"{family} / full / fp32" in timings else seconds
+        rows.append([name, f"{seconds * 1000:.0f}", f"{tokens / seconds:,.0f}", f"{base / seconds:.2f}x",
+                     f"{achieved / 1e9:.1f}", f"{100 * achieved / peaks[bf16]:.1f}%"])
+        records.append({"contender": name, "median_s": seconds, "tokens_per_second": tokens / seconds,
+                        "flops_per_step": flops[name], "achieved_flops": achieved, "peak_flops": peaks[bf16],
+                        "samples_s": timing["samples_s"]})
+    print(f"{describe_machine(device)}; batch {args.batch_size} x {args.seq_len} tokens, hidden {args.hidden_size}, "
+          f"{args.num_hidden_layers} layers, vocabulary {args.vocab_size:,}, {args.attention_type} attention; "
+          f"matmul peak fp32 {peaks.get(False, 0) / 1e9:.0f} GFLOP/s, bf16 {peaks.get(True, 0) / 1e9:.0f} GFLOP/s")
+    markdown_table(["contender", "ms/step", "tokens/s", "vs full fp32", "GFLOP/s", "% of peak"], rows)
+    write_json(args, "bench_lm_step", {"machine": describe_machine(device), "args": vars(args), "results": records})
+
+
+if __name__ == "__main__":
+    main()
