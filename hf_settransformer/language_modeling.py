@@ -203,10 +203,11 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
                     score_window(model, full, w, causal_lm, device, score)
                 continue
             n = ids.shape[1]
-            kwargs = {} if causal_lm else {"prefix_length": n - scored}
-            logits = model(input_ids=ids, **kwargs).logits  # (b, n, vocab)
+            # only the scored positions' logits: the output layer is most of the cost
+            kwargs = {"logits_to_keep": scored + 1} if causal_lm else {"prefix_length": n - scored}
+            logits = model(input_ids=ids, **kwargs).logits  # (b, scored + 1 or n, vocab)
             if causal_lm:
-                logits, target = logits[:, n - scored - 1 : n - 1], ids[:, n - scored :]
+                logits, target = logits[:, :-1], ids[:, n - scored :]
             else:  # position t predicts token t + 1; the last position predicts the token after the window
                 logits = logits[:, n - scored :]
                 target = torch.stack([full[end - scored + 1 : end + 1] for _, end, _ in chunk]).to(device)
@@ -236,7 +237,7 @@ def score_window(model, full, window, causal_lm, device, score):
     ids = full[begin:end][None].to(device)
     n = end - begin
     if causal_lm:
-        logits = model(input_ids=ids).logits[0, n - scored - 1 : n - 1]
+        logits = model(input_ids=ids, logits_to_keep=scored + 1).logits[0, :-1]
         score(logits, full[end - scored : end])
     else:
         logits = model(input_ids=ids, prefix_length=n - scored).logits[0, n - scored :]

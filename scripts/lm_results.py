@@ -1,8 +1,9 @@
 """Collect the `all_results.json` of WikiText-2 runs (scripts/wikitext2_grid.sh) into the README's table and a plot of
-validation perplexity against training time.
+validation perplexity against training CPU-minutes (wall minutes x threads).
 
     python scripts/lm_results.py outputs/wikitext2                 # prints the markdown table
     python scripts/lm_results.py outputs/wikitext2 --copy_to scripts/results/wikitext2 --plot scripts/results/wikitext2.png
+    python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
 
 `--copy_to` keeps each run's all_results.json (small) where it can be committed; the folder can be read back later.
 """
@@ -32,25 +33,65 @@ def load(folders):
                 result["path"] = path
                 runs.append(result)
     key = {name: i for i, name in enumerate(ORDER)}
-    runs.sort(key=lambda r: (key.get(r["family"], 9), r["attention"] != "softmax", r["feature_map"]))
+    runs.sort(key=lambda r: (key.get(r["family"], 9), design(r), r["attention"] != "softmax", r["feature_map"]))
     return runs
 
 
-def table(runs):
+def design(r):
+    if r["family"] == "decoder":
+        return "causal LM"
+    mode = r.get("next_token_mode") or "window"
+    return "many targets" if mode == "many" else "one target / window"
+
+
+def table(runs, unigram=None):
     lines = [
-        "| family | attention | parameters | train tokens | threads | tokens/s | validation ppl | test ppl | test acc "
-        "| training time | wall time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| family | design | attention | parameters | output layer | precision | threads | CPU-min | steps | train tokens "
+        "| tokens/s | validation ppl | test ppl | test acc | eval min (val + test) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        threads = r.get("threads_per_process", 1)
+        cpu_minutes = r.get("train_cpu_minutes")
+        if cpu_minutes is None and r.get("train_seconds_whole_run"):
+            cpu_minutes = r["train_seconds_whole_run"] / 60 * threads
+        evaluation = sum(r.get(f"{split}_seconds", 0.0) for split in ("validation", "test")) / 60
         lines.append(
-            f"| {r['family']} | {ATTENTION[(r['attention'], r['feature_map'])]} | {r['parameters'] / 1e6:.2f}M | "
-            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('threads_per_process', '?')} | "
-            f"{r.get('train_tokens_per_second', float('nan')):,.0f} | {r['validation_perplexity']:.1f} | "
-            f"{r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | {training_time(r)} | "
-            f"{r['wall_time_seconds'] / 60:.1f} min |"
+            f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
+            f"{r['parameters'] / 1e6:.2f}M | {'adaptive' if r.get('adaptive_softmax_cutoffs') else 'full'} | "
+            f"{r.get('precision', 'fp32')} | {threads} | "
+            f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
+            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second', float('nan')):,.0f} | "
+            f"{r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | "
+            f"{evaluation:.1f} |"
+        )
+    if unigram:
+        lines.append(
+            f"| unigram (training-split frequencies) | | | | | | | | | | | {unigram['validation']:.1f} | "
+            f"{unigram['test']:.1f} | {unigram['test_accuracy']:.3f} | |"
         )
     return "\n".join(lines)
+
+
+def unigram_reference(folder):
+    """Perplexity of the training split's word frequencies on the validation and test streams (the protocol's tokens:
+    an <eos> after every line)."""
+    from collections import Counter
+
+    def words(name):
+        return [w for line in (Path(folder) / name).read_text(encoding="utf-8").split("\n")[:-1]
+                for w in line.split() + ["<eos>"]]
+
+    counts = Counter(words("wiki.train.tokens"))
+    total = sum(counts.values())
+    top = counts.most_common(1)[0][0]
+    out = {}
+    for split, name in (("validation", "wiki.valid.tokens"), ("test", "wiki.test.tokens")):
+        tokens = words(name)
+        nll = -sum(math.log(counts[w] / total) for w in tokens)
+        out[split] = math.exp(nll / len(tokens))
+        out[f"{split}_accuracy"] = sum(w == top for w in tokens) / len(tokens)
+    return out
 
 
 def training_time(r):
@@ -90,14 +131,14 @@ def plot(runs, path):
         if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
             label += f" (from step {r['resumed_from_step']}: time after resuming)"
         ax.plot(
-            [p["seconds"] / 60 for p in curve],
+            [p["seconds"] / 60 * r.get("threads_per_process", 1) for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
             styles[ATTENTION[(r["attention"], r["feature_map"])]],
             color=colors[r["family"]],
             label=label,
         )
     ax.set_yscale("log")
-    ax.set_xlabel("training time (minutes)")
+    ax.set_xlabel("training CPU-minutes (wall minutes x threads)")
     ax.set_ylabel("validation perplexity (first 4,096 targets, during training)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -110,11 +151,12 @@ def main():
     p.add_argument("folders", nargs="+")
     p.add_argument("--copy_to", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
     args = p.parse_args()
     runs = load(args.folders)
     if not runs:
         raise SystemExit(f"No all_results.json with evaluation results under {args.folders}.")
-    print(table(runs))
+    print(table(runs, unigram_reference(args.unigram) if args.unigram else None))
     if args.copy_to:
         keep(runs, args.copy_to)
     if args.plot:

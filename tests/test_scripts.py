@@ -76,8 +76,9 @@ def test_lm_results_table_and_plot(tmp_path):
         tmp_path / "curve.png",
         timeout=120,
     )
-    # a resumed run shows the whole run's training time (28 min), not this process's (25 min)
-    assert "| decoder | softmax | 5.05M | 3.00M | 1 | 1,700 | 250.0 | 240.0 | 0.200 | 28.0 min | 30.0 min |" in stdout
+    # a resumed run shows the whole run's training CPU-minutes (28 min x 1 thread), not this process's (25 min)
+    row = "| decoder | causal LM | softmax | 5.05M | full | fp32 | 1 | 28.0 | 0 | 3.00M | 1,700 | 250.0 | 240.0 | 0.200 | 0.0 |"
+    assert row in stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
 

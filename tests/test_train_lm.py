@@ -333,3 +333,61 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     ):
         assert name in files, name
     assert not any(name.startswith("checkpoint-") for name in files)
+
+
+def readme_training_command():
+    """The first `python scripts/train_lm.py` command of the README, as argv."""
+    import re
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"```bash\n(python scripts/train_lm\.py .*?)```", readme, flags=re.S).group(1)
+    return shlex.split(command.replace("\\\n", " "))[2:]
+
+
+def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
+    """The README's command sets data, output, family, attention and the 90-minute budget, nothing else: the
+    hyper-parameters behind the README's numbers are train_lm.py's defaults. Run as written on the test corpus, at the
+    tiny preset and a few seconds' budget."""
+    argv = readme_training_command()
+    flags = {a for a in argv if a.startswith("--")}
+    assert flags == {
+        "--family", "--attention_type", "--do_train", "--do_eval", "--do_predict", "--train_file",
+        "--validation_file", "--test_file", "--output_dir", "--max_train_minutes",
+    }
+    assert argv[argv.index("--max_train_minutes") + 1] == "90"
+    replace = {"--train_file": corpus / "train.txt", "--validation_file": corpus / "valid.txt",
+               "--test_file": corpus / "test.txt", "--output_dir": tmp_path / "readme"}
+    argv = [str(replace.get(argv[i - 1], a)) if i else a for i, a in enumerate(argv)]
+    argv += ["--preset", "tiny", "--max_train_minutes", "0.1", "--eval_steps", "5", "--logging_steps", "5"]
+    run(argv)
+    results = json.loads((tmp_path / "readme" / "all_results.json").read_text())
+    assert results["max_train_minutes"] == 0.1 and results["train_steps"] >= 1
+    assert results["train_cpu_minutes"] <= 0.1 * results["threads_per_process"] * 1.5
+    state = json.loads((tmp_path / "readme" / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert losses[-1] < losses[0]
+    budget = json.loads((tmp_path / "readme" / "time_budget.json").read_text())
+    assert budget["max_steps"] == results["max_steps"] and budget["minutes"] == 0.1
+
+
+def test_time_budget_stops_training_and_records_the_steps(tmp_path, corpus):
+    """Once the training time passes the budget the callback stops training, asks for a checkpoint and records the
+    step reached."""
+    from hf_settransformer.training import TimeBudgetCallback, TimedEvalCallback
+
+    timer = TimedEvalCallback()
+    budget = TimeBudgetCallback(0.5 / 60, timer)  # half a second
+
+    class State:
+        global_step = 7
+
+    class Control:
+        should_training_stop = should_save = False
+
+    timer.start = time.time() - 1.0
+    control = Control()
+    budget.on_step_end(None, State, control)
+    assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
+    with pytest.raises(ValueError, match="positive number of minutes"):
+        TimeBudgetCallback(0, timer)
