@@ -44,6 +44,23 @@ class FeatureProjection(nn.Linear):
     (point-cloud classification with PMA stayed at chance, ln 8, for 400 steps; with this init it learns)."""
 
 
+class ScaledEmbedding(nn.Embedding):
+    """Token embedding multiplied by `scale` (sqrt(hidden_size), Vaswani et al. 2017 sec. 3.4) inside the module, as
+    transformers' BART does: `model(inputs_embeds=model.get_input_embeddings()(ids))` then equals
+    `model(input_ids=ids)`, for PEFT prompt tuning, `generate(inputs_embeds=...)` and hand-made embeddings. The weight
+    (and its checkpoint key) is the plain embedding's, so tying and `resize_token_embeddings` work unchanged."""
+
+    def __init__(self, num_embeddings, embedding_dim, scale=1.0):
+        super().__init__(num_embeddings, embedding_dim)
+        self.scale = scale
+
+    def forward(self, input_ids):
+        return super().forward(input_ids) * self.scale
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, scale={self.scale:g}"
+
+
 def make_norm(config):
     if config.norm_type == "layernorm":
         return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
@@ -88,7 +105,8 @@ class InputEmbeddings(nn.Module):
         super().__init__()
         self.config = config
         self.hidden_size = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if config.vocab_size else None
+        scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, scale) if config.vocab_size else None
         self.feature_projection = (
             FeatureProjection(config.input_size, config.hidden_size) if config.input_size else None
         )
@@ -97,7 +115,6 @@ class InputEmbeddings(nn.Module):
             if config.position_embedding_type == "learned"
             else None
         )
-        self.token_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def embed(self, input_ids=None, input_features=None, inputs_embeds=None):
@@ -129,7 +146,7 @@ class InputEmbeddings(nn.Module):
                     raise ValueError(
                         f"`input_ids` hold ids in [{low}, {high}], outside the vocabulary [0, {self.config.vocab_size - 1}]."
                     )
-            return self.embed_tokens(input_ids) * self.token_scale
+            return self.embed_tokens(input_ids)
         if input_features is not None:
             if self.feature_projection is None:
                 raise ValueError("This model takes no continuous features (`input_size` is None): pass `input_ids`.")

@@ -140,6 +140,12 @@ class HfstPreTrainedModel(PreTrainedModel):
     # checkpoint loads through any of them with `trust_remote_code=True` (transformers writes only the saved one).
     family_auto_map: dict = {}
 
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        if not config.vocab_size and config.input_size:
+            # continuous inputs: generic code (Trainer, pipelines) reads the input's name here, as for audio models
+            self.main_input_name = "input_features"
+
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, FeatureProjection):

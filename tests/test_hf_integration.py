@@ -304,6 +304,51 @@ def test_trainer_lowers_the_loss(tmp_path, family, head_auto):
     assert after < 0.8 * before, (before, after)
 
 
+def lm_training_loss_drop(tmp_path, family, attention_type, feature_map, steps, **training_flags):
+    """Loss on a fixed batch before / after `steps` Trainer steps of a tiny LM with the given Trainer flags."""
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    data = synthetic_examples(family, AutoModelForCausalLM)
+    batch = {k: torch.stack([torch.as_tensor(e[k]) for e in data]) for k in data[0]}
+
+    def loss():
+        model.eval()
+        with torch.no_grad():
+            return model(**batch).loss.item()
+
+    before = loss()
+    args = quiet_training_args(
+        tmp_path, max_steps=steps, per_device_train_batch_size=16, learning_rate=5e-3, **training_flags
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return before, loss(), trainer
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_bf16_autocast_training_lowers_the_loss(tmp_path, family, attention_type, feature_map):
+    """The Trainer's --bf16 on CPU (autocast): every family and attention type trains, sums and norms in fp32."""
+    before, after, trainer = lm_training_loss_drop(tmp_path, family, attention_type, feature_map, 40, bf16=True)
+    assert trainer.accelerator.mixed_precision == "bf16"
+    assert after < 0.8 * before, (before, after)
+
+
+@pytest.mark.parametrize(
+    "family,attention_type,feature_map",
+    [("decoder", "linear", "exp"), ("encoder", "softmax", "elu"), ("set_transformer", "linear", "elu"),
+     ("perceiver_io", "softmax", "elu")],
+)
+def test_torch_compile_bf16_training_lowers_the_loss(tmp_path, family, attention_type, feature_map):
+    """The Trainer's --torch_compile (inductor) with --bf16 on CPU: one compile per family (each takes tens of
+    seconds here), the attention types alternating."""
+    before, after, trainer = lm_training_loss_drop(
+        tmp_path, family, attention_type, feature_map, 30, bf16=True, torch_compile=True
+    )
+    assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule)  # it ran compiled
+    assert after < 0.8 * before, (before, after)
+
+
 def test_trainer_with_the_chunked_lm_loss_trains_the_same_weights(tmp_path):
     """lm_loss_chunk_size changes how the loss is computed, not the training: same weights after Trainer steps with
     gradient accumulation (where the Trainer passes `num_items_in_batch`) and padded labels."""

@@ -7,7 +7,16 @@ import pytest
 import torch
 
 import hf_settransformer as hfst
-from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, VOCAB, main_output, make_model, tiny_config
+from conftest import (
+    ATTENTION_IDS,
+    ATTENTIONS,
+    FAMILIES,
+    MODEL_CLASSES,
+    VOCAB,
+    main_output,
+    make_model,
+    tiny_config,
+)
 
 
 ATOL = 1e-5
@@ -423,15 +432,6 @@ def test_sinusoidal_positions_extrapolate():
     assert torch.isfinite(model(input_ids=batch_of_tokens(1, 20)).last_hidden_state).all()
 
 
-def test_inputs_embeds_match_input_ids():
-    model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
-    ids = batch_of_tokens()
-    embeds = model.get_input_embeddings()(ids) * math.sqrt(32)
-    assert torch.allclose(
-        model(inputs_embeds=embeds).last_hidden_state, model(input_ids=ids).last_hidden_state, atol=ATOL
-    )
-
-
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_models_stay_finite_and_in_dtype(family, attention_type, feature_map):
@@ -583,3 +583,40 @@ def test_adaptive_softmax_rejects_bad_cutoffs():
         tiny_config("decoder", adaptive_softmax_cutoffs=[4, VOCAB])
     with pytest.raises(ValueError, match="cannot hold with `adaptive_softmax_cutoffs`"):
         tiny_config("decoder", adaptive_softmax_cutoffs=[4], tie_word_embeddings=True)
+
+
+# ------------------------------------------------------------------------------------------------ conventions
+
+
+TOKEN_MODELS = [(f, c) for f, c in MODEL_CLASSES if c is not hfst.SetTransformerForMixtureOfGaussians]  # points only
+
+
+@pytest.mark.parametrize("family,cls", TOKEN_MODELS, ids=[c.__name__ for _, c in TOKEN_MODELS])
+@pytest.mark.parametrize("attention_type,feature_map", [("softmax", "elu"), ("linear", "exp")], ids=["softmax", "linear"])
+def test_inputs_embeds_reproduce_input_ids(family, cls, attention_type, feature_map):
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(cls, config)
+    ids = batch_of_tokens(2, 8)
+    from_ids = main_output(model(input_ids=ids))
+    from_embeds = main_output(model(inputs_embeds=model.get_input_embeddings()(ids)))
+    assert torch.allclose(from_ids, from_embeds, atol=ATOL)
+
+
+def test_main_input_name_follows_the_inputs(tmp_path):
+    from transformers import AutoModel
+
+    features = make_model(hfst.SetTransformerModel, tiny_config("set_transformer", vocab_size=None, input_size=3))
+    assert features.main_input_name == "input_features"
+    features.save_pretrained(tmp_path)
+    assert AutoModel.from_pretrained(tmp_path, trust_remote_code=True).main_input_name == "input_features"
+    tokens = make_model(hfst.SetTransformerModel, tiny_config("set_transformer"))
+    assert tokens.main_input_name == "input_ids"
+
+
+def test_scaled_embedding_keeps_tying_and_resizing():
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))
+    model.resize_token_embeddings(VOCAB + 5)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, hfst.layers.ScaledEmbedding) and embedding.weight.shape[0] == VOCAB + 5
+    assert embedding.scale == pytest.approx(math.sqrt(32)) and model.lm_head.weight is embedding.weight
+    assert model(input_ids=torch.tensor([[VOCAB + 4]])).logits.shape == (1, 1, VOCAB + 5)
