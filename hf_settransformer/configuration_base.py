@@ -6,8 +6,12 @@ would skip a parent's), and invalid values are rejected at construction with a `
 field and the allowed values.
 """
 
+import importlib
+import os
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+from transformers.dynamic_module_utils import custom_object_save
 
 ATTENTION_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu", "exp")
@@ -184,6 +188,29 @@ class HfstConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+
+    # the family's modeling file: a saved config carries its code and the family's whole `auto_map`
+    modeling_module = None
+
+    def save_pretrained(self, save_directory, push_to_hub=False, **kwargs):
+        """As transformers', and a config folder is enough to build any of the family's models from scratch
+        (`AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=True),
+        trust_remote_code=True)`, e.g. run_clm.py's `--config_name`): `auto_map` lists every Auto class of the family
+        and the modeling code is copied beside the configuration code."""
+        if self._auto_class is not None and self.modeling_module:
+            module = importlib.import_module(f"{__package__}.{self.modeling_module}")  # lazily: it imports this file
+            family = next(
+                cls
+                for cls in vars(module).values()
+                if isinstance(cls, type) and getattr(cls, "config_class", None) is type(self)
+                and getattr(cls, "family_auto_map", None)
+            )
+            auto_map = dict(getattr(self, "auto_map", None) or {})
+            auto_map.update({auto: f"{self.modeling_module}.{name}" for auto, name in family.family_auto_map.items()})
+            self.auto_map = auto_map
+            os.makedirs(save_directory, exist_ok=True)
+            custom_object_save(family, save_directory)  # the modeling file and the siblings it imports
+        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def check_adaptive_softmax(self):
         cutoffs = self.adaptive_softmax_cutoffs

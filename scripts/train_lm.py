@@ -548,6 +548,9 @@ def main(argv=None):
     except ValueError as err:
         raise SystemExit(f"Cannot make training examples: {err}") from None
     precision = resolve_precision(model_args, training_args)
+    # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push() uploads the final
+    # folder instead, safetensors, JSON, code and text only.
+    push_requested, training_args.push_to_hub = training_args.push_to_hub, False
     per_step = training_args.per_device_train_batch_size * training_args.world_size
     per_step *= training_args.gradient_accumulation_steps * length
     if data_args.train_token_budget:
@@ -616,7 +619,8 @@ def main(argv=None):
         summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
         print("[train_lm] " + json.dumps({**summary, "parameters": parameters}, indent=1))
         print(f"[train_lm] wrote the model, tokenizer, all_results.json and README.md to {training_args.output_dir}")
-        if training_args.push_to_hub:
+        (Path(training_args.output_dir) / "training_args.json").write_text(training_args.to_json_string())
+        if push_requested:
             push(training_args)
     trainer.accelerator.wait_for_everyone()
     return results
@@ -691,7 +695,8 @@ def check_replicas(trainer, results):
 
 
 def push(training_args):
-    """Upload the final folder (weights, config with auto_map, modeling code, tokenizer, model card) to the Hub."""
+    """Upload the final folder (weights, config with auto_map, modeling code, tokenizer, model card, results and the
+    training arguments as JSON) to the Hub; nothing that is a pickle."""
     from huggingface_hub import HfApi
 
     repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
@@ -701,7 +706,8 @@ def push(training_args):
         repo_id=repo_id,
         folder_path=training_args.output_dir,
         commit_message="hf_settransformer: trained model, tokenizer and model card",
-        ignore_patterns=["checkpoint-*", "incomplete-*", "runs/*", "*.pt", "*.pth", "training_args.bin"],
+        # no pickles (training_args.bin, optimizer states): training_args.json holds the arguments
+        ignore_patterns=["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle"],
     )
     print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 

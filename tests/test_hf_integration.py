@@ -450,3 +450,37 @@ def test_next_token_heads_train_on_run_clm_style_blocks(tmp_path, family):
         model, blocks, batch, tmp_path, steps=40, data_collator=default_data_collator
     )
     assert after < 0.8 * before, (before, after)
+
+
+CONFIG_FOLDER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_settransformer"] = None  # any import of the package now fails
+    import torch, transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=True)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)
+    ids = torch.randint(1, config.vocab_size, (2, 6))
+    print(type(model).__name__, model(input_ids=ids, labels=ids).loss.item() > 0)
+    """
+)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_saved_config_folder_is_enough_to_start_from(tmp_path, family):
+    """run_clm.py's --config_name: a folder holding only a config builds the family's models where the package
+    cannot be imported."""
+    config = tiny_config(family)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    expected = {auto.__name__ for auto in hfst.FAMILIES[type(config)]} | {"AutoConfig"}
+    assert set(saved["auto_map"]) == expected
+    assert (tmp_path / f"modeling_{family}.py").exists() and (tmp_path / "attention.py").exists()
+    assert not (tmp_path / "model.safetensors").exists()
+    result = subprocess.run(
+        [sys.executable, "-c", CONFIG_FOLDER_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules")),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    causal = hfst.FAMILIES[type(config)][AutoModelForCausalLM].__name__
+    assert result.stdout.split() == [causal, "True"]

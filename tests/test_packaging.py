@@ -40,16 +40,16 @@ def test_readme_python_runs_as_written(tmp_path, index):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-MODELING_IMPORTS = {"torch", "transformers", "math", "dataclasses"}
-# the toolkit for your own scripts (never imported by the modeling files): the standard library plus what installing
-# transformers brings along
-TOOLKIT_IMPORTS = MODELING_IMPORTS | set(sys.stdlib_module_names) | {"tokenizers", "tqdm"}
+MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)
+# the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
+# brings along
+TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm"}
 TOOLKIT = {"language_modeling.py", "training.py", "__init__.py"}
 
 
 def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():
-    """What a checkpoint carries (configuration_*/modeling_* and every sibling they import) needs torch and transformers
-    only; the toolkit modules may use the standard library and what transformers installs, and no modeling file
+    """What a checkpoint carries (configuration_*/modeling_* and every sibling they import) needs torch, transformers
+    and the standard library only; the toolkit modules may use the standard library and what transformers installs, and no modeling file
     imports them."""
     package = ROOT / "hf_settransformer"
     assert not [p for p in package.rglob("*.py") if p.parent != package]

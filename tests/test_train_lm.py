@@ -333,6 +333,11 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     ):
         assert name in files, name
     assert not any(name.startswith("checkpoint-") for name in files)
+    # nothing uploaded in any commit is a pickle: safetensors, JSON, code and text only
+    uploaded = {name for commit in repo["commits"].values() for name in commit["files"]}
+    assert "training_args.json" in uploaded and "training_args.bin" not in uploaded
+    uploaded.discard(".gitattributes")  # the Hub writes it when it creates the repository
+    assert {Path(name).suffix for name in uploaded} <= {".safetensors", ".json", ".py", ".md", ".txt"}, uploaded
 
 
 def readme_training_command():
