@@ -460,7 +460,19 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         train_tokens=f"{results['train_tokens']:,}",
         tokens_per_second=f"{results['train_tokens_per_second']:,.0f}",
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
-        eval_stride=data_args.eval_stride or max((data_args.block_size or 2) // 2, 1),
+        design=card_design(config, family),
+        output_layer=(
+            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
+            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
+            if config.adaptive_softmax_cutoffs
+            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
+        ),
+        protocol=results["eval_protocol"],
+        cpu_model=results["cpu_model"],
+        threads=results["threads_per_process"],
+        precision=results["precision"],
+        cpu_minutes=f"{results['train_cpu_minutes']:.1f}",
+        train_steps=f"{results['train_steps']:,}",
         command=command,
         config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
         transformers_version=transformers.__version__,
@@ -468,6 +480,19 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         device=results["device"],
     )
     (Path(output_dir) / "README.md").write_text(card)
+
+
+def card_design(config, family):
+    if family == "decoder":
+        return "Causal LM: the decoder predicts every next token of its block."
+    if config.next_token_mode == "window":
+        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
+                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token.")
+    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
+            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
+            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
+            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
+            "position's state) reads the states up to it. No prediction sees its own target or a later token.")
 
 
 # ----------------------------------------------------------------------------------------------------------- main
