@@ -552,15 +552,19 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
                 f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), "
                 f"got {prefix_length!r}."
             )
-        outputs, states = self.target_states(
-            num_targets,
-            attention_mask,
-            output_attentions,
-            output_hidden_states,
+        inputs = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
+        outputs = self.model(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
-            **kwargs,
-        )  # states (b, t, hidden)
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **self.target_model_inputs(num_targets, length),
+            **inputs,
+        )
+        key_mask = check_attention_mask(attention_mask, b, length)
+        states = self.target_states(outputs, num_targets, key_mask)  # (b, t, hidden)
         targets = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:][:, -num_targets:]  # (b, t)
         logits = loss = None
         if targets is not None and self.training and torch.is_grad_enabled():
@@ -573,30 +577,25 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             logits[:, -num_targets:] = target_logits
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
-        """Default (encoder): the stack with a bidirectional prefix, then one PMA query per target reading the states
-        up to it. -> (base model outputs, (b, num_targets, hidden))."""
-        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
-        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
-        outputs = self.model(
-            attention_mask=attention_mask,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            prefix_length=n - num_targets,
-            **inputs,
-        )
-        states = outputs.last_hidden_state  # (b, n, hidden)
-        key_mask = check_attention_mask(attention_mask, b, n)
+    def target_model_inputs(self, num_targets, length):
+        """The base model's keyword that makes it causal with `num_targets` targets: a bidirectional prefix before them
+        (encoder, Set Transformer); Perceiver IO overrides it."""
+        return {"prefix_length": length - num_targets}
+
+    def target_states(self, outputs, num_targets, key_mask):
+        """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA
+        query per target (the seed plus the target's state) reads the states up to the target."""
+        states = outputs.last_hidden_state  # (b, m, hidden), the last t of them the targets'
+        m = states.shape[1]
         mask = AttentionMask.build(
-            key_mask,
+            None if key_mask is None else key_mask[:, -m:],
             causal=True,
             num_queries=num_targets,
-            num_keys=n,
+            num_keys=m,
             for_softmax=self.config.attention_type == "softmax",
         )
         pooled, _ = self.head_pool.pma(states, mask, queries=states[:, -num_targets:])
-        return outputs, pooled
+        return pooled
 
     def window_forward(
         self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs

@@ -21,8 +21,6 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     PerceiverIOModelOutput,
-    check_attention_mask,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -195,26 +193,5 @@ class PerceiverIOForNextTokenPrediction(
 
     base_model_class = PerceiverIOModel
 
-    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
-        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
-        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
-        outputs = self.model(
-            attention_mask=attention_mask,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            target_length=num_targets,
-            **inputs,
-        )
-        states = outputs.last_hidden_state  # (b, t, hidden)
-        key_mask = check_attention_mask(attention_mask, b, n)
-        key_mask = None if key_mask is None else key_mask[:, -num_targets:]
-        mask = AttentionMask.build(
-            key_mask,
-            causal=True,
-            num_queries=num_targets,
-            num_keys=num_targets,
-            for_softmax=self.config.attention_type == "softmax",
-        )
-        pooled, _ = self.head_pool.pma(states, mask, queries=states)
-        return outputs, pooled
+    def target_model_inputs(self, num_targets, length):
+        return {"target_length": num_targets}  # Perceiver AR: one latent per target

@@ -24,7 +24,6 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     SetModelOutput,
-    input_shape,
     resolve_output_flags,
     run_stack,
 )
@@ -153,18 +152,8 @@ class SetTransformerForNextTokenPrediction(
 
     base_model_class = SetTransformerModel
 
-    def target_states(self, num_targets, attention_mask, output_attentions, output_hidden_states, **inputs):
-        b, n = input_shape(inputs.get("input_ids"), None, inputs.get("inputs_embeds"))
-        inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
-        outputs = self.model(
-            attention_mask=attention_mask,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            prefix_length=n - num_targets,
-            **inputs,
-        )
-        return outputs, outputs.pooler_output  # (b, num_targets, hidden)
+    def target_states(self, outputs, num_targets, key_mask):
+        return outputs.pooler_output  # (b, num_targets, hidden): the model's own per-target PMA and causal SABs
 
 
 @dataclass

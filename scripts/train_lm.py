@@ -288,7 +288,8 @@ def build_model(model_args, data_args, vocab_size, eos_id):
             model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code
         )
     preset = dict(PRESETS[model_args.preset])
-    context, targets = preset.pop("context"), preset.pop("targets")
+    preset.pop("context")  # data_args.block_size / context_length already hold it
+    targets = preset.pop("targets")
     cutoffs = preset.pop("adaptive_softmax_cutoffs", None)
     fields = dict(
         preset,
@@ -525,6 +526,12 @@ def check_arguments(data_args, training_args):
         value = getattr(data_args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
+    block = data_args.block_size
+    if data_args.eval_stride is not None and block is not None and data_args.eval_stride > block:
+        raise SystemExit(
+            f"--eval_stride ({data_args.eval_stride}) must not exceed --block_size ({block}): the windows would skip "
+            "tokens, and the protocol scores every token once."
+        )
     if data_args.max_train_minutes is not None and not 0 < data_args.max_train_minutes < float("inf"):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
 
