@@ -357,17 +357,21 @@ def cpu_has_fast_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(model_args, training_args):
-    """Sets `training_args.bf16` for --precision auto/bf16 (unless --bf16/--fp16 was given); returns the name."""
+def wants_bf16(model_args, training_args):
+    """--precision bf16, or auto where the hardware has a fast bf16 path, unless --bf16/--fp16 was given already."""
     if training_args.bf16 or training_args.fp16:
-        return "bf16" if training_args.bf16 else "fp16"
-    if model_args.precision == "bf16" or (
-        model_args.precision == "auto"
-        and (torch.cuda.is_bf16_supported() if torch.cuda.is_available() else cpu_has_fast_bf16())
-    ):
-        training_args.bf16 = True
-        return "bf16"
-    return "fp32"
+        return False
+    if model_args.precision == "bf16":
+        return True
+    if model_args.precision == "auto" and not training_args.use_cpu and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return model_args.precision == "auto" and cpu_has_fast_bf16()
+
+
+def precision_name(trainer):
+    """What the Trainer's accelerator actually runs: 'bf16', 'fp16' or 'fp32'."""
+    mixed = trainer.accelerator.mixed_precision
+    return "fp32" if mixed in (None, "no") else mixed
 
 
 def probe_seconds_per_step(trainer, steps=6):
@@ -510,6 +514,12 @@ def parse_arguments(argv):
         if not torch.cuda.is_available() and "--use_cpu" not in argv:
             argv += ["--use_cpu", "true"]  # several processes and no GPU: data parallel on CPUs (gloo)
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if wants_bf16(model_args, training_args):
+        # through the parser: TrainingArguments sets up mixed precision in __post_init__ (setting .bf16 later does not)
+        extra = ["--bf16", "true"]
+        if not torch.cuda.is_available() and not training_args.use_cpu:
+            extra += ["--use_cpu", "true"]  # transformers accepts CPU bf16 (autocast) only with use_cpu
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv + extra)
     return model_args, data_args, training_args, command
 
 
@@ -579,7 +589,6 @@ def main(argv=None):
             eval_dataset = training_dataset(model, val, data_args, training_args.seed)
     except ValueError as err:
         raise SystemExit(f"Cannot make training examples: {err}") from None
-    precision = resolve_precision(model_args, training_args)
     # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push() uploads the final
     # folder instead, safetensors, JSON, code and text only.
     push_requested, training_args.push_to_hub = training_args.push_to_hub, False
@@ -604,6 +613,7 @@ def main(argv=None):
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    precision = precision_name(trainer)
     if budget is not None and training_args.do_train:
         trainer.args.max_steps = steps_for_budget(trainer, data_args, training_args.output_dir, is_main)
     say(

@@ -125,6 +125,10 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
         )
     )
     results = json.loads((out / "all_results.json").read_text())
+    # --precision auto: bf16 autocast where the CPU has a fast bf16 path, fp32 elsewhere; recorded as it ran
+    fast_bf16 = any(flag in Path("/proc/cpuinfo").read_text() for flag in ("avx512_bf16", "amx_bf16"))
+    assert results["precision"] == ("bf16" if fast_bf16 else "fp32")
+    assert f"{results['precision']}, 1 threads" in result.stdout or f"{results['precision']}, " in result.stdout
     for key in (
         "train_perplexity",
         "validation_perplexity",
