@@ -42,3 +42,8 @@ for name in $names; do
     --output_dir "$out" --max_train_minutes "$minutes" --max_eval_tokens 60000 \
     --resume_from_checkpoint true --disable_tqdm true
 done
+# bf16 against fp32 on the same steps (README, Precision):
+#   for p in bf16 fp32; do OMP_NUM_THREADS=1 python scripts/train_lm.py --family decoder --precision $p --do_train \
+#     --do_eval --train_file $data/wiki.train.tokens --validation_file $data/wiki.valid.tokens \
+#     --output_dir outputs/precision/decoder-$p --max_steps 300 --logging_steps 25 --eval_steps 100 \
+#     --save_strategy no --max_eval_tokens 20000 --disable_tqdm true; done
