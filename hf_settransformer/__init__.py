@@ -49,6 +49,7 @@ from .modeling_perceiver_io import (
     PerceiverIOForSequenceClassification,
     PerceiverIOModel,
 )
+from .set_tasks import DeepSetsBaseline, MaxRegression, MixtureOfGaussians, PointClouds
 from .training import (
     COMPLETE_MARKER,
     CompleteCheckpointCallback,
@@ -101,6 +102,10 @@ for _config_class, _models in FAMILIES.items():
         _model_class.register_for_auto_class(_auto_class.__name__)
 
 __all__ = [
+    "DeepSetsBaseline",
+    "MaxRegression",
+    "MixtureOfGaussians",
+    "PointClouds",
     "COMPLETE_MARKER",
     "BlockDataset",
     "CompleteCheckpointCallback",

@@ -11,8 +11,9 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
 import argparse
 import json
 import math
-import shutil
 from pathlib import Path
+
+from results_common import keep
 
 ORDER = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 ATTENTION = {
@@ -102,15 +103,6 @@ def training_time(r):
     if r.get("resumed_from_step"):
         return f"{r['train_seconds'] / 60:.1f} min after resuming at step {r['resumed_from_step']}"
     return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
-
-
-def keep(runs, folder):
-    """Copy each run's all_results.json to folder/<run name>/ (skipping runs already there)."""
-    target = Path(folder)
-    for r in runs:
-        if r["path"].parent.resolve() != (target / r["name"]).resolve():
-            (target / r["name"]).mkdir(parents=True, exist_ok=True)
-            shutil.copy(r["path"], target / r["name"] / "all_results.json")
 
 
 def plot(runs, path):

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lm_results import keep
+from results_common import keep
 
 ORDER = ["max_regression", "mixture_of_gaussians", "point_clouds"]
 METRIC = {

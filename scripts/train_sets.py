@@ -23,7 +23,6 @@ script evaluates on fresh sets (`--eval_sets`), prints the metric next to the pa
 """
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,18 +30,21 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from set_tasks import SHAPES, DeepSetsBaseline, MaxRegression, MixtureOfGaussians, PointClouds  # noqa: E402
-
-from hf_settransformer import (  # noqa: E402
+from hf_settransformer import (
     DataCollatorForSets,
     SetTransformerConfig,
     SetTransformerForMixtureOfGaussians,
     SetTransformerForSequenceClassification,
 )
-from hf_settransformer.modeling_set_transformer import mixture_log_likelihood  # noqa: E402
-from hf_settransformer.training import (  # noqa: E402
+from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
+from hf_settransformer.set_tasks import (
+    SHAPES,
+    DeepSetsBaseline,
+    MaxRegression,
+    MixtureOfGaussians,
+    PointClouds,
+)
+from hf_settransformer.training import (
     CompleteCheckpointCallback,
     TimedEvalCallback,
     resolve_resume,

@@ -44,7 +44,7 @@ MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)
 # the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
 # brings along
 TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm"}
-TOOLKIT = {"language_modeling.py", "training.py", "__init__.py"}
+TOOLKIT = {"language_modeling.py", "training.py", "set_tasks.py", "__init__.py"}
 
 
 def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():

@@ -1,4 +1,4 @@
-"""scripts/set_tasks.py generators, the mixture-of-Gaussians head, a few Trainer steps per task lowering the loss."""
+"""hf_settransformer.set_tasks generators, the mixture-of-Gaussians head, a few Trainer steps per task lowering the loss."""
 
 import json
 import math
@@ -10,13 +10,11 @@ import pytest
 import torch
 
 import hf_settransformer as hfst
+from hf_settransformer import set_tasks
 from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
+from hf_settransformer.training import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import set_tasks  # noqa: E402
-from hf_settransformer.training import COMPLETE_MARKER  # noqa: E402
 
 
 def test_max_regression_generator():

@@ -1,5 +1,6 @@
 """Synthetic set tasks of the Set Transformer paper (Lee et al. 2019), generated on the fly (no download), and the
-pooling baselines it compares with. Used by scripts/train_sets.py and the tests.
+pooling baselines it compares with, beside `DataCollatorForSets` for your own scripts (scripts/train_sets.py uses
+them). torch only; the modeling files never import this module.
 
 Every dataset is map-style and deterministic: item i is drawn from a generator seeded with (seed, i), so a run is
 reproducible and resumable, and a "fresh set every step" is item i of a large index range.
