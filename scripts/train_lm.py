@@ -544,6 +544,10 @@ def check_arguments(data_args, training_args):
         )
     if data_args.max_train_minutes is not None and not 0 < data_args.max_train_minutes < float("inf"):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
+    if data_args.max_train_minutes and (training_args.max_steps > 0 or data_args.train_token_budget):
+        raise SystemExit(
+            "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, not both."
+        )
 
 
 def main(argv=None):

@@ -400,3 +400,21 @@ def test_time_budget_stops_training_and_records_the_steps(tmp_path, corpus):
     assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
     with pytest.raises(ValueError, match="positive number of minutes"):
         TimeBudgetCallback(0, timer)
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--max_train_minutes", "5", "--max_steps", "10"], "pass it or --max_steps / --train_token_budget"),
+        (["--max_train_minutes", "0"], "--max_train_minutes must be a positive number"),
+        (["--block_size", "8", "--eval_stride", "9"], "must not exceed --block_size"),
+        (["--block_size", "-4"], "--block_size must be a positive integer"),
+        (["--family", "set_transformer", "--config_overrides", "num_inducing_point=4"], "did you mean 'num_inducing_points'"),
+    ],
+)
+def test_bad_flags_are_refused_with_the_flag_named(tmp_path, corpus, extra, message):
+    args = ["--do_train", "--train_file", corpus / "train.txt", "--output_dir", tmp_path, "--preset", "tiny", *extra]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT)] + [str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
