@@ -708,6 +708,9 @@ def train(trainer, resume, timed, budget, per_step, data_args):
 def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder):
     """Validation (--do_eval) and test (--do_predict) with the protocol, on every process (windows are split)."""
     results = {}
+    # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
+    # that resumes after its last checkpoint (and so never trains) would not have: the perplexity must not depend on it
+    model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     batch = training_args.per_device_eval_batch_size * (1 if is_decoder else 2)
     is_main = training_args.process_index == 0
     for split, wanted in (("validation", training_args.do_eval), ("test", training_args.do_predict)):
@@ -722,8 +725,7 @@ def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_deco
             print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
         began = time.time()
         bar = f"[train_lm] {split}" if is_main and not training_args.disable_tqdm else None
-        with trainer.autocast_smart_context_manager():
-            metrics = evaluate_split(trainer.model, stream, data_args, trainer.accelerator, batch, eos_id, bar)
+        metrics = evaluate_split(model, stream, data_args, trainer.accelerator, batch, eos_id, bar)
         metrics["seconds"] = time.time() - began
         if is_main:
             print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
