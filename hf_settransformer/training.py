@@ -7,7 +7,7 @@ Typical use (see the README's "Use the pieces in your own script"):
     trainer = Trainer(..., callbacks=[CompleteCheckpointCallback(timer), timer, TimeBudgetCallback(30, timer)])
     train_unless_finished(trainer, resolve_resume(training_args))
 
-Needs transformers only (no accelerate or datasets); the modeling files never import it.
+Needs torch and transformers only (no accelerate or datasets); the modeling files never import it.
 """
 
 import json
@@ -16,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback, TrainerState
 
 COMPLETE_MARKER = "hfst_checkpoint_complete.json"
@@ -38,6 +39,7 @@ class CompleteCheckpointCallback(TrainerCallback):
                     "global_step": state.global_step,
                     "time": time.time(),
                     "train_seconds": self.timer.elapsed(),
+                    "clock": self.timer.clock,
                     "validation_curve": self.timer.points,
                 }
                 with open(tmp, "w") as f:
@@ -104,23 +106,38 @@ def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps)
     return total / max(steps, 1)
 
 
+CLOCKS = {"wall": time.time, "cpu": time.process_time}
+
+
 class TimedEvalCallback(TrainerCallback):
     """Records (seconds of training, step, eval loss) for the validation-vs-time plot. A resumed run starts from the
-    seconds and points its checkpoint's marker recorded (`resume_from`), so both count the whole run."""
+    seconds and points its checkpoint's marker recorded (`resume_from`), so both count the whole run.
 
-    def __init__(self, resume_from=None):
+    `clock="wall"` counts elapsed time; `clock="cpu"` counts this process's CPU time (all its threads: a run on n
+    busy threads counts n CPU-seconds per second), which other programs sharing the cores do not inflate, so a
+    CPU-time budget gives the same steps on a busy machine as on a quiet one."""
+
+    def __init__(self, resume_from=None, clock="wall"):
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}.")
         marker = {}
         if resume_from and (Path(resume_from) / COMPLETE_MARKER).is_file():
             marker = json.loads((Path(resume_from) / COMPLETE_MARKER).read_text())
+        if marker and marker.get("clock", "wall") != clock:
+            raise ValueError(
+                f"{resume_from} counted its training time on the {marker.get('clock', 'wall')!r} clock; resume it "
+                f"with that clock, not {clock!r}."
+            )
+        self.clock, self.now = clock, CLOCKS[clock]
         self.before = marker.get("train_seconds")  # None: resumed from a marker that did not record it
         self.points = list(marker.get("validation_curve", []))
         self.start = None
 
     def elapsed(self):
-        return (self.before or 0.0) + (time.time() - self.start if self.start else 0.0)
+        return (self.before or 0.0) + (self.now() - self.start if self.start is not None else 0.0)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.time()
+        self.start = self.now()
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if metrics and "eval_loss" in metrics:
@@ -130,10 +147,12 @@ class TimedEvalCallback(TrainerCallback):
 
 
 class TimeBudgetCallback(TrainerCallback):
-    """Stops training once `minutes` of training time have passed (counted by `timer`, a `TimedEvalCallback`, so a
-    resumed run counts the time before its checkpoint too). The step reached is in `trainer.state.global_step` and
-    `stopped_at_step`, so the run can be repeated deterministically with `--max_steps`. A checkpoint is saved at the
-    stop (`should_save`)."""
+    """Stops training once `minutes` of training time have passed (counted by `timer`, a `TimedEvalCallback`, on its
+    clock; a resumed run counts the time before its checkpoint too). The step reached is in
+    `trainer.state.global_step` and `stopped_at_step`, so the run can be repeated deterministically with
+    `--max_steps`. A checkpoint is saved at the stop (`should_save`). Under several processes the ranks agree on the
+    step (any rank out of time stops all of them), since one rank stopping alone would leave the others waiting in
+    their next all-reduce."""
 
     def __init__(self, minutes, timer):
         if not minutes > 0:
@@ -141,7 +160,12 @@ class TimeBudgetCallback(TrainerCallback):
         self.seconds, self.timer, self.stopped_at_step = minutes * 60.0, timer, None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.timer.elapsed() >= self.seconds:
+        out_of_time = self.timer.elapsed() >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([float(out_of_time)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            out_of_time = bool(flag.item())
+        if out_of_time:
             control.should_training_stop = True
             control.should_save = True
             self.stopped_at_step = state.global_step

@@ -45,6 +45,12 @@ def design(r):
     return "many targets" if mode == "many" else "one target / window"
 
 
+def cpu_minutes_per_clock_second(r):
+    """CPU-minutes in one second of a run's recorded training time: its budget clock counts CPU time (all threads of
+    the process) or wall time (which counts once per thread)."""
+    return 1 / 60 if r.get("budget_clock") == "cpu" else r.get("threads_per_process", 1) / 60
+
+
 def table(runs, unigram=None):
     lines = [
         "| family | design | attention | parameters | output layer | precision | threads | CPU-min | steps | train tokens "
@@ -55,14 +61,14 @@ def table(runs, unigram=None):
         threads = r.get("threads_per_process", 1)
         cpu_minutes = r.get("train_cpu_minutes")
         if cpu_minutes is None and r.get("train_seconds_whole_run"):
-            cpu_minutes = r["train_seconds_whole_run"] / 60 * threads
+            cpu_minutes = r["train_seconds_whole_run"] * cpu_minutes_per_clock_second(r)
         evaluation = sum(r.get(f"{split}_seconds", 0.0) for split in ("validation", "test")) / 60
         lines.append(
             f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
             f"{r['parameters'] / 1e6:.2f}M | {'adaptive' if r.get('adaptive_softmax_cutoffs') else 'full'} | "
             f"{r.get('precision', 'fp32')} | {threads} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
-            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second', float('nan')):,.0f} | "
+            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second') or float('nan'):,.0f} | "
             f"{r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | "
             f"{evaluation:.1f} |"
         )
@@ -99,7 +105,7 @@ def training_time(r):
     """The whole run's training time; for a run resumed from a checkpoint that did not record it, the part after."""
     whole = r.get("train_seconds_whole_run")
     if whole is not None:
-        return f"{whole / 60:.1f} min"
+        return f"{whole / 60:.1f} {'CPU-' if r.get('budget_clock') == 'cpu' else ''}min"
     if r.get("resumed_from_step"):
         return f"{r['train_seconds'] / 60:.1f} min after resuming at step {r['resumed_from_step']}"
     return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
@@ -123,14 +129,14 @@ def plot(runs, path):
         if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
             label += f" (from step {r['resumed_from_step']}: time after resuming)"
         ax.plot(
-            [p["seconds"] / 60 * r.get("threads_per_process", 1) for p in curve],
+            [p["seconds"] * cpu_minutes_per_clock_second(r) for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
             styles[ATTENTION[(r["attention"], r["feature_map"])]],
             color=colors[r["family"]],
             label=label,
         )
     ax.set_yscale("log")
-    ax.set_xlabel("training CPU-minutes (wall minutes x threads)")
+    ax.set_xlabel("training CPU-minutes (process CPU time, or wall minutes x threads)")
     ax.set_ylabel("validation perplexity (first 4,096 targets, during training)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

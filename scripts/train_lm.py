@@ -37,7 +37,7 @@ Every `TrainingArguments` flag works (defaults below where they differ from tran
 `hf_settransformer.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
 autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GPU supports it, fp32 elsewhere.
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
-minutes of training whatever happens, and records the steps reached: `--max_steps <train_steps>` repeats the run by
+minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`), and records the steps reached: `--max_steps <train_steps>` repeats the run by
 step count. At the end the script prints a summary and writes `all_results.json` (with the CPU model, threads and
 precision), the model, the tokenizer and a model card (README.md) to `--output_dir`.
 """
@@ -185,7 +185,17 @@ class DataArguments:
     )
     max_train_minutes: float | None = field(
         default=None,
-        metadata={"help": "Training-time budget in wall minutes (sets max_steps from a timed probe; stops at it)."},
+        metadata={"help": "Training-time budget in minutes on --budget_clock (sets max_steps from a timed probe; "
+                  "stops at it)."},
+    )
+    budget_clock: str = field(
+        default="auto",
+        metadata={
+            "help": "What --max_train_minutes counts: 'cpu' (this process's CPU time, all threads: CPU-minutes, "
+            "not inflated by other programs on the cores), 'wall' (elapsed), or 'auto' (cpu when training on CPU, "
+            "wall on a GPU).",
+            "choices": ["auto", "cpu", "wall"],
+        },
     )
     targets_per_epoch: int | None = field(
         default=None,
@@ -374,8 +384,9 @@ def precision_name(trainer):
     return "fp32" if mixed in (None, "no") else mixed
 
 
-def probe_seconds_per_step(trainer, steps=6):
-    """Median seconds of a training step (forward, backward, AdamW) on a copy of the model, after warm-up steps."""
+def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=6):
+    """Median seconds (on `clock`) of a training step (forward, backward, AdamW) on a copy of the model, after
+    warm-up steps."""
     model = copy.deepcopy(trainer.model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     loader = trainer.get_train_dataloader()
@@ -384,34 +395,35 @@ def probe_seconds_per_step(trainer, steps=6):
     times = []
     for _ in range(steps):
         batch = {k: v.to(device) for k, v in next(batches).items()}
-        start = time.perf_counter()
+        start = clock()
         with trainer.autocast_smart_context_manager():
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     times = sorted(times[2:])
     return times[len(times) // 2]
 
 
-def steps_for_budget(trainer, data_args, output_dir, is_main):
+def steps_for_budget(trainer, data_args, output_dir, is_main, timer):
     """max_steps for --max_train_minutes: stored in output_dir/time_budget.json so that a resumed run keeps it."""
     path = Path(output_dir) / "time_budget.json"
     if path.is_file():
         record = json.loads(path.read_text())
-        if record.get("minutes") == data_args.max_train_minutes:
+        if record.get("minutes") == data_args.max_train_minutes and record.get("clock", "wall") == timer.clock:
             return record["max_steps"]
-    seconds = probe_seconds_per_step(trainer)
+    seconds = probe_seconds_per_step(trainer, timer.now)
     # periodic evaluations, logging and checkpoints take a few percent more than the steps themselves
     max_steps = max(1, int(data_args.max_train_minutes * 60 / (seconds * 1.05)))
     if is_main:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"minutes": data_args.max_train_minutes, "seconds_per_step": seconds,
-                                   "max_steps": max_steps}))
+        tmp.write_text(json.dumps({"minutes": data_args.max_train_minutes, "clock": timer.clock,
+                                   "seconds_per_step": seconds, "max_steps": max_steps}))
         os.replace(tmp, path)
-        print(f"[train_lm] time budget {data_args.max_train_minutes} min: {seconds:.3f} s/step -> max_steps={max_steps}")
+        print(f"[train_lm] time budget {data_args.max_train_minutes} {timer.clock} minutes: {seconds:.3f} s/step "
+              f"-> max_steps={max_steps}")
     return max_steps
 
 
@@ -463,7 +475,7 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         val_acc=f"{results['validation_accuracy']:.4f}",
         test_acc=f"{results['test_accuracy']:.4f}",
         train_tokens=f"{results['train_tokens']:,}",
-        tokens_per_second=f"{results['train_tokens_per_second']:,.0f}",
+        tokens_per_second=f"{results['train_tokens_per_second'] or float('nan'):,.0f}",
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
         design=card_design(config, family),
         output_layer=(
@@ -476,7 +488,7 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         cpu_model=results["cpu_model"],
         threads=results["threads_per_process"],
         precision=results["precision"],
-        cpu_minutes=f"{results['train_cpu_minutes']:.1f}",
+        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
         train_steps=f"{results['train_steps']:,}",
         command=command,
         config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
@@ -603,7 +615,10 @@ def main(argv=None):
     parameters = sum(p.numel() for p in model.parameters())
 
     resume = resolve_resume(training_args) if training_args.do_train else None
-    timed = TimedEvalCallback(resume_from=resume)
+    clock = data_args.budget_clock
+    if clock == "auto":
+        clock = "cpu" if training_args.device.type == "cpu" else "wall"
+    timed = TimedEvalCallback(resume_from=resume, clock=clock)
     callbacks = [CompleteCheckpointCallback(timed), timed]
     budget = None
     if data_args.max_train_minutes:
@@ -619,7 +634,7 @@ def main(argv=None):
     )
     precision = precision_name(trainer)
     if budget is not None and training_args.do_train:
-        trainer.args.max_steps = steps_for_budget(trainer, data_args, training_args.output_dir, is_main)
+        trainer.args.max_steps = steps_for_budget(trainer, data_args, training_args.output_dir, is_main, timed)
     say(
         f"[train_lm] {type(model).__name__}: {parameters:,} parameters, {len(train_dataset):,} training examples"
         f" of {length} tokens, max_steps={trainer.args.max_steps}, {precision}, {torch.get_num_threads()} threads"
@@ -681,11 +696,17 @@ def train(trainer, resume, timed, budget, per_step, data_args):
     trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
     steps_done = trainer.state.global_step - resumed_from
     train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
-    # training time of the whole run, across resumes (None: resumed from a checkpoint that did not record it)
-    whole_seconds = (timed.before or 0.0) + train_seconds if timed.before is not None or not resume else None
+    # training time of the whole run on the timer's clock, across resumes (None: resumed from a checkpoint that did not
+    # record it); on the "cpu" clock it is CPU-seconds of each process, on "wall" elapsed seconds
+    whole_seconds = timed.elapsed() if timed.before is not None or not resume else None
     tokens = trainer.state.global_step * per_step
     trainer.save_state()
-    threads = torch.get_num_threads() * trainer.args.world_size
+    world = trainer.args.world_size
+    threads = torch.get_num_threads() * world
+    if whole_seconds is None:
+        cpu_minutes = None
+    else:
+        cpu_minutes = whole_seconds / 60 * (world if timed.clock == "cpu" else threads)
     return dict(
         train_loss=train_loss,
         train_perplexity=math.exp(train_loss),
@@ -694,12 +715,13 @@ def train(trainer, resume, timed, budget, per_step, data_args):
         train_tokens=tokens,
         train_examples=tokens // (per_step // (trainer.args.per_device_train_batch_size * trainer.args.world_size
                                                * trainer.args.gradient_accumulation_steps)),
-        # the whole run's rate where its time is known, else this process's
-        train_tokens_per_second=tokens / whole_seconds if whole_seconds else steps_done * per_step / train_seconds,
+        # this process's rate: tokens per elapsed second
+        train_tokens_per_second=steps_done * per_step / train_seconds if steps_done else None,
         train_seconds=train_seconds,
         resumed_from_step=resumed_from or None,
+        budget_clock=timed.clock,
         train_seconds_whole_run=whole_seconds,
-        train_cpu_minutes=(whole_seconds or train_seconds) / 60 * threads,
+        train_cpu_minutes=cpu_minutes,
         max_train_minutes=data_args.max_train_minutes,
         stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
     )

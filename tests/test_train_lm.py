@@ -236,7 +236,9 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     # the resumed run's training time and validation curve include the part before the kill
     assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
     assert rb["train_seconds_whole_run"] > rb["train_seconds"]
-    assert rb["train_tokens_per_second"] == pytest.approx(rb["train_tokens"] / rb["train_seconds_whole_run"])
+    # on CPU the budget clock is this process's CPU time (a 1-thread run: CPU-minutes are its CPU time)
+    assert ra["budget_clock"] == rb["budget_clock"] == "cpu"
+    assert rb["train_cpu_minutes"] == pytest.approx(rb["train_seconds_whole_run"] / 60)
     # the training loss averages the whole run (logged every step here), not only the steps after the resume
     assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5)
     assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]
@@ -400,6 +402,29 @@ def test_time_budget_stops_training_and_records_the_steps(tmp_path, corpus):
     assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
     with pytest.raises(ValueError, match="positive number of minutes"):
         TimeBudgetCallback(0, timer)
+
+
+def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
+    """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
+    programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
+    from hf_settransformer.training import COMPLETE_MARKER, TimedEvalCallback
+
+    timer = TimedEvalCallback(clock="cpu")
+    timer.on_train_begin(None, None, None)
+    time.sleep(0.4)
+    assert timer.elapsed() < 0.2
+    end = time.time() + 0.4
+    while time.time() < end:
+        sum(range(1000))
+    assert timer.elapsed() > 0.25
+    folder = tmp_path / "checkpoint-5"
+    folder.mkdir()
+    (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": 5, "train_seconds": 12.0, "clock": "cpu"}))
+    assert TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
+    with pytest.raises(ValueError, match="'cpu' clock"):
+        TimedEvalCallback(resume_from=folder, clock="wall")
+    with pytest.raises(ValueError, match="clock must be one of"):
+        TimedEvalCallback(clock="gpu")
 
 
 @pytest.mark.parametrize(
