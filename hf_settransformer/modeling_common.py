@@ -199,7 +199,13 @@ class HfstPreTrainedModel(PreTrainedModel):
                 position_ids = position_ids_from_mask(key_mask, n)
             else:
                 position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
+        if inputs_embeds is not None and inputs_embeds.is_floating_point() and inputs_embeds.dtype != self.dtype:
+            inputs_embeds = inputs_embeds.to(self.dtype)  # as `input_features` are: float64 in, the model's dtype out
         hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
+        if key_mask is not None:
+            # padded elements are zeroed here, by selection, not multiplication (NaN x 0 = NaN): whatever values
+            # padding holds (NaN, inf), it cannot reach a real element's output through any later sum
+            hidden_states = hidden_states.masked_fill(~key_mask[:, past_length:, None], 0.0)
         for_softmax = self.config.attention_type == "softmax"
         mask = AttentionMask.build(
             key_mask, causal=causal, num_queries=n, num_keys=n, for_softmax=for_softmax, prefix_length=prefix_length
