@@ -240,7 +240,95 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
         return _causal_linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map, chunk_size, state)
 
 
+# Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
+# rises by more than this many nats after a query's position, the query's terms would be scaled by a later key (fp32
+# keeps ~87 nats of exponent below 1): such chunks are recomputed with each position's own running maximum.
+EXP_CHUNK_SPREAD = 40.0
+
+
+def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
+    """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
+    stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
+
+    Chunk c scales its keys by R_c, the running per-feature key maximum through its end; the state carried into it is
+    rescaled from R_{c-1} to R_c (as `linear_attention_step` does per token), and its queries fold R_c in. A chunk
+    where R_c exceeds the running maximum at some real query's position by more than `EXP_CHUNK_SPREAD` nats is
+    recomputed for that query with its own running maximum M_i: w_ij = sum_f exp(q_if + k_jf - s_i),
+    s_i = max_f (q_if + M_if), an explicit (c x c x d) sum. The stabilisers are constants of the function (they cancel
+    in the ratio) and are kept out of autograd."""
+    b, h, n, d = q.shape
+    e = v.shape[-1]
+    keep = None if key_mask is None else key_mask[:, None, :, None]
+    k = k if keep is None else k.masked_fill(~keep, float("-inf"))  # masked keys: exp(-inf) = 0
+    c = min(chunk_size, n)
+    pad = (-n) % c
+    if pad:
+        q = F.pad(q, (0, 0, 0, pad))
+        k = F.pad(k, (0, 0, 0, pad), value=float("-inf"))
+        v = F.pad(v, (0, 0, 0, pad))
+    nk = (n + pad) // c
+    q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
+    floor = -1e30  # reference while every key so far is masked: any finite value works
+    with torch.no_grad():
+        start = (state.k_max if state is not None else k.new_full((b, h, d), float("-inf"))).clamp_min(floor)
+        running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
+        running = running.clamp_min(floor)
+        before = torch.cat([start[:, :, None], running[:, :, :-1]], dim=2)  # R_{c-1}: the carried state's reference
+        shift = (q + running[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
+    phi_k = torch.exp(k - running[:, :, :, None])  # (b, h, k, c, d), <= 1
+    phi_q = torch.exp(q + running[:, :, :, None] - shift)  # <= 1
+    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
+    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
+
+    # the carried state, a scan over chunks that rescales it to each chunk's reference before adding the chunk
+    kv_run = state.kv if state is not None else q.new_zeros(b, h, d, e)
+    z_run = state.z if state is not None else q.new_zeros(b, h, d)
+    carried_kv, carried_z, rescaled_kv, rescaled_z = [], [], [], []
+    for i in range(nk):
+        carried_kv.append(kv_run)  # in reference R_{c-1}, for the exact path
+        carried_z.append(z_run)
+        scale = torch.exp(before[:, :, i] - running[:, :, i])  # (b, h, d), <= 1
+        kv_run, z_run = kv_run * scale[..., None], z_run * scale
+        rescaled_kv.append(kv_run)
+        rescaled_z.append(z_run)
+        kv_run, z_run = kv_run + kv_chunks[:, :, i], z_run + z_chunks[:, :, i]
+    kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
+
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
+    num = torch.matmul(scores, v) + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
+    den = scores.sum(dim=-1) + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
+    out = _ratio(num, den.unsqueeze(-1))
+
+    with torch.no_grad():
+        # the running maximum at each position, and how far the chunk's reference lies above it
+        at = torch.maximum(torch.cummax(k, dim=3).values, before[:, :, :, None]).clamp_min(floor)
+        real = torch.isfinite(k).any(dim=-1) if keep is not None or pad else None  # masked queries do not count
+        spread = (running[:, :, :, None] - at).amax(dim=-1)  # (b, h, k, c)
+        if real is not None:
+            spread = spread.masked_fill(~real, 0.0)
+        steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
+    if steep.any():
+        idx = steep.nonzero(as_tuple=True)
+        qs, ks, vs = q[idx], k[idx], v[idx]  # (m, c, d), (m, c, d), (m, c, e)
+        with torch.no_grad():
+            own = (qs + at[idx]).amax(dim=-1, keepdim=True)  # s_i from the query's own running maximum
+        logits = qs[:, :, None, :] + ks[:, None, :, :] - own[:, :, :, None]  # (m, c, c, d), <= 0 where j <= i
+        logits = logits.masked_fill(~causal[None, :, :, None], float("-inf"))
+        w = torch.exp(logits).sum(dim=-1)  # (m, c, c)
+        phi_q_own = torch.exp(qs + before[idx][:, None, :] - own)  # the carried state is in R_{c-1} <= M_i
+        kv_prev = torch.stack(carried_kv, dim=2)[idx]  # (m, d, e)
+        z_prev = torch.stack(carried_z, dim=2)[idx]  # (m, d)
+        num_s = torch.matmul(w, vs) + torch.matmul(phi_q_own, kv_prev)
+        den_s = w.sum(dim=-1) + torch.matmul(phi_q_own, z_prev.unsqueeze(-1)).squeeze(-1)
+        out = out.index_put(idx, _ratio(num_s, den_s.unsqueeze(-1)))
+    out = out.reshape(b, h, nk * c, e)[:, :, :n]
+    return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=running[:, :, -1])
+
+
 def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
+    if feature_map == "exp":
+        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state)
     b, h, n, d = q.shape
     e = v.shape[-1]
     phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)

@@ -6,12 +6,18 @@ would skip a parent's), and invalid values are rejected at construction with a `
 field and the allowed values.
 """
 
+import difflib
 import importlib
+import inspect
+import math
 import os
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 ATTENTION_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu", "exp")
@@ -19,6 +25,20 @@ NORM_TYPES = ("scalenorm", "layernorm")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
 POOLING_TYPES = ("pma", "mean")
 NEXT_TOKEN_MODES = ("many", "window")
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+# flags a config may carry (ours, or transformers' generic ones passed through **kwargs): a string such as "no" would
+# read as true and silently switch the feature on
+BOOL_FIELDS = (
+    "scale_embedding",
+    "tie_word_embeddings",
+    "add_cross_attention",
+    "is_decoder",
+    "use_cache",
+    "is_encoder_decoder",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+)
 
 
 def check_choice(name, value, choices):
@@ -38,6 +58,43 @@ def check_positive(name, value, allow_none=False, allow_zero=False):
 def check_probability(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+
+
+def check_bool(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+
+
+def check_finite_range(name, value, low, high):
+    """A real number in (low, high]: an inf norm epsilon zeroes every output, an inf init std gives NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value <= high) or math.isnan(value):
+        raise ValueError(f"`{name}` must be a number in ({low}, {high}], got {value!r}.")
+
+
+def own_field_names(config_class):
+    """The arguments of every hf_settransformer `__init__` in the class's hierarchy."""
+    names = set()
+    for cls in config_class.__mro__:
+        if issubclass(cls, HfstConfig) and "__init__" in vars(cls):
+            names.update(n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "kwargs"))
+    return names
+
+
+def check_unknown_keys(config_class, kwargs):
+    """A keyword that is no field but is one typo away from one (`num_inducing_point=4`) would be stored as an extra
+    attribute while the real field keeps its default: refuse it, naming the field. Other extra keys are kept, as
+    transformers does (saved configs carry keys such as `architectures`)."""
+    own = own_field_names(config_class)
+    generic = set(inspect.signature(PreTrainedConfig.__init__).parameters)
+    for key in kwargs:
+        if key in own or key in generic or key.startswith("_"):
+            continue
+        near = difflib.get_close_matches(key, sorted(own), n=1, cutoff=0.85)
+        if near:
+            raise ValueError(
+                f"{config_class.__name__} has no field `{key}`; did you mean `{near[0]}`? (An unknown key would be "
+                f"kept as an extra attribute while `{near[0]}` kept its default.)"
+            )
 
 
 def check_heads(hidden_name, hidden_size, heads_name, num_heads):
@@ -119,6 +176,13 @@ class HfstConfig(PreTrainedConfig):
         tie_word_embeddings=None,
         **kwargs,
     ):
+        check_unknown_keys(type(self), kwargs)
+        for name in BOOL_FIELDS:  # transformers' own flags, before its __init__ stores or drops them
+            if name in kwargs and kwargs[name] is not None:
+                check_bool(name, kwargs[name])
+        if "num_labels" in kwargs and kwargs.get("id2label") is None:
+            check_positive("num_labels", kwargs["num_labels"])
+        check_choice("problem_type", kwargs.get("problem_type"), PROBLEM_TYPES)
         self.vocab_size = vocab_size
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -184,10 +248,18 @@ class HfstConfig(PreTrainedConfig):
                 f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
             )
         self.check_adaptive_softmax()
-        for name in ("norm_eps", "initializer_range"):  # an init std of 0 would train a model of zeros
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
-                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+        # an init std of 0 would train a model of zeros; above 1 (or inf) the first layers already overflow
+        check_finite_range("norm_eps", self.norm_eps, 0, 1)
+        check_finite_range("initializer_range", self.initializer_range, 0, 1)
+        for name in BOOL_FIELDS:
+            value = getattr(self, name, None)
+            if value is not None:
+                check_bool(name, value)
+        if self.attention_type == "softmax" and self.feature_map != "elu":
+            logger.warning_once(
+                f"`feature_map={self.feature_map!r}` has no effect with `attention_type='softmax'` (it selects linear "
+                "attention's feature map)."
+            )
 
     # the family's modeling file: a saved config carries its code and the family's whole `auto_map`
     modeling_module = None

@@ -127,7 +127,8 @@ class WindowDataset(torch.utils.data.Dataset):
 def decoder_windows(stream_length, block_size, stride):
     """Sliding windows over `[eos] + stream`: [(start, end, tokens scored at the end of the window)], each token of the
     stream scored once (see the module docstring)."""
-    check_stride(block_size, stride, "block_size")
+    # a window predicts its positions 1..n-1 from the ones before: it can add at most block_size - 1 scored tokens
+    check_stride(block_size - 1, stride, "block_size - 1")
     total = stream_length + 1
     windows, prev_end = [], 1
     for begin in range(0, total, stride):
@@ -153,7 +154,7 @@ def target_windows(stream_length, context_length, target_length):
 
 
 def check_stride(window, stride, name):
-    if not isinstance(stride, int) or not 1 <= stride <= window:
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
         raise ValueError(
             f"The stride must be an integer in [1, {name}={window}] so that every token is scored once with context; "
             f"got {stride!r}."

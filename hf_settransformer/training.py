@@ -13,6 +13,7 @@ Needs torch and transformers only (no accelerate or datasets); the modeling file
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -20,6 +21,127 @@ import torch
 from transformers import TrainerCallback, TrainerState
 
 COMPLETE_MARKER = "hfst_checkpoint_complete.json"
+LOCK_FILE = ".hfst_run.lock"
+
+
+class OutputDirLockedError(RuntimeError):
+    """Another live process holds the output folder."""
+
+
+class OutputDirLock:
+    """A run owns its output folder: two runs writing one folder would interleave checkpoints and results, and a
+    resuming run would move aside the checkpoint a live run is still writing.
+
+    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` and writes the holder's pid, host,
+    start time and command into it. The kernel drops the lock when its process ends, however it ends (SIGKILL
+    included), so a dead holder's folder is taken over without a word, and a live holder's gives
+    `OutputDirLockedError` naming its pid and host. Hold it for the whole run (`release()` or the end of the
+    process frees it). On systems without `fcntl` (Windows) no lock is taken."""
+
+    def __init__(self, output_dir, command=""):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.command, self.handle = command, None
+
+    def acquire(self):
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: run unlocked
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            try:
+                info = json.loads(holder)
+                who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise OutputDirLockedError(
+                f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it to "
+                "finish, stop it, or pass another --output_dir."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": self.command}
+        handle.write(json.dumps(holder))
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def release(self):
+        if self.handle is not None:
+            self.handle.close()  # closing the file drops the flock; the file stays (a later run reuses it)
+            self.handle = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def lock_output_dir(training_args, command="", script="train"):
+    """Takes the `OutputDirLock` of `training_args.output_dir` on the main process and returns it; under several
+    processes every rank learns whether it was taken, and all exit with the holder named if it was not."""
+    lock = OutputDirLock(training_args.output_dir, command)
+    error = None
+    if training_args.process_index == 0:
+        try:
+            lock.acquire()
+        except OutputDirLockedError as err:
+            error = str(err)
+    if training_args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        shared = [error]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error:
+        raise SystemExit(f"[{script}] {error}")
+    return lock
+
+
+def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
+    """Moves every file of `source_dir` into `target_dir` with `os.replace` (atomic per file), the weights (`last`)
+    after the rest, then removes `source_dir`: a kill at any moment leaves each file whole, old or new, never
+    truncated."""
+    source_dir, target_dir = Path(source_dir), Path(target_dir)
+    files = sorted((p for p in source_dir.rglob("*") if p.is_file()), key=lambda p: (p.name in last, str(p)))
+    for path in files:
+        target = target_dir / path.relative_to(source_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    shutil.rmtree(source_dir, ignore_errors=True)
+
+
+def save_model_atomically(trainer, output_dir=None):
+    """`trainer.save_model(output_dir)` written through a temporary folder beside it and moved into place file by file
+    (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
+    truncated `model.safetensors`. Every process calls it, as `save_model`."""
+    output_dir = Path(output_dir or trainer.args.output_dir)
+    tmp = output_dir / ".tmp-final-model"  # one run per folder (OutputDirLock): a leftover is a killed save's
+    if trainer.args.should_save:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(tmp))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        replace_atomically(tmp, output_dir)
+    trainer.accelerator.wait_for_everyone()
+
+
+def write_text_atomically(path, text):
+    """Writes `text` to `path` through a temporary file and `os.replace`: never a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class CompleteCheckpointCallback(TrainerCallback):
@@ -49,14 +171,39 @@ class CompleteCheckpointCallback(TrainerCallback):
                 os.replace(tmp, folder / COMPLETE_MARKER)
 
 
+def read_marker(folder):
+    """The completion marker of a checkpoint folder as a dict, or None when it is missing or not a JSON object."""
+    try:
+        marker = json.loads((Path(folder) / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
 def checkpoint_step(folder):
-    """`.../checkpoint-1464` -> 1464."""
-    return int(Path(folder).name.split("-")[-1])
+    """`.../checkpoint-1464` -> 1464; a folder named otherwise gives the step its marker or trainer state records."""
+    suffix = Path(folder).name.split("-")[-1]
+    if suffix.isdigit():
+        return int(suffix)
+    for source in (read_marker(folder) or {}, Path(folder) / "trainer_state.json"):
+        if isinstance(source, Path):
+            try:
+                source = json.loads(source.read_text())
+            except (OSError, ValueError):
+                continue
+        step = source.get("global_step") if isinstance(source, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+    raise ValueError(
+        f"{folder}: cannot tell the checkpoint's step (its name does not end in -<step>, and neither "
+        f"{COMPLETE_MARKER} nor trainer_state.json records a `global_step`)."
+    )
 
 
 def resolve_resume(training_args, script="train_lm"):
     """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
-    names the caller in what it prints."""
+    names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
+    writing a checkpoint there, so one without a marker was left by a killed run."""
     value = training_args.resume_from_checkpoint
     if value is None or str(value).lower() in ("false", "0", "none"):
         return None
@@ -65,7 +212,7 @@ def resolve_resume(training_args, script="train_lm"):
             (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
             key=checkpoint_step,
         )
-        complete = [p for p in folders if (p / COMPLETE_MARKER).is_file()]
+        complete = [p for p in folders if read_marker(p) is not None]
         for p in folders:
             if p not in complete and training_args.process_index == 0:
                 aside = p.with_name(f"incomplete-{p.name}")
@@ -78,7 +225,58 @@ def resolve_resume(training_args, script="train_lm"):
         return str(complete[-1])
     if not (Path(value) / COMPLETE_MARKER).is_file():
         raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {COMPLETE_MARKER}).")
+    if read_marker(value) is None:
+        raise SystemExit(
+            f"--resume_from_checkpoint {value}: its {COMPLETE_MARKER} is not a JSON object (corrupted?); resume from "
+            "another checkpoint."
+        )
+    try:
+        checkpoint_step(value)
+    except ValueError as err:
+        raise SystemExit(f"--resume_from_checkpoint {err}") from None
     return value
+
+
+def check_checkpoint_matches(folder, model):
+    """Raises SystemExit when the checkpoint's weights do not fit `model` (another family, size or output layer),
+    naming the checkpoint's model type and the config fields that differ, instead of the optimizer's "parameter group
+    doesn't match" later."""
+    weights = Path(folder) / "model.safetensors"
+    if not weights.is_file():
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    state = model.state_dict()
+    wanted = {name: tuple(t.shape) for name, t in state.items()}
+    # tied weights are saved once: a name sharing its storage with a saved one is not missing
+    saved_storage = {state[name].data_ptr() for name in saved if name in state}
+    missing = sorted(name for name in set(wanted) - set(saved) if state[name].data_ptr() not in saved_storage)
+    unexpected = sorted(set(saved) - set(wanted))
+    reshaped = sorted(name for name in set(saved) & set(wanted) if saved[name] != wanted[name])
+    if not (missing or unexpected or reshaped):
+        return
+    try:
+        theirs = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        theirs = {}
+    ours = model.config.to_dict()
+    ignore = {"_name_or_path", "transformers_version", "architectures", "auto_map", "dtype", "torch_dtype"}
+    differ = [
+        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
+        for key in sorted(set(theirs) | set(ours))
+        if key not in ignore and theirs.get(key) != ours.get(key)
+    ]
+    first = (missing + unexpected + reshaped)[0]
+    raise SystemExit(
+        f"--resume_from_checkpoint {folder}: its weights do not fit this run's model. The checkpoint is a "
+        f"{theirs.get('model_type', '?')} model ({', '.join(theirs.get('architectures') or ['?'])}), this run builds "
+        f"a {ours.get('model_type')} model ({type(model).__name__}). Config fields that differ: "
+        f"{'; '.join(differ[:12]) or 'none'}. First mismatched weight: {first} "
+        f"(checkpoint {saved.get(first)}, this run {wanted.get(first)}). Resume with the flags that made the "
+        "checkpoint, or start a fresh --output_dir."
+    )
 
 
 def train_unless_finished(trainer, resume):
@@ -120,9 +318,7 @@ class TimedEvalCallback(TrainerCallback):
     def __init__(self, resume_from=None, clock="wall"):
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}.")
-        marker = {}
-        if resume_from and (Path(resume_from) / COMPLETE_MARKER).is_file():
-            marker = json.loads((Path(resume_from) / COMPLETE_MARKER).read_text())
+        marker = (read_marker(resume_from) or {}) if resume_from else {}
         if marker and marker.get("clock", "wall") != clock:
             raise ValueError(
                 f"{resume_from} counted its training time on the {marker.get('clock', 'wall')!r} clock; resume it "

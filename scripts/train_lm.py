@@ -78,10 +78,14 @@ from hf_settransformer.training import (
     CompleteCheckpointCallback,
     TimeBudgetCallback,
     TimedEvalCallback,
+    check_checkpoint_matches,
     checkpoint_step,
+    lock_output_dir,
     resolve_resume,
+    save_model_atomically,
     train_unless_finished,
     whole_run_train_loss,
+    write_text_atomically,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +251,9 @@ def load_splits(data_args):
     if files:
         for split, path in files.items():
             if not Path(path).is_file():
-                raise SystemExit(f"--{split if split != 'validation' else 'validation'}_file: no such file: {path}")
+                raise SystemExit(f"--{split}_file: no such file: {path}")
+            if not Path(path).read_text(encoding="utf-8", errors="replace").strip():
+                raise SystemExit(f"--{split}_file: {path} is empty (no text on any line).")
         raw = datasets.load_dataset("text", data_files=files)
     else:
         try:
@@ -496,7 +502,7 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         torch_version=torch.__version__,
         device=results["device"],
     )
-    (Path(output_dir) / "README.md").write_text(card)
+    write_text_atomically(Path(output_dir) / "README.md", card)
 
 
 def card_design(config, family):
@@ -548,12 +554,6 @@ def check_arguments(data_args, training_args):
         value = getattr(data_args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
-    block = data_args.block_size
-    if data_args.eval_stride is not None and block is not None and data_args.eval_stride > block:
-        raise SystemExit(
-            f"--eval_stride ({data_args.eval_stride}) must not exceed --block_size ({block}): the windows would skip "
-            "tokens, and the protocol scores every token once."
-        )
     if data_args.max_train_minutes is not None and not 0 < data_args.max_train_minutes < float("inf"):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
     if data_args.max_train_minutes and (training_args.max_steps > 0 or data_args.train_token_budget):
@@ -565,6 +565,8 @@ def check_arguments(data_args, training_args):
 def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
     check_arguments(data_args, training_args)
+    # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
+    lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
     transformers.logging.set_verbosity_warning()
     set_seed(training_args.seed)
     wall_start = time.time()
@@ -576,6 +578,12 @@ def main(argv=None):
     preset = PRESETS[model_args.preset]
     data_args.block_size = data_args.block_size or preset["context"]
     data_args.context_length = data_args.context_length or preset["context"]
+    if data_args.eval_stride is not None and data_args.eval_stride >= data_args.block_size:
+        raise SystemExit(
+            f"--eval_stride ({data_args.eval_stride}) must be smaller than --block_size ({data_args.block_size}): a "
+            "window predicts its tokens after the first from the ones before them, so it can add at most block_size - 1 "
+            "scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
+        )
     if model_args.tokenizer_name or model_args.model_name_or_path:
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     else:
@@ -584,6 +592,15 @@ def main(argv=None):
     if eos_id is None:
         raise SystemExit("The tokenizer has no eos token: it is needed to end every line.")
     streams = {split: token_stream(lines, tokenizer, eos_id) for split, lines in splits.items()}
+    if "validation" not in streams and training_args.do_eval:
+        if "--do_eval" in command.split():
+            raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
+        # do_eval was only implied by the periodic evaluation (TrainingArguments sets it from eval_strategy)
+        say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")
+        training_args.do_eval = False
+        training_args.eval_strategy = transformers.IntervalStrategy.NO
+    if "test" not in streams and training_args.do_predict:
+        raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
     if data_args.max_train_tokens:
         streams["train"] = streams["train"][: data_args.max_train_tokens]
     say(f"[train_lm] vocabulary {len(tokenizer):,}; tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in streams.items()))
@@ -604,7 +621,11 @@ def main(argv=None):
             val = streams["validation"][: data_args.periodic_eval_targets + length]
             eval_dataset = training_dataset(model, val, data_args, training_args.seed)
     except ValueError as err:
-        raise SystemExit(f"Cannot make training examples: {err}") from None
+        flag = "--block_size" if is_decoder else "--context_length / --target_length"
+        raise SystemExit(
+            f"Cannot make training examples: {err} (--train_file, or the validation file for the periodic evaluation, "
+            f"is shorter than one example of {length} tokens: pass more text or a smaller {flag}.)"
+        ) from None
     # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push() uploads the final
     # folder instead, safetensors, JSON, code and text only.
     push_requested, training_args.push_to_hub = training_args.push_to_hub, False
@@ -615,6 +636,8 @@ def main(argv=None):
     parameters = sum(p.numel() for p in model.parameters())
 
     resume = resolve_resume(training_args) if training_args.do_train else None
+    if resume:
+        check_checkpoint_matches(resume, model)
     clock = data_args.budget_clock
     if clock == "auto":
         clock = "cpu" if training_args.device.type == "cpu" else "wall"
@@ -671,16 +694,18 @@ def main(argv=None):
     )
     check_replicas(trainer, results)
     if trainer.is_world_process_zero():
-        with open(Path(training_args.output_dir) / "all_results.json", "w") as f:
-            json.dump(results, f, indent=2)
-        if "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results:
+        write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
+        card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
+        if card:
             write_model_card(
                 training_args.output_dir, trainer.model, model_args, data_args, training_args, results, command
             )
         summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
         print("[train_lm] " + json.dumps({**summary, "parameters": parameters}, indent=1))
-        print(f"[train_lm] wrote the model, tokenizer, all_results.json and README.md to {training_args.output_dir}")
-        (Path(training_args.output_dir) / "training_args.json").write_text(training_args.to_json_string())
+        wrote = "the model, tokenizer, all_results.json" if training_args.do_train else "all_results.json"
+        print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {training_args.output_dir}"
+              + ("" if card else " (the model card needs a trained model and validation and test results)"))
+        write_text_atomically(Path(training_args.output_dir) / "training_args.json", training_args.to_json_string())
         if push_requested:
             push(training_args)
     trainer.accelerator.wait_for_everyone()
@@ -693,7 +718,7 @@ def train(trainer, resume, timed, budget, per_step, data_args):
     resumed_from = checkpoint_step(resume) if resume else 0
     process_loss = train_unless_finished(trainer, resume)
     train_seconds = time.time() - train_start
-    trainer.save_model()  # model, config with auto_map, modeling code, tokenizer
+    save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
     steps_done = trainer.state.global_step - resumed_from
     train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
     # training time of the whole run on the timer's clock, across resumes (None: resumed from a checkpoint that did not
@@ -777,7 +802,9 @@ def push(training_args):
         folder_path=training_args.output_dir,
         commit_message="hf_settransformer: trained model, tokenizer and model card",
         # no pickles (training_args.bin, optimizer states): training_args.json holds the arguments
-        ignore_patterns=["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle"],
+        # nor the run's lock and temporary files
+        ignore_patterns=["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle",
+                         ".hfst_run.lock", ".tmp-*", ".*.tmp-*"],
     )
     print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 

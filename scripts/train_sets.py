@@ -23,6 +23,8 @@ script evaluates on fresh sets (`--eval_sets`), prints the metric next to the pa
 """
 
 import json
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +49,12 @@ from hf_settransformer.set_tasks import (
 from hf_settransformer.training import (
     CompleteCheckpointCallback,
     TimedEvalCallback,
+    check_checkpoint_matches,
+    lock_output_dir,
     resolve_resume,
+    save_model_atomically,
     train_unless_finished,
+    write_text_atomically,
 )
 
 PAPER = {  # Lee et al. 2019, Table 1 (MAE) and Table 3 (LL0 per data point)
@@ -244,11 +250,28 @@ def evaluate(model, args, eval_dataset, batch_size, device):
     return {"accuracy": totals["correct"] / totals["n"]}
 
 
+def check_arguments(args):
+    """Refuses values that would train or evaluate something meaningless, naming the flag."""
+    if not (math.isfinite(args.value_scale) and args.value_scale > 0):
+        raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
+    for name in ("eval_sets", "train_sets"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    for name in ("min_size", "max_size", "hidden_size", "num_attention_heads", "num_hidden_layers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{name} must be a positive integer, got {value}.")
+    if args.min_size is not None and args.max_size is not None and args.min_size > args.max_size:
+        raise SystemExit(f"--min_size ({args.min_size}) must not exceed --max_size ({args.max_size}).")
+
+
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, TrainingArguments))
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
     if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
         raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
+    check_arguments(args)
+    lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")  # noqa: F841 (held)
     set_seed(training_args.seed)
     model = load_model(args) if args.model_name_or_path else None
     for key, value in {**MODEL_DEFAULTS, **TASK_DEFAULTS[args.task]}.items():
@@ -274,6 +297,8 @@ def main(argv=None):
     # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
     # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
     resume = resolve_resume(training_args, script="train_sets")
+    if resume:
+        check_checkpoint_matches(resume, model)
     timed = TimedEvalCallback(resume_from=resume)
     trainer = Trainer(
         model=model,
@@ -296,7 +321,7 @@ def main(argv=None):
             "steps_before": parent["steps"] + parent.get("steps_before", 0),
             "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
         }
-    trainer.save_model()
+    save_model_atomically(trainer)
     trainer.save_state()
     results = {
         "task": args.task,
@@ -324,8 +349,7 @@ def main(argv=None):
     )
     results["paper"] = PAPER.get(args.task, {})
     if trainer.is_world_process_zero():
-        with open(Path(training_args.output_dir) / "all_results.json", "w") as f:
-            json.dump(results, f, indent=2)
+        write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         print("[train_sets] " + json.dumps(results, indent=1))
     return results
 

@@ -302,6 +302,71 @@ def test_causal_linear_past_ignores_a_large_future_key(feature_map):
     _check(out_big[:, :, :-1], out[:, :, :-1])
 
 
+def _keys_with(pattern, span, n=64, seed=5):
+    """Keys of a few nats, plus `span` nats of structure in feature 0: a spike at the end, a spike at the start, a
+    linear drift from 0 to `span`, or spikes every 10 positions."""
+    q, k, v = _qkv(n, seed=seed, d=6)
+    k = k.clone()
+    if pattern == "late_spike":
+        k[:, :, -3, 0] += span
+    elif pattern == "early_spike":
+        k[:, :, 2, 0] += span
+    elif pattern == "drift":
+        k[..., 0] += torch.linspace(0, span, n)
+    else:  # "spikes"
+        k[:, :, 5::10, 0] += span
+    return q, k, v
+
+
+@pytest.mark.parametrize("span", [10.0, 60.0, 100.0, 150.0, 300.0])
+@pytest.mark.parametrize("pattern", ["late_spike", "early_spike", "drift", "spikes"])
+@pytest.mark.parametrize("chunk", [1, 8, 64], ids=["chunk1", "chunk8", "chunk64"])
+def test_causal_exp_kernel_is_exact_whatever_the_key_span(pattern, span, chunk):
+    """Against a float64 log-space reference: the chunked exp kernel's stabilisers come from keys at or before each
+    position (per-chunk running maxima, per-position ones in steep chunks), so a key hundreds of nats above the
+    others, late, early or through a drift, neither zeroes nor blurs any output."""
+    q, k, v = _keys_with(pattern, span)
+    out, state = causal_linear_attention(q, k, v, None, "exp", chunk_size=chunk)
+    _check(out, ref_causal_exp_logspace(q, k, v), atol=1e-5, rtol=1e-4)
+    assert torch.equal(state.k_max, k.amax(dim=2))  # the state's reference: the maximum of every key seen
+
+
+@pytest.mark.parametrize("span", [60.0, 150.0, 300.0])
+@pytest.mark.parametrize("chunk", [8, 64], ids=["chunk8", "chunk64"])
+def test_causal_exp_outputs_do_not_change_when_tokens_are_appended(span, chunk):
+    """Prefix consistency: the outputs of the first 40 positions are the same when 24 tokens follow, among them one
+    whose key is `span` nats above the rest, in the same chunk or a later one; and the same as the step path's."""
+    q, k, v = _qkv(64, seed=7, d=6)
+    k = k.clone()
+    k[:, :, 45, 1] += span
+    prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp", chunk_size=chunk)
+    whole, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=chunk)
+    _check(whole[:, :, :40], prefix.double(), atol=1e-6, rtol=1e-5)
+    state, steps = None, []
+    for t in range(64):
+        o, state = linear_attention_step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, None, "exp")
+        steps.append(o)
+    _check(whole, torch.cat(steps, dim=2).double(), atol=1e-5, rtol=1e-4)
+
+
+def test_causal_exp_steep_chunks_with_padding_and_a_carried_state():
+    """The per-position path with key padding, a carried state (chunked prefill) and gradients: outputs match the
+    float64 reference on real positions, and the gradients are finite."""
+    q, k, v = _keys_with("spikes", 200.0, n=48)
+    key_mask = torch.ones(B, 48, dtype=torch.bool)
+    key_mask[0, :5] = False
+    key_mask[1, 20:23] = False
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    first, state = causal_linear_attention(q[:, :, :20], k[:, :, :20], v[:, :, :20], key_mask[:, :20], "exp", 8)
+    rest, _ = causal_linear_attention(q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], key_mask[:, 20:], "exp", 8, state)
+    out = torch.cat([first, rest], dim=2)
+    expected = ref_causal_exp_logspace(q.detach(), k.detach(), v.detach(), key_mask)
+    real = key_mask[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[real].double(), expected[real], atol=1e-5, rtol=1e-4)
+    out[real].sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 def test_elu_uniform_weights_with_tiny_features(causal):
     """q = k = -9 everywhere: every weight phi(q).phi(k) is the same (tiny) number, so the output is the mean

@@ -64,8 +64,9 @@ def test_datasets_cover_the_stream():
 # ------------------------------------------------------------------------------------------------ protocol
 
 
-def test_decoder_windows_score_every_token_once_with_enough_context():
-    n, block, stride = 23, 8, 3
+@pytest.mark.parametrize("stride", [1, 3, 7])
+def test_decoder_windows_score_every_token_once_with_enough_context(stride):
+    n, block = 23, 8
     scored = []
     for begin, end, count in decoder_windows(n, block, stride):
         assert end - begin <= block and 1 <= count <= end - begin - 1
@@ -86,9 +87,11 @@ def test_target_windows_score_every_token_once_with_enough_context():
     assert scored == list(range(1, n + 1))
 
 
-@pytest.mark.parametrize("stride", [0, 9, -3])
+@pytest.mark.parametrize("stride", [0, 8, 9, -3, True])
 def test_strides_that_cannot_score_every_token_are_refused(stride):
-    with pytest.raises(ValueError, match=r"stride must be an integer in \[1, block_size=8\]"):
+    """A window predicts its positions after the first: a stride of a whole block would leave a token per window
+    unscored (or, before the check, crash on mismatched shapes)."""
+    with pytest.raises(ValueError, match=r"stride must be an integer in \[1, block_size - 1=7\]"):
         decoder_windows(20, 8, stride)
 
 
