@@ -30,7 +30,9 @@ CAUSAL_LM_TYPES = ("hfst_decoder",)
 def build_word_tokenizer(lines, model_max_length=None):
     """Word-level `PreTrainedTokenizerFast` from training lines: whitespace split, ids by decreasing frequency (what an
     adaptive softmax needs; ties in order of first appearance) after `<unk>` (0) and `<eos>` (1, also the padding
-    token). Tokens decode with a leading space each, so decoded continuations keep their word boundaries."""
+    token), and `<mask>` last (for masked-LM training and the `fill-mask` pipeline; last, so that it leaves the words'
+    ids and the adaptive clusters as they are). Tokens decode with a leading space each, so decoded continuations keep
+    their word boundaries. `model_max_length`: the model's context (run_glue / run_mlm read it to cut sequences)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,6 +40,7 @@ def build_word_tokenizer(lines, model_max_length=None):
     vocab = {"<unk>": 0, "<eos>": 1}
     for word, _ in counts.most_common():
         vocab.setdefault(word, len(vocab))
+    vocab.setdefault("<mask>", len(vocab))
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.Replace(Regex("^"), " ")  # a space before every word
@@ -47,6 +50,7 @@ def build_word_tokenizer(lines, model_max_length=None):
         unk_token="<unk>",
         eos_token="<eos>",
         pad_token="<eos>",
+        mask_token="<mask>",
         model_input_names=["input_ids", "attention_mask"],
         **extra,
     )

@@ -25,9 +25,10 @@ def test_word_tokenizer_vocabulary_and_eos():
     lines = [" the cat sat on the mat ", "", " = Heading = ", " the <unk> of the cat "]
     tokenizer = build_word_tokenizer(lines, model_max_length=64)
     words = {w for line in lines for w in line.split()}
-    assert len(tokenizer) == len(words | {"<eos>", "<unk>"}) and tokenizer.model_max_length == 64
+    assert len(tokenizer) == len(words | {"<eos>", "<unk>", "<mask>"}) and tokenizer.model_max_length == 64
     assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<unk>", "<eos>", "the", "cat"]  # by frequency
-    assert tokenizer.eos_token == "<eos>" and tokenizer.unk_token == "<unk>"
+    assert tokenizer.eos_token == "<eos>" and tokenizer.unk_token == "<unk>" and tokenizer.pad_token == "<eos>"
+    assert tokenizer.mask_token == "<mask>" and tokenizer.mask_token_id == len(tokenizer) - 1  # last: words keep ids
     stream = token_stream(["the dog", "", " of <unk> "], tokenizer, tokenizer.eos_token_id)
     eos, unk = tokenizer.eos_token_id, tokenizer.unk_token_id
     the, of = tokenizer.convert_tokens_to_ids(["the", "of"])
@@ -42,7 +43,8 @@ def test_wikitext2_vocabulary_is_the_standard_33278():
         pytest.skip("the shared WikiText-2 copy is not beside this checkout")
     lines = data.read_text(encoding="utf-8").split("\n")[:-1]
     tokenizer = build_word_tokenizer(lines)
-    assert len(tokenizer) == 33278
+    assert len(tokenizer) == 33278 + 1  # the standard 33,278 (words, <unk>, <eos>) and <mask>
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 33277, 33278]) == ["<unk>", "<eos>", "the", "gallinae", "<mask>"]
     assert len(token_stream(lines, tokenizer, tokenizer.eos_token_id)) == 2088628
 
 
