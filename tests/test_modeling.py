@@ -205,6 +205,32 @@ def test_set_padding_with_continuous_features_and_isab_pma():
 # ------------------------------------------------------------------------------------------------ causality
 
 
+@pytest.mark.parametrize("span", [100.0, 300.0])
+def test_linear_exp_decoder_logits_ignore_an_appended_token_with_a_huge_key(span):
+    """Causality numerically too: a token appended with a key `span` nats above the rest (forced in the first layer's
+    key projection) leaves every earlier position's logits as they were, in one forward and token by token (the
+    kernel's stabilisers once took the maximum over the whole call and changed them by ~0.01)."""
+    config = tiny_config("decoder", "linear", "exp", linear_attention_chunk_size=8)
+    model = make_model(hfst.TransformerDecoderForCausalLM, config)
+    ids = batch_of_tokens(2, 13)
+    projection = next(m for n, m in model.model.layers[0].named_modules() if n.endswith("qkv_proj"))
+
+    def spike(module, args, output):  # key feature 0 of head 0 of position 12 (the appended token)
+        if output.shape[1] == 13:
+            output = output.clone()
+            output[:, 12, config.hidden_size] += span
+        return output
+
+    ref = model(input_ids=ids[:, :12]).logits
+    handle = projection.register_forward_hook(spike)
+    try:
+        out = model(input_ids=ids).logits
+    finally:
+        handle.remove()
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[:, :12], ref, atol=ATOL)
+
+
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_decoder_is_causal(attention_type, feature_map, impl):
