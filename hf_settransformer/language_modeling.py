@@ -16,6 +16,10 @@ the first word); every token after it is predicted exactly once and scored.
   per scored token.
 Perplexity = exp(mean negative log-likelihood per scored token); accuracy = fraction of scored tokens whose most likely
 token is the reference.
+
+Masked LMs (`*ForMaskedLM`, `evaluate_masked_stream`): non-overlapping blocks, a fixed 15% of each block's positions
+replaced by the mask token and predicted from the rest; the perplexity is over those masked tokens (not comparable to
+a causal perplexity: the model sees both sides).
 """
 
 import math
@@ -67,18 +71,22 @@ def token_stream(lines, tokenizer, eos_id):
 
 class BlockDataset(torch.utils.data.Dataset):
     """Causal-LM training: the stream (1-D) cut into non-overlapping blocks; labels = input_ids (shifted in the
-    model). Items: {"input_ids": (block_size,), "labels": (block_size,)}."""
+    model). Items: {"input_ids": (block_size,), "labels": (block_size,)}; with `labels=False` only "input_ids" (for
+    masked-LM training, where `DataCollatorForLanguageModeling` masks and labels)."""
 
-    def __init__(self, stream, block_size):
+    def __init__(self, stream, block_size, labels=True):
         if block_size < 2 or len(stream) < block_size:
             raise ValueError(f"A block of {block_size} tokens needs block_size >= 2 and a stream of at least that many "
                              f"tokens; the stream has {len(stream)}.")
         self.blocks = stream[: len(stream) // block_size * block_size].view(-1, block_size)
+        self.labels = labels
 
     def __len__(self):
         return len(self.blocks)
 
     def __getitem__(self, i):
+        if not self.labels:
+            return {"input_ids": self.blocks[i]}
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
 
 
@@ -247,3 +255,56 @@ def score_window(model, full, window, causal_lm, device, score):
     else:
         logits = model(input_ids=ids, prefix_length=n - scored).logits[0, n - scored :]
         score(logits, full[end - scored + 1 : end + 1])
+
+
+def masked_positions(length, probability, generator, exclude=None):
+    """A (length,) bool mask choosing `round(probability * length)` positions (at least one) uniformly, never where
+    `exclude` (bool, (length,)) is true."""
+    allowed = torch.ones(length, dtype=torch.bool) if exclude is None else ~exclude
+    candidates = allowed.nonzero().squeeze(1)
+    count = max(1, round(probability * len(candidates))) if len(candidates) else 0
+    chosen = candidates[torch.randperm(len(candidates), generator=generator)[:count]]
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[chosen] = True
+    return mask
+
+
+@torch.no_grad()
+def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability=0.15, batch_size=8, seed=0,
+                           special_ids=(), progress=None, rank=0, world_size=1):
+    """Masked-LM perplexity of a 1-D token `stream` (a `*ForMaskedLM`): non-overlapping blocks of `block_size`, in
+    each a fixed `probability` share of its positions (drawn with `seed`, never a token of `special_ids`) replaced by
+    `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL per masked token,
+    "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every call, so runs
+    compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum `loss_sum`,
+    `correct` and `tokens_scored` over processes (returned too)."""
+    blocks = BlockDataset(stream, block_size).blocks
+    generator = torch.Generator().manual_seed(seed)
+    special = torch.tensor(sorted(special_ids), dtype=torch.long)
+    masks = torch.stack([masked_positions(block_size, probability, generator, torch.isin(b, special)) for b in blocks])
+    mine = range(rank, len(blocks), world_size)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loss_sum, correct, scored = 0.0, 0, 0
+    starts = list(range(0, len(mine), batch_size))
+    iterator = starts
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(starts, desc=progress, unit="batch")
+    try:
+        for start in iterator:
+            index = torch.tensor(list(mine[start : start + batch_size]), dtype=torch.long)
+            ids, mask = blocks[index], masks[index]
+            inputs = ids.masked_fill(mask, mask_token_id).to(device)
+            logits = model(input_ids=inputs).logits[mask.to(device)].float()  # (masked, vocab)
+            targets = ids[mask].to(device)
+            loss_sum += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+            correct += int((logits.argmax(-1) == targets).sum())
+            scored += int(mask.sum())
+    finally:
+        model.train(was_training)
+    loss = loss_sum / max(scored, 1)
+    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / max(scored, 1), "tokens_scored": scored,
+            "loss_sum": loss_sum, "correct": correct}

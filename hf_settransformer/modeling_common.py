@@ -391,7 +391,11 @@ class ForMaskedLMMixin(LMHeadMixin):
         return_dict=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor` of shape (batch, length)): token ids to predict, -100 elsewhere."""
+        r"""labels (`torch.LongTensor` of shape (batch, length)): token ids to predict, -100 elsewhere.
+
+        With an adaptive softmax (`adaptive_softmax_cutoffs`) the logits are exact log-probabilities, and a training
+        forward with `labels` computes only the loss (`logits=None`): the masked positions are a small share of the
+        block, and full log-probabilities of every position would cost most of the step."""
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
             input_ids=input_ids,
@@ -402,10 +406,17 @@ class ForMaskedLMMixin(LMHeadMixin):
             return_dict=True,
             **model_kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (b, n, vocab)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        hidden = outputs.last_hidden_state
+        loss = logits = None
+        if self.adaptive_output and labels is not None:
+            divisor = kwargs.get("num_items_in_batch")
+            loss = self.lm_loss(hidden, labels, divisor=divisor.to(hidden.device) if torch.is_tensor(divisor) else divisor)
+            if not self.training:
+                logits = self.lm_logits(hidden)
+        else:
+            logits = self.lm_logits(hidden)  # (b, n, vocab)
+            if labels is not None:
+                loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

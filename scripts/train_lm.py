@@ -57,7 +57,9 @@ import transformers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoTokenizer,
+    DataCollatorForLanguageModeling,
     HfArgumentParser,
     Trainer,
     TrainingArguments,
@@ -71,6 +73,7 @@ from hf_settransformer.language_modeling import (
     TargetWindowDataset,
     WindowDataset,
     build_word_tokenizer,
+    evaluate_masked_stream,
     evaluate_stream,
     token_stream,
 )
@@ -164,6 +167,12 @@ class ModelArguments:
         metadata={"help": "auto: bf16 autocast where the hardware has a fast path, else fp32.",
                   "choices": ["auto", "fp32", "bf16"]},
     )
+    objective: str = field(
+        default="next_token",
+        metadata={"help": "next_token: causal LM (decoder) or next-token head; mlm: masked LM (encoder, perceiver_io; "
+                  "the fill-mask pipeline), 15%% of each block masked (--mlm_probability).",
+                  "choices": ["next_token", "mlm"]},
+    )
 
 
 @dataclass
@@ -183,6 +192,9 @@ class DataArguments:
         default=None, metadata={"help": "Many-target heads: predictions per window (preset default)."}
     )
     eval_stride: int | None = field(default=None, metadata={"help": "Decoder evaluation stride (block_size // 2)."})
+    mlm_probability: float = field(
+        default=0.15, metadata={"help": "--objective mlm: share of each block's tokens masked (BERT's 0.15)."}
+    )
     train_token_budget: int | None = field(
         default=None,
         metadata={"help": "Stop after this many input tokens have gone through the model (sets max_steps)."},
@@ -300,9 +312,8 @@ def build_model(model_args, data_args, vocab_size, eos_id):
     if model_args.model_name_or_path:
         if model_args.config_overrides:
             raise SystemExit("--config_overrides applies to new models, not to --model_name_or_path.")
-        return AutoModelForCausalLM.from_pretrained(
-            model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code
-        )
+        auto = AutoModelForMaskedLM if model_args.objective == "mlm" else AutoModelForCausalLM
+        return auto.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
     preset = dict(PRESETS[model_args.preset])
     preset.pop("context")  # data_args.block_size / context_length already hold it
     targets = preset.pop("targets")
@@ -333,7 +344,13 @@ def build_model(model_args, data_args, vocab_size, eos_id):
         config = config_class(**fields)
     except ValueError as err:
         raise SystemExit(f"Invalid model configuration: {err}") from None
+    if model_args.objective == "mlm":
+        return AutoModelForMaskedLM.from_config(config)
     return AutoModelForCausalLM.from_config(config)
+
+
+def is_masked_lm(model):
+    return type(model).__name__.endswith("ForMaskedLM")
 
 
 def example_length(model, data_args):
@@ -344,6 +361,8 @@ def example_length(model, data_args):
 
 def training_dataset(model, stream, data_args, seed):
     config, length = model.config, example_length(model, data_args)
+    if is_masked_lm(model):
+        return BlockDataset(stream, length, labels=False)  # the collator masks and labels
     if config.model_type == "hfst_decoder":
         return BlockDataset(stream, length)
     if config.next_token_mode == "many":
@@ -436,8 +455,17 @@ def steps_for_budget(trainer, data_args, output_dir, is_main, timer):
 # ----------------------------------------------------------------------------------------------------------- evaluation
 
 
-def evaluate_split(model, stream, data_args, accelerator, batch_size, eos_id, progress):
-    """`evaluate_stream` on this process's share of the windows, sums reduced over the processes."""
+def evaluate_split(model, stream, data_args, accelerator, batch_size, eos_id, progress, tokenizer=None):
+    """`evaluate_stream` (masked LMs: `evaluate_masked_stream`) on this process's share of the windows, sums reduced
+    over the processes."""
+    if is_masked_lm(model):
+        metrics = evaluate_masked_stream(
+            model, stream, model.config.context_length, tokenizer.mask_token_id, data_args.mlm_probability,
+            batch_size=batch_size, special_ids=tokenizer.all_special_ids, progress=progress,
+            rank=accelerator.process_index, world_size=accelerator.num_processes,
+        )
+        metrics["nll"], metrics["tokens"] = metrics["loss_sum"], metrics["tokens_scored"]
+        return reduce_metrics(metrics, accelerator)
     metrics = evaluate_stream(
         model,
         stream,
@@ -449,6 +477,10 @@ def evaluate_split(model, stream, data_args, accelerator, batch_size, eos_id, pr
         rank=accelerator.process_index,
         world_size=accelerator.num_processes,
     )
+    return reduce_metrics(metrics, accelerator)
+
+
+def reduce_metrics(metrics, accelerator):
     sums = torch.tensor([metrics["nll"], metrics["tokens"], metrics["correct"]], dtype=torch.float64)
     nll, count, correct = (float(x) for x in accelerator.reduce(sums.to(accelerator.device), reduction="sum"))
     return {"perplexity": math.exp(nll / count), "accuracy": correct / count, "tokens_scored": int(count), "nll": nll}
@@ -460,7 +492,8 @@ def evaluate_split(model, stream, data_args, accelerator, batch_size, eos_id, pr
 def write_model_card(output_dir, model, model_args, data_args, training_args, results, command):
     from string import Template
 
-    template = Template((ROOT / "model_cards" / "lm_model_card.md").read_text())
+    masked = is_masked_lm(model)
+    template = Template((ROOT / "model_cards" / ("mlm_model_card.md" if masked else "lm_model_card.md")).read_text())
     family = model_args.family
     config = model.config
     card = template.safe_substitute(
@@ -474,6 +507,7 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
         context=data_args.block_size if family == "decoder" else config.context_length,
+        mlm_percent=f"{data_args.mlm_probability:.0%}",
         parameters=f"{results['parameters']:,}",
         vocab_size=config.vocab_size,
         val_ppl=f"{results['validation_perplexity']:.2f}",
@@ -483,7 +517,7 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
         train_tokens=f"{results['train_tokens']:,}",
         tokens_per_second=f"{results['train_tokens_per_second'] or float('nan'):,.0f}",
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
-        design=card_design(config, family),
+        design=card_design(config, family, masked),
         output_layer=(
             f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
             f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
@@ -505,7 +539,12 @@ def write_model_card(output_dir, model, model_args, data_args, training_args, re
     write_text_atomically(Path(output_dir) / "README.md", card)
 
 
-def card_design(config, family):
+def card_design(config, family, masked=False):
+    if masked:
+        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
+                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
+                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
+                           else "") + ".")
     if family == "decoder":
         return "Causal LM: the decoder predicts every next token of its block."
     if config.next_token_mode == "window":
@@ -565,6 +604,13 @@ def check_arguments(data_args, training_args):
 def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
     check_arguments(data_args, training_args)
+    if model_args.objective == "mlm" and model_args.family not in ("encoder", "perceiver_io"):
+        raise SystemExit(
+            f"--objective mlm needs a family with a masked-LM head: --family encoder or perceiver_io, not "
+            f"{model_args.family} (the decoder is causal; the Set Transformer has no order to fill in)."
+        )
+    if not 0 < data_args.mlm_probability < 1:
+        raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
     # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
     lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
     transformers.logging.set_verbosity_warning()
@@ -613,6 +659,7 @@ def main(argv=None):
         )
     tokenizer.model_max_length = example_length(model, data_args)
     is_decoder = model.config.model_type == "hfst_decoder"
+    masked = is_masked_lm(model)
     length = example_length(model, data_args)
     try:
         train_dataset = training_dataset(model, streams["train"], data_args, training_args.seed)
@@ -653,6 +700,10 @@ def main(argv=None):
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
+        # masked LM: BERT's masking (80% mask token, 10% random, 10% kept) of --mlm_probability of the tokens
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)
+        if masked
+        else None,
         callbacks=callbacks,
     )
     precision = precision_name(trainer)
@@ -664,10 +715,11 @@ def main(argv=None):
     )
     results = {
         "family": model_args.family,
+        "objective": "mlm" if masked else "next_token",
         "attention": model.config.attention_type,
         "feature_map": model.config.feature_map,
         "preset": model_args.preset,
-        "next_token_mode": getattr(model.config, "next_token_mode", None) if not is_decoder else None,
+        "next_token_mode": getattr(model.config, "next_token_mode", None) if not (is_decoder or masked) else None,
         "adaptive_softmax_cutoffs": model.config.adaptive_softmax_cutoffs,
         "parameters": parameters,
         "cpu_model": cpu_model(),
@@ -677,12 +729,15 @@ def main(argv=None):
     }
     if training_args.do_train:
         results.update(train(trainer, resume, timed, budget, per_step, data_args))
-    results.update(final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder))
+    results.update(final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder, tokenizer))
     results.update(
         wall_time_seconds=time.time() - wall_start,
         device=f"{trainer.accelerator.device} x {training_args.world_size}",
         eval_protocol=(
-            f"sliding window {length}, stride {data_args.eval_stride or max(length // 2, 1)}"
+            f"blocks of {length}, {data_args.mlm_probability:.0%} of each block's tokens masked (fixed positions) "
+            "and predicted from the rest"
+            if masked
+            else f"sliding window {length}, stride {data_args.eval_stride or max(length // 2, 1)}"
             if is_decoder
             else (
                 f"windows of {length}, the last {model.config.target_length} positions scored"
@@ -752,7 +807,7 @@ def train(trainer, resume, timed, budget, per_step, data_args):
     )
 
 
-def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder):
+def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder, tokenizer=None):
     """Validation (--do_eval) and test (--do_predict) with the protocol, on every process (windows are split)."""
     results = {}
     # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
@@ -772,7 +827,7 @@ def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_deco
             print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
         began = time.time()
         bar = f"[train_lm] {split}" if is_main and not training_args.disable_tqdm else None
-        metrics = evaluate_split(model, stream, data_args, trainer.accelerator, batch, eos_id, bar)
+        metrics = evaluate_split(model, stream, data_args, trainer.accelerator, batch, eos_id, bar, tokenizer)
         metrics["seconds"] = time.time() - began
         if is_main:
             print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")

@@ -203,6 +203,8 @@ FLAG_CASES = [
     (["--validation_file", "{missing}"], ["--validation_file: no such file"]),
     (["--do_eval", "--validation_file", None], ["--do_eval needs a validation split"]),
     (["--do_predict"], ["--do_predict needs a test split"]),
+    (["--objective", "mlm"], ["--objective mlm needs a family with a masked-LM head", "not decoder"]),
+    (["--family", "encoder", "--objective", "mlm", "--mlm_probability", "1.5"], ["--mlm_probability must be in"]),
     (["--resume_from_checkpoint", "{unnamed}"], ["cannot tell the checkpoint's step"]),
     (["--resume_from_checkpoint", "{badjson}"], ["is not a JSON object"]),
     (["--resume_from_checkpoint", "{nomarker}"], ["not a complete checkpoint"]),

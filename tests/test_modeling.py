@@ -590,6 +590,26 @@ def test_adaptive_softmax_gives_log_probabilities(family):
     assert torch.allclose(model(input_ids=ids, labels=ids).loss, out.loss, atol=1e-5)  # training path: no logits
 
 
+@pytest.mark.parametrize("family", ["encoder", "perceiver_io"])
+def test_adaptive_softmax_masked_lm_head(family):
+    """A masked-LM head with an adaptive output layer: evaluation logits are log-probabilities, the loss is the mean
+    NLL of the labelled positions, and a training forward computes the same loss without logits."""
+    from transformers import AutoModelForMaskedLM
+
+    config = tiny_config(family, "linear", "elu", adaptive_softmax_cutoffs=[4, 16])
+    model = make_model(hfst.FAMILIES[type(config)][AutoModelForMaskedLM], config)
+    ids = batch_of_tokens(2, 8)
+    labels = torch.full_like(ids, -100)
+    labels[:, [1, 5]] = ids[:, [1, 5]]
+    out = model(input_ids=ids, labels=labels)
+    assert torch.allclose(out.logits.exp().sum(-1), torch.ones(2, 8), atol=1e-5)
+    expected = -out.logits[:, [1, 5]].gather(-1, ids[:, [1, 5], None]).mean()
+    assert torch.allclose(out.loss, expected, atol=1e-5)
+    model.train()
+    trained = model(input_ids=ids, labels=labels)
+    assert trained.logits is None and torch.allclose(trained.loss, out.loss, atol=1e-5)
+
+
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 def test_adaptive_softmax_cached_generate_equals_argmax_over_full_passes(attention_type, feature_map):
     model = adaptive_lm("decoder", attention_type, feature_map)
