@@ -308,22 +308,41 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
         steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
-    if steep.any():
+    carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b, h, k, d, e), (b, h, k, d)
+    if torch.compiler.is_compiling():
+        # no data-dependent Python branch under torch.compile / torch.export (one graph): torch.cond runs the exact
+        # path, for every chunk, only when a chunk needs it
+        def exact_where_steep(out, q, k, v, at, before, carried_kv, carried_z, steep):
+            exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
+            return torch.where(steep[..., None, None], exact, out)
+
+        def as_is(out, q, k, v, at, before, carried_kv, carried_z, steep):
+            return out.clone()
+
+        operands = (out, q.clone(), k.clone(), v.clone(), at, before, carried_kv, carried_z, steep)  # q, k, v: views
+        out = torch.cond(steep.any(), exact_where_steep, as_is, operands)  # of one projection; cond wants no aliases
+    elif steep.any():
         idx = steep.nonzero(as_tuple=True)
-        qs, ks, vs = q[idx], k[idx], v[idx]  # (m, c, d), (m, c, d), (m, c, e)
-        with torch.no_grad():
-            own = (qs + at[idx]).amax(dim=-1, keepdim=True)  # s_i from the query's own running maximum
-        logits = qs[:, :, None, :] + ks[:, None, :, :] - own[:, :, :, None]  # (m, c, c, d), <= 0 where j <= i
-        logits = logits.masked_fill(~causal[None, :, :, None], float("-inf"))
-        w = torch.exp(logits).sum(dim=-1)  # (m, c, c)
-        phi_q_own = torch.exp(qs + before[idx][:, None, :] - own)  # the carried state is in R_{c-1} <= M_i
-        kv_prev = torch.stack(carried_kv, dim=2)[idx]  # (m, d, e)
-        z_prev = torch.stack(carried_z, dim=2)[idx]  # (m, d)
-        num_s = torch.matmul(w, vs) + torch.matmul(phi_q_own, kv_prev)
-        den_s = w.sum(dim=-1) + torch.matmul(phi_q_own, z_prev.unsqueeze(-1)).squeeze(-1)
-        out = out.index_put(idx, _ratio(num_s, den_s.unsqueeze(-1)))
+        exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
+        out = out.index_put(idx, exact)
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
     return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=running[:, :, -1])
+
+
+def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
+    """The exp kernel's exact path for chunks (any leading dims ...): q, k (..., c, d), v (..., c, e), `at` (..., c, d)
+    each position's running key maximum, `before` (..., d) the carried state's reference, carried_kv (..., d, e) and
+    carried_z (..., d) the state before the chunk -> (..., c, e). w_ij = sum_f exp(q_if + k_jf - s_i), j <= i in the
+    chunk, with s_i = max_f (q_if + at_if): every exponent <= 0, none from a later key."""
+    c = q.shape[-2]
+    own = (q + at).amax(dim=-1, keepdim=True).detach()  # (..., c, 1)
+    logits = q[..., :, None, :] + k[..., None, :, :] - own[..., None]  # (..., c, c, d), <= 0 where j <= i
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    w = torch.exp(logits.masked_fill(~causal[:, :, None], float("-inf"))).sum(dim=-1)  # (..., c, c)
+    phi_q = torch.exp(q + before[..., None, :] - own)  # the carried state is in `before` <= at_i
+    num = torch.matmul(w, v) + torch.matmul(phi_q, carried_kv)
+    den = w.sum(dim=-1) + torch.matmul(phi_q, carried_z.unsqueeze(-1)).squeeze(-1)
+    return _ratio(num, den.unsqueeze(-1))
 
 
 def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
