@@ -310,17 +310,12 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
         steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
     carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b, h, k, d, e), (b, h, k, d)
     if torch.compiler.is_compiling():
-        # no data-dependent Python branch under torch.compile / torch.export (one graph): torch.cond runs the exact
-        # path, for every chunk, only when a chunk needs it
-        def exact_where_steep(out, q, k, v, at, before, carried_kv, carried_z, steep):
-            exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
-            return torch.where(steep[..., None, None], exact, out)
-
-        def as_is(out, q, k, v, at, before, carried_kv, carried_z, steep):
-            return out.clone()
-
-        operands = (out, q.clone(), k.clone(), v.clone(), at, before, carried_kv, carried_z, steep)  # q, k, v: views
-        out = torch.cond(steep.any(), exact_where_steep, as_is, operands)  # of one projection; cond wants no aliases
+        # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
+        # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
+        # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
+        # ("strides of the two branches' output doesn't match")
+        exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
+        out = torch.where(steep[..., None, None], exact, out)
     elif steep.any():
         idx = steep.nonzero(as_tuple=True)
         exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])

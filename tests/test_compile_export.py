@@ -10,7 +10,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 import hf_settransformer as hfst
 from hf_settransformer.attention import causal_linear_attention
 
-# every base model (the decoder's is causal: its linear-exp case runs the exp kernel's torch.cond), and every family's
+# every base model (the decoder's is causal: its linear-exp case runs the exp kernel's compiled path), and every family's
 # causal-LM head with softmax attention (the heads' own code; linear heads add only tracing time, ~10-30 s each)
 CASES = [(f, a, m, AutoModel) for f in FAMILIES for a, m in ATTENTIONS] + [
     (f, "softmax", "elu", AutoModelForCausalLM) for f in FAMILIES
@@ -51,8 +51,8 @@ def test_compile_fullgraph_and_export_equal_eager(family, attention_type, featur
 
 
 def test_compiled_exp_kernel_takes_the_exact_path_in_steep_chunks():
-    """Under torch.compile the causal exp kernel's exact path for steep chunks is a torch.cond in the one graph: a key
-    200 nats above the rest gives eager's outputs and finite gradients."""
+    """Under torch.compile the causal exp kernel's exact path for steep chunks is selected inside the one graph: a key
+    200 nats above the rest gives eager's outputs and gradients."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 24, 4, generator=g) for _ in range(3))
     k[:, :, 13, 0] += 200.0
