@@ -308,15 +308,16 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
         steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
-    carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b, h, k, d, e), (b, h, k, d)
     if torch.compiler.is_compiling():
+        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b, h, k, d, e), (b, h, k, d)
         # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
         # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
         # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
         # ("strides of the two branches' output doesn't match")
         exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
         out = torch.where(steep[..., None, None], exact, out)
-    elif steep.any():
+    elif steep.any():  # rare: the stacked carried states are only built here
+        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
         idx = steep.nonzero(as_tuple=True)
         exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
         out = out.index_put(idx, exact)
