@@ -309,7 +309,7 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
             spread = spread.masked_fill(~real, 0.0)
         steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
     if torch.compiler.is_compiling():
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b, h, k, d, e), (b, h, k, d)
+        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b,h,k,d,e), (b,h,k,d)
         # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
         # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
         # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
