@@ -19,13 +19,21 @@ Linear attention is `phi(Q) (phi(K)^T V) / (phi(Q) (phi(K)^T 1))`:
   chunks by a cumulative sum over the k chunk states); no n x d x e tensor is built. The same state advances one
   token at a time in `linear_attention_step` (the RNN view of Katharopoulos et al.).
 All sums over the sequence run in float32, also under fp16/bf16 autocast.
+
+`ATTENTION_KERNELS` maps each `attention_type` to an `AttentionKernel` entry (its forward, its cache, whether it has
+weights); `MultiHeadAttention` takes its kernel from there when it is built. A new kernel is one entry
+(`register_attention_kernel`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer, cache_layer
 
 
 def _ratio(num, den):
@@ -40,25 +48,28 @@ def _no_autocast(tensor):
 
 @dataclass
 class AttentionMask:
-    """A mask built once per forward and handed to every attention layer that shares it.
+    """Which keys each query sees: built once per forward and handed to every attention layer that shares it. Each
+    kernel reads the form it needs: the linear kernels `key_mask` and `causal`, the softmax kernels `dense` and
+    `has_keys`, which are made from them on first use (so no mask is "for" one kind of kernel).
 
     key_mask: (b, m) bool, True for real keys, or None when every key is real.
     causal: query i sees keys j <= i + (m - n): the n queries are the last n of the m key positions (self-attention
         has n = m; a causal cross-attention, as Perceiver AR's, sees the m - n leading keys from every query).
     prefix_length: with `causal`, the first `prefix_length` queries form a bidirectional prefix: they see the keys of
         the prefix (and the m - n leading keys), every later query sees the whole prefix and its own past.
-    dense: (b, 1, n or 1, m) bool mask for the softmax kernels, or None (no mask, or plain causal).
-    has_keys: (b, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0).
+    num_queries, num_keys: n and m, needed for a causal `dense` (m defaults to `key_mask`'s length).
+    dense: (b or 1, 1, n or 1, m) bool, or None (no mask, or plain causal: the kernel's own causal path).
+    has_keys: (b or 1, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0), or None.
     """
 
     key_mask: torch.Tensor | None = None
     causal: bool = False
-    dense: torch.Tensor | None = None
-    has_keys: torch.Tensor | None = None
     prefix_length: int = 0
+    num_queries: int | None = None
+    num_keys: int | None = None
 
     @classmethod
-    def build(cls, key_mask, causal=False, num_queries=None, for_softmax=True, num_keys=None, prefix_length=0):
+    def build(cls, key_mask, causal=False, num_queries=None, num_keys=None, prefix_length=0):
         """`key_mask` (b, m), 1/True for real keys. `num_queries` is needed when `causal`; `num_keys` when `causal`
         and there is no `key_mask` but a prefix or a causal cross-attention needs a dense mask."""
         if prefix_length and not causal:
@@ -67,18 +78,37 @@ class AttentionMask:
             key_mask = key_mask.bool()
             if not torch.compiler.is_compiling() and bool(key_mask.all()):
                 key_mask = None  # all real: take the unmasked fast paths
-        if not for_softmax or (key_mask is None and not prefix_length):
-            return cls(key_mask=key_mask, causal=causal, prefix_length=prefix_length)
-        m = key_mask.shape[-1] if key_mask is not None else num_keys
-        device = key_mask.device if key_mask is not None else None
+        return cls(key_mask, causal, prefix_length, num_queries, num_keys)
+
+    @property
+    def dense(self):
+        return self._dense_form()[0]
+
+    @property
+    def has_keys(self):
+        return self._dense_form()[1]
+
+    def _dense_form(self):
+        form = self.__dict__.get("_dense")
+        if form is None:
+            form = self.__dict__["_dense"] = self._make_dense()
+        return form
+
+    def _make_dense(self):
+        key_mask = self.key_mask
+        if key_mask is None and not self.prefix_length:
+            return None, None
         dense = key_mask[:, None, None, :] if key_mask is not None else None  # (b, 1, 1, m)
-        if causal:
-            tri = causal_pattern(num_queries, m, prefix_length, device)  # (n, m)
+        if self.causal:
+            m = key_mask.shape[-1] if key_mask is not None else self.num_keys
+            if self.num_queries is None or m is None:
+                raise ValueError("A causal AttentionMask with padding or a prefix needs `num_queries` and `num_keys`.")
+            device = key_mask.device if key_mask is not None else None
+            tri = causal_pattern(self.num_queries, m, self.prefix_length, device)  # (n, m)
             dense = tri[None, None] if dense is None else dense & tri  # (b or 1, 1, n, m)
         has_keys = dense.any(-1, keepdim=True)  # (b, 1, n or 1, 1)
         # Rows without any key would give NaN in softmax: let them attend to everything, then zero them.
-        dense = dense | ~has_keys
-        return cls(key_mask=key_mask, causal=causal, dense=dense, has_keys=has_keys, prefix_length=prefix_length)
+        return dense | ~has_keys, has_keys
 
 
 def causal_pattern(n, m, prefix_length=0, device=None):
@@ -158,20 +188,6 @@ def _linear_attention(q, k, v, key_mask, feature_map):
     num = torch.matmul(phi_q, kv)  # (b, h, n, e)
     den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, n, 1)
     return _ratio(num, den)
-
-
-@dataclass
-class LinearAttentionState:
-    """Recurrent state of causal linear attention for one layer: everything the past contributes.
-
-    kv: (b, h, d, e) sum of phi(k) v^T;  z: (b, h, d) sum of phi(k);
-    k_max: (b, h, d) per-feature key maximum the sums are scaled by (`"exp"` only; None for `"elu"`).
-    The sizes do not depend on how many tokens were seen.
-    """
-
-    kv: torch.Tensor
-    z: torch.Tensor
-    k_max: torch.Tensor | None = None
 
 
 def _causal_features(q, k, key_mask, feature_map, state):
@@ -443,15 +459,111 @@ def _linear_attention_step(q, k, v, state, key_mask, feature_map):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The kernel registry: one entry per `config.attention_type`. Everything that depends on the attention type (the
+# computation, the cache `generate()` keeps, whether weights exist, the config fields read) is asked of the entry.
+
+
+def softmax_kernel(q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=False, implementation="sdpa", **_):
+    """Softmax attention (Vaswani et al. 2017): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> (out (b,h,n,e), weights
+    (b,h,n,m) when `need_weights` else None, state).
+
+    `state`: the layer's `DynamicLayer` while generating: the new keys and values are appended to it and the queries
+    attend to all of them. `implementation`: transformers' `config._attn_implementation` (`"sdpa"` or `"eager"`);
+    weights need the eager kernel."""
+    if state is not None:
+        k, v = state.update(k, v)  # (b, h, past + n, d)
+    kernel = softmax_attention_eager if need_weights else SOFTMAX_KERNELS.get(implementation, softmax_attention_sdpa)
+    out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+    return out, weights, state
+
+
+def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, **_):
+    """Linear attention (Katharopoulos et al. 2020; Shen et al. 2021): shapes as `softmax_kernel`, out in fp32,
+    weights always None. Causal masks run chunked (`causal_linear_attention`), with a bidirectional prefix or leading
+    keys through `prefix_causal_linear_attention`; `state` (the layer's `RecurrentStateLayer` while generating) is
+    read and advanced, one token at a time by `linear_attention_step`."""
+    if not mask.causal:
+        return linear_attention(q, k, v, mask.key_mask, feature_map), None, state
+    if state is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
+        out = prefix_causal_linear_attention(q, k, v, mask.key_mask, feature_map, chunk_size, mask.prefix_length)
+        return out, None, None
+    n = q.shape[2]
+    key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # the new tokens: the past is in the state
+    past = None if state is None else state.state
+    if n == 1 and past is not None:
+        out, new = linear_attention_step(q, k, v, past, key_mask, feature_map)
+    else:
+        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, past)
+    if state is not None:
+        state.set_state(new, n)
+    return out, None, state
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One attention type.
+
+    forward: `(q, k, v, mask, state, **options) -> (out, weights or None, state)`, shapes as in `softmax_kernel`.
+        `mask` is an `AttentionMask`; `state` is this layer's cache layer (a `cache_layer_class`) when a causal
+        self-attention reads and extends a cache, else None. `options`: the layer's `layer_options(config)` and, per
+        call, `dropout_p`, `need_weights` and `implementation` (keywords a kernel may ignore).
+    cache_class: the `Cache` a causal model builds for `generate()`, as `cache_class(config=config)`; its layers are
+        `cache_layer_class`.
+    layer_options: config -> the keyword options fixed when a layer is built.
+    config_fields: the config fields `layer_options` reads; setting another kernel's field draws a warning.
+    returns_weights: whether `output_attentions=True` can return attention weights.
+    """
+
+    forward: Callable
+    cache_class: type
+    cache_layer_class: type
+    layer_options: Callable = lambda config: {}
+    config_fields: tuple = ()
+    returns_weights: bool = False
+
+
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {
+    "softmax": AttentionKernel(
+        forward=softmax_kernel, cache_class=DynamicCache, cache_layer_class=DynamicLayer, returns_weights=True
+    ),
+    "linear": AttentionKernel(
+        forward=linear_kernel,
+        cache_class=LinearAttentionCache,
+        cache_layer_class=RecurrentStateLayer,
+        layer_options=lambda config: {
+            "feature_map": config.feature_map,
+            "chunk_size": config.linear_attention_chunk_size,
+        },
+        config_fields=("feature_map", "linear_attention_chunk_size"),
+    ),
+}
+
+
+def register_attention_kernel(name: str, kernel: AttentionKernel) -> None:
+    """Make `config.attention_type=name` select `kernel` (an existing name is replaced)."""
+    ATTENTION_KERNELS[name] = kernel
+
+
+def attention_kernel(config_or_name) -> AttentionKernel:
+    """The registry entry of a config's `attention_type` (or of a name): the one place the attention type is read."""
+    name = config_or_name if isinstance(config_or_name, str) else config_or_name.attention_type
+    if name not in ATTENTION_KERNELS:
+        raise ValueError(f"`attention_type` must be one of {sorted(ATTENTION_KERNELS)}, got {name!r}.")
+    return ATTENTION_KERNELS[name]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 
 class MultiHeadAttention(nn.Module):
-    """Queries from `hidden_states`, keys and values from `context` (the same stream for self-attention).
+    """Queries from `hidden_states`, keys and values from `context` (the same stream for self-attention), combined by
+    the config's attention kernel (chosen here, once).
 
     Self-attention uses one fused q/k/v projection; cross-attention a query projection and a fused k/v one.
+    `layer_idx`: this layer's place in a causal stack's cache.
     """
 
-    def __init__(self, config, self_attention=True, causal=False, num_heads=None):
+    def __init__(self, config, self_attention=True, causal=False, num_heads=None, layer_idx=None):
         super().__init__()
         self.config = config  # read at call time: `model.set_attn_implementation` may change it
         self.hidden_size = config.hidden_size
@@ -459,9 +571,9 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = self.hidden_size // self.num_heads
         self.self_attention = self_attention
         self.causal = causal
-        self.attention_type = config.attention_type
-        self.feature_map = config.feature_map
-        self.chunk_size = config.linear_attention_chunk_size
+        self.layer_idx = layer_idx
+        self.kernel = attention_kernel(config)
+        self.kernel_options = self.kernel.layer_options(config)
         self.dropout = config.attention_probs_dropout_prob
         if self_attention:
             self.qkv_proj = nn.Linear(self.hidden_size, 3 * self.hidden_size)
@@ -474,59 +586,50 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
-    def project(self, hidden_states, context=None, past_key_values=None, layer_idx=None):
+    def project(self, hidden_states, context=None, past_key_values=None):
         """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,d).
 
-        With a cache, softmax self-attention appends k/v to it and returns all of them; cross-attention
-        (`past_key_values` an `EncoderDecoderCache`) projects the encoder states once and reuses them."""
+        Cross-attention with an `EncoderDecoderCache` projects the encoder states once and reuses them."""
         if self.self_attention:
             q, k, v = self.qkv_proj(hidden_states).chunk(3, dim=-1)  # 3 x (b, n, hidden)
-            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
-            if past_key_values is not None and self.attention_type == "softmax":
-                k, v = past_key_values.update(k, v, layer_idx)  # (b, h, past + n, d)
-            return q, k, v
+            return self._split_heads(q), self._split_heads(k), self._split_heads(v)
         q = self._split_heads(self.q_proj(hidden_states))
-        if past_key_values is not None and past_key_values.is_updated.get(layer_idx):
-            layer = past_key_values.cross_attention_cache.layers[layer_idx]
+        if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
+            layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
             return q, layer.keys, layer.values
         k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
         k, v = self._split_heads(k), self._split_heads(v)
         if past_key_values is not None:
-            k, v = past_key_values.cross_attention_cache.update(k, v, layer_idx)
-            past_key_values.is_updated[layer_idx] = True
+            k, v = past_key_values.cross_attention_cache.update(k, v, self.layer_idx)
+            past_key_values.is_updated[self.layer_idx] = True
         return q, k, v
 
-    def forward(
-        self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None, layer_idx=None
-    ):
+    def forward(self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None):
         """Returns (output (b, n, hidden), weights (b, h, n, m) or None).
 
-        `past_key_values`: for causal self-attention, a `DynamicCache` (softmax) or `LinearAttentionCache` (linear)
-        that this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
+        `past_key_values`: for causal self-attention, the stack's cache (the kernel's `cache_class`), whose layer
+        `layer_idx` this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
-        q, k, v = self.project(hidden_states, context, past_key_values, layer_idx)
-        weights = None
-        if self.attention_type == "softmax":
-            dropout_p = self.dropout if self.training else 0.0
-            impl = "eager" if output_attentions else self.config._attn_implementation
-            kernel = SOFTMAX_KERNELS.get(impl, softmax_attention_sdpa)
-            out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
-        elif mask.causal and past_key_values is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
-            out = prefix_causal_linear_attention(
-                q, k, v, mask.key_mask, self.feature_map, self.chunk_size, mask.prefix_length
-            )
-        elif self.causal or mask.causal:
-            n = q.shape[2]
-            key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # new tokens: the past is in the state
-            state = None if past_key_values is None else past_key_values.get_state(layer_idx)
-            if n == 1 and state is not None:
-                out, state = linear_attention_step(q, k, v, state, key_mask, self.feature_map)
-            else:
-                out, state = causal_linear_attention(q, k, v, key_mask, self.feature_map, self.chunk_size, state)
-            if past_key_values is not None:
-                past_key_values.set_state(layer_idx, state, n)
-        else:
-            out = linear_attention(q, k, v, mask.key_mask, self.feature_map)
+        q, k, v = self.project(hidden_states, context, past_key_values)
+        state = None
+        if self.self_attention and past_key_values is not None:
+            state = cache_layer(past_key_values, self.layer_idx)
+            if not isinstance(state, self.kernel.cache_layer_class):
+                raise TypeError(
+                    f"This attention kernel keeps its past in {self.kernel.cache_layer_class.__name__} cache layers, "
+                    f"got a {type(state).__name__}."
+                )
+        out, weights, _ = self.kernel.forward(
+            q,
+            k,
+            v,
+            mask,
+            state,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=output_attentions,
+            implementation=self.config._attn_implementation,
+            **self.kernel_options,
+        )
         b, _, n, _ = out.shape
         out = out.to(hidden_states.dtype) if out.dtype != hidden_states.dtype else out
         out = out.transpose(1, 2).reshape(b, n, self.hidden_size)  # (b, n, hidden)

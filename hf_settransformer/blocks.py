@@ -21,16 +21,18 @@ from .layers import FeedForward, LearnedVectors, make_norm
 class MAB(GradientCheckpointingLayer):
     """Multihead attention block: queries from `hidden_states`, keys/values from `context` (itself when None)."""
 
-    def __init__(self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False):
+    def __init__(self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False, layer_idx=None):
         super().__init__()
         self.attn_norm = make_norm(config)
         self.context_norm = None if self_attention else make_norm(config)
-        self.attention = MultiHeadAttention(config, self_attention=self_attention, causal=causal, num_heads=num_heads)
+        self.attention = MultiHeadAttention(
+            config, self_attention=self_attention, causal=causal, num_heads=num_heads, layer_idx=layer_idx
+        )
         self.cross_attention = None
         if cross_attention:  # decoder block of an encoder-decoder (Vaswani et al. 2017, fig. 1)
             self.cross_norm = make_norm(config)
             self.cross_context_norm = make_norm(config)
-            self.cross_attention = MultiHeadAttention(config, self_attention=False)
+            self.cross_attention = MultiHeadAttention(config, self_attention=False, layer_idx=layer_idx)
         self.ffn_norm = make_norm(config)
         self.ffn = FeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -45,7 +47,6 @@ class MAB(GradientCheckpointingLayer):
         output_attentions=False,
         past_key_values=None,
         cross_past_key_values=None,
-        layer_idx=None,
     ):
         """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None).
 
@@ -53,18 +54,19 @@ class MAB(GradientCheckpointingLayer):
         holding the projected encoder states (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
-        attended, weights = self.attention(normed, context, mask, output_attentions, past_key_values, layer_idx)
+        attended, weights = self.attention(normed, context, mask, output_attentions, past_key_values)
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
-            cached = cross_past_key_values is not None and cross_past_key_values.is_updated.get(layer_idx)
+            cached = cross_past_key_values is not None and cross_past_key_values.is_updated.get(
+                self.cross_attention.layer_idx
+            )
             attended, cross_weights = self.cross_attention(
                 self.cross_norm(hidden_states),
                 None if cached else self.cross_context_norm(cross_states),
                 cross_mask,
                 output_attentions,
                 cross_past_key_values,
-                layer_idx,
             )
             hidden_states = hidden_states + self.dropout(attended)
         hidden_states = hidden_states + self.dropout(self.ffn(self.ffn_norm(hidden_states)))
@@ -94,10 +96,9 @@ class ISAB(nn.Module):
         b, n, _ = hidden_states.shape
         m = inducing.shape[1]
         key_mask = None if mask is None else mask.key_mask  # (b, n) or None
-        for_softmax = self.induce.attention.attention_type == "softmax"
         in_prefix = (torch.arange(n, device=hidden_states.device) < prefix_length).expand(b, n)
         prefix_keys = in_prefix if key_mask is None else in_prefix & key_mask
-        induce_mask = AttentionMask.build(prefix_keys, for_softmax=for_softmax)
+        induce_mask = AttentionMask.build(prefix_keys)
         induced, w_in, _ = self.induce(inducing, hidden_states, induce_mask, None, None, output_attentions)
         context = torch.cat([induced, hidden_states[:, prefix_length:]], dim=1)  # (b, m + n - prefix, hidden)
         context_mask = None
@@ -108,7 +109,6 @@ class ISAB(nn.Module):
             causal=True,
             num_queries=n,
             num_keys=context.shape[1],
-            for_softmax=for_softmax,
             prefix_length=prefix_length,
         )
         out, w_out, _ = self.broadcast(hidden_states, context, broadcast_mask, None, None, output_attentions)

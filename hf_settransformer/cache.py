@@ -10,10 +10,24 @@ grow with the context. Softmax attention uses transformers' own `DynamicCache` i
 `get_seq_length()` counts the tokens seen.
 """
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .attention import LinearAttentionState
+
+@dataclass
+class LinearAttentionState:
+    """Recurrent state of causal linear attention for one layer: everything the past contributes.
+
+    kv: (b, h, d, e) sum of phi(k) v^T;  z: (b, h, d) sum of phi(k);
+    k_max: (b, h, d) per-feature key maximum the sums are scaled by (`"exp"` only; None for `"elu"`).
+    The sizes do not depend on how many tokens were seen.
+    """
+
+    kv: torch.Tensor
+    z: torch.Tensor
+    k_max: torch.Tensor | None = None
 
 
 class RecurrentStateLayer(CacheLayerMixin):
@@ -102,3 +116,20 @@ class LinearAttentionCache(Cache):
                 for t in (layer.state.kv, layer.state.z, layer.state.k_max):
                     total += 0 if t is None else t.numel() * t.element_size()
         return total
+
+
+def cache_layer(cache: Cache, layer_idx: int) -> CacheLayerMixin:
+    """The layer `layer_idx` of `cache`, created first where the cache grows its layers lazily (a `DynamicCache()`
+    made without a config, as `generate()` of an `EncoderDecoderModel` hands over)."""
+    if cache.layer_class_to_replicate is not None:
+        while len(cache.layers) <= layer_idx:
+            cache.layers.append(cache.layer_class_to_replicate())
+    return cache.layers[layer_idx]
+
+
+def cache_holds(cache: Cache, layer_class: type) -> bool:
+    """Whether every layer of `cache` (also those it will grow) is a `layer_class`."""
+    grown = cache.layer_class_to_replicate
+    return all(isinstance(layer, layer_class) for layer in cache.layers) and (
+        grown is None or issubclass(grown, layer_class)
+    )

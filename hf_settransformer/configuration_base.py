@@ -17,9 +17,11 @@ from transformers.activations import ACT2FN
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import logging
 
+from .attention import attention_kernel
+from .families import family_for_model_type
+
 logger = logging.get_logger(__name__)
 
-ATTENTION_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu", "exp")
 NORM_TYPES = ("scalenorm", "layernorm")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
@@ -235,7 +237,7 @@ class HfstConfig(PreTrainedConfig):
         check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
         check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
         check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        check_choice("attention_type", self.attention_type, ATTENTION_TYPES)
+        kernel = attention_kernel(self)  # refuses an unknown `attention_type`, naming the registered ones
         check_choice("feature_map", self.feature_map, FEATURE_MAPS)
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
@@ -255,33 +257,24 @@ class HfstConfig(PreTrainedConfig):
             value = getattr(self, name, None)
             if value is not None:
                 check_bool(name, value)
-        if self.attention_type == "softmax" and self.feature_map != "elu":
+        if "feature_map" not in kernel.config_fields and self.feature_map != "elu":
             logger.warning_once(
-                f"`feature_map={self.feature_map!r}` has no effect with `attention_type='softmax'` (it selects linear "
-                "attention's feature map)."
+                f"`feature_map={self.feature_map!r}` has no effect with `attention_type={self.attention_type!r}` (it "
+                "selects linear attention's feature map)."
             )
-
-    # the family's modeling file: a saved config carries its code and the family's whole `auto_map`
-    modeling_module = None
 
     def save_pretrained(self, save_directory, push_to_hub=False, **kwargs):
         """As transformers', and a config folder is enough to build any of the family's models from scratch
         (`AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=True),
-        trust_remote_code=True)`, e.g. run_clm.py's `--config_name`): `auto_map` lists every Auto class of the family
-        and the modeling code is copied beside the configuration code."""
-        if self._auto_class is not None and self.modeling_module:
-            module = importlib.import_module(f"{__package__}.{self.modeling_module}")  # lazily: it imports this file
-            family = next(
-                cls
-                for cls in vars(module).values()
-                if isinstance(cls, type) and getattr(cls, "config_class", None) is type(self)
-                and getattr(cls, "family_auto_map", None)
-            )
-            auto_map = dict(getattr(self, "auto_map", None) or {})
-            auto_map.update({auto: f"{self.modeling_module}.{name}" for auto, name in family.family_auto_map.items()})
-            self.auto_map = auto_map
+        trust_remote_code=True)`, e.g. run_clm.py's `--config_name`): `auto_map` lists every class of the family
+        (`families.FAMILIES`) and the modeling code is copied beside the configuration code."""
+        if self._auto_class is not None:
+            family = family_for_model_type(self.model_type)
+            self.auto_map = {**(getattr(self, "auto_map", None) or {}), **family.auto_map}
+            module_name, class_name = family.models["AutoModel"].split(".")
+            module = importlib.import_module(f"{__package__}.{module_name}")  # lazily: it imports this file
             os.makedirs(save_directory, exist_ok=True)
-            custom_object_save(family, save_directory)  # the modeling file and the siblings it imports
+            custom_object_save(getattr(module, class_name), save_directory)  # the modeling file and its siblings
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def check_adaptive_softmax(self):

@@ -26,7 +26,6 @@ class TransformerDecoderConfig(HfstConfig):
     """
 
     model_type = "hfst_decoder"
-    modeling_module = "modeling_decoder"
     keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(

@@ -18,7 +18,6 @@ class TransformerEncoderConfig(HfstConfig):
     """
 
     model_type = "hfst_encoder"
-    modeling_module = "modeling_encoder"
 
     def __init__(self, vocab_size=33278, **kwargs):
         super().__init__(vocab_size=vocab_size, **kwargs)

@@ -23,7 +23,6 @@ class PerceiverIOConfig(HfstConfig):
     """
 
     model_type = "hfst_perceiver_io"
-    modeling_module = "modeling_perceiver_io"
 
     def __init__(
         self,

@@ -26,7 +26,6 @@ class SetTransformerConfig(HfstConfig):
     """
 
     model_type = "hfst_set_transformer"
-    modeling_module = "modeling_set_transformer"
 
     def __init__(
         self,

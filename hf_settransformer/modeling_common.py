@@ -2,6 +2,7 @@
 and mask checks, and the sequence-level heads (classification, next-token prediction) written once."""
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -9,11 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import ModelOutput, logging
 
-from .attention import AttentionMask
+from .attention import AttentionMask, attention_kernel
 from .blocks import PMA, masked_mean
+from .families import family_for_model_type
 from .layers import FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
 logger = logging.get_logger(__name__)
@@ -73,9 +76,10 @@ def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
 
 
 def warn_if_no_weights(config, output_attentions):
-    if output_attentions and config.attention_type == "linear":
+    if output_attentions and not attention_kernel(config).returns_weights:
         logger.warning_once(
-            "output_attentions=True: linear attention never forms an attention matrix, so `attentions` is None."
+            "output_attentions=True: this attention kernel (linear attention) never forms an attention matrix, so "
+            "`attentions` is None."
         )
 
 
@@ -99,7 +103,7 @@ def run_stack(
     all_states = hidden_states_so_far + (hidden_states,) if output_hidden_states else None
     all_weights = attentions_so_far if output_attentions else None
     all_cross = () if output_attentions and cross_states is not None else None
-    for layer_idx, layer in enumerate(layers):
+    for layer in layers:
         hidden_states, weights, cross_weights = layer(
             hidden_states,
             context,
@@ -109,7 +113,6 @@ def run_stack(
             output_attentions,
             past_key_values=past_key_values,
             cross_past_key_values=cross_past_key_values,
-            layer_idx=layer_idx,
         )
         if output_hidden_states:
             all_states += (hidden_states,)
@@ -126,7 +129,7 @@ def resolve_output_flags(config, output_attentions, output_hidden_states, return
     return_dict = config.return_dict if return_dict is None else return_dict
     warn_if_no_weights(config, output_attentions)
     # linear attention has no weights: report None rather than a tuple of Nones
-    return output_attentions and config.attention_type == "softmax", output_hidden_states, return_dict
+    return output_attentions and attention_kernel(config).returns_weights, output_hidden_states, return_dict
 
 
 class HfstPreTrainedModel(PreTrainedModel):
@@ -136,9 +139,6 @@ class HfstPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["MAB", "ISAB", "PMA"]
-    # Auto class -> class name, for every model of the family: written into `config.auto_map` on save so that a
-    # checkpoint loads through any of them with `trust_remote_code=True` (transformers writes only the saved one).
-    family_auto_map: dict = {}
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -166,13 +166,14 @@ class HfstPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        if self._auto_class is not None:  # registered: the modeling code travels with the weights
-            module = self.__class__.__module__.rsplit(".", 1)[-1]
-            config_module = self.config.__class__.__module__.rsplit(".", 1)[-1]
-            auto_map = dict(getattr(self.config, "auto_map", None) or {})
-            auto_map["AutoConfig"] = f"{config_module}.{self.config.__class__.__name__}"
-            auto_map.update({auto: f"{module}.{name}" for auto, name in self.family_auto_map.items()})
-            self.config.auto_map = auto_map
+        """As transformers', and the modeling code travels with the weights with an `auto_map` naming every class of
+        the family (`families.FAMILIES`; transformers writes only the saved class, and only for registered ones)."""
+        family = family_for_model_type(self.config.model_type)
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **family.auto_map}
+        if self._auto_class is None and type(self).__name__ in family.models and kwargs.get("is_main_process", True):
+            # a head without an Auto class: transformers would not copy its code (before the save: a push uploads it)
+            os.makedirs(save_directory, exist_ok=True)
+            custom_object_save(self, save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def embed_inputs(
@@ -206,10 +207,7 @@ class HfstPreTrainedModel(PreTrainedModel):
             # padded elements are zeroed here, by selection, not multiplication (NaN x 0 = NaN): whatever values
             # padding holds (NaN, inf), it cannot reach a real element's output through any later sum
             hidden_states = hidden_states.masked_fill(~key_mask[:, past_length:, None], 0.0)
-        for_softmax = self.config.attention_type == "softmax"
-        mask = AttentionMask.build(
-            key_mask, causal=causal, num_queries=n, num_keys=n, for_softmax=for_softmax, prefix_length=prefix_length
-        )
+        mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, num_keys=n, prefix_length=prefix_length)
         return hidden_states, position_ids, mask
 
     def get_input_embeddings(self):
@@ -230,7 +228,7 @@ class SequencePool(nn.Module):
         """(b, n, hidden), (b, n) bool -> (b, hidden)."""
         if self.pma is None:
             return masked_mean(hidden_states, key_mask)
-        mask = AttentionMask.build(key_mask, for_softmax=self.pma.pool.attention.attention_type == "softmax")
+        mask = AttentionMask.build(key_mask)
         return self.pma(hidden_states, mask)[0][:, 0]
 
 
@@ -609,7 +607,6 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             causal=True,
             num_queries=num_targets,
             num_keys=m,
-            for_softmax=self.config.attention_type == "softmax",
         )
         pooled, _ = self.head_pool.pma(states, mask, queries=states[:, -num_targets:])
         return pooled

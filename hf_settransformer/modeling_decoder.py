@@ -10,9 +10,9 @@ from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 
-from .attention import AttentionMask
+from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
-from .cache import LinearAttentionCache
+from .cache import cache_holds
 from .configuration_decoder import TransformerDecoderConfig
 from .layers import InputEmbeddings, make_norm
 from .modeling_common import (
@@ -27,7 +27,6 @@ from .modeling_common import (
 
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
     config_class = TransformerDecoderConfig
-    family_auto_map = {"AutoModel": "TransformerDecoderModel", "AutoModelForCausalLM": "TransformerDecoderForCausalLM"}
 
 
 class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
@@ -38,8 +37,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         self.embeddings = InputEmbeddings(config)
         self.layers = nn.ModuleList(
             [
-                MAB(config, causal=True, cross_attention=config.add_cross_attention)
-                for _ in range(config.num_hidden_layers)
+                MAB(config, causal=True, cross_attention=config.add_cross_attention, layer_idx=layer_idx)
+                for layer_idx in range(config.num_hidden_layers)
             ]
         )
         self.final_norm = make_norm(config)
@@ -47,24 +46,27 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         self.post_init()
 
     def prepare_cache(self, past_key_values, use_cache, has_encoder_states):
-        """-> (the cache to return, the self-attention cache, the cache holding cross-attention keys or None)."""
-        linear = self.config.attention_type == "linear"
+        """-> (the cache to return, the self-attention cache, the cache holding cross-attention keys or None).
+
+        The self-attention cache is the attention kernel's `cache_class` (a `DynamicCache` of keys and values for
+        softmax, a `LinearAttentionCache` of recurrent states for linear attention)."""
+        kernel = attention_kernel(self.config)
         if past_key_values is None:
             if not use_cache:
                 return None, None, None
-            past_key_values = LinearAttentionCache(self.config) if linear else DynamicCache(config=self.config)
+            past_key_values = kernel.cache_class(config=self.config)
             if has_encoder_states:
                 past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
         is_pair = isinstance(past_key_values, EncoderDecoderCache)
         self_cache = past_key_values.self_attention_cache if is_pair else past_key_values
-        if linear and not isinstance(self_cache, LinearAttentionCache):
-            # generate() of EncoderDecoderModel (or a user) hands over an empty DynamicCache: keep states instead
+        if not cache_holds(self_cache, kernel.cache_layer_class):
+            # generate() of EncoderDecoderModel (or a user) hands over an empty DynamicCache: use the kernel's own
             if self_cache.get_seq_length() > 0:
                 raise ValueError(
-                    "This decoder uses linear attention: its cache is a LinearAttentionCache of recurrent states, "
-                    f"not a {type(self_cache).__name__} that already holds keys and values."
+                    f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
+                    f"{type(self_cache).__name__} that already holds other states."
                 )
-            self_cache = LinearAttentionCache(self.config)
+            self_cache = kernel.cache_class(config=self.config)
             if is_pair:
                 past_key_values.self_attention_cache = self_cache
             else:
@@ -107,7 +109,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             input_ids, None, inputs_embeds, attention_mask, position_ids, causal=True, past_length=past_length
         )
         b = hidden_states.shape[0]
-        for_softmax = self.config.attention_type == "softmax"
         cross_mask = None
         if encoder_hidden_states is not None:
             if not self.config.add_cross_attention:
@@ -124,7 +125,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             encoder_key_mask = check_attention_mask(
                 encoder_attention_mask, b, encoder_hidden_states.shape[1], name="encoder_attention_mask"
             )
-            cross_mask = AttentionMask.build(encoder_key_mask, for_softmax=for_softmax)
+            cross_mask = AttentionMask.build(encoder_key_mask)
         hidden_states, all_states, all_weights, all_cross = run_stack(
             self.layers,
             hidden_states,
@@ -236,4 +237,4 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
 
     def _supports_default_dynamic_cache(self):
         # softmax: generate() makes transformers' DynamicCache; linear: the model makes its LinearAttentionCache
-        return self.config.attention_type == "softmax"
+        return attention_kernel(self.config).cache_class is DynamicCache

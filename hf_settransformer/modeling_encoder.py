@@ -21,12 +21,6 @@ from .modeling_common import (
 
 class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
     config_class = TransformerEncoderConfig
-    family_auto_map = {
-        "AutoModel": "TransformerEncoderModel",
-        "AutoModelForMaskedLM": "TransformerEncoderForMaskedLM",
-        "AutoModelForSequenceClassification": "TransformerEncoderForSequenceClassification",
-        "AutoModelForCausalLM": "TransformerEncoderForNextTokenPrediction",
-    }
 
 
 class TransformerEncoderModel(TransformerEncoderPreTrainedModel):

@@ -28,12 +28,6 @@ from .modeling_common import (
 
 class PerceiverIOPreTrainedModel(HfstPreTrainedModel):
     config_class = PerceiverIOConfig
-    family_auto_map = {
-        "AutoModel": "PerceiverIOModel",
-        "AutoModelForMaskedLM": "PerceiverIOForMaskedLM",
-        "AutoModelForSequenceClassification": "PerceiverIOForSequenceClassification",
-        "AutoModelForCausalLM": "PerceiverIOForNextTokenPrediction",
-    }
 
 
 class PerceiverIOModel(PerceiverIOPreTrainedModel):
@@ -120,10 +114,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
                 f"Perceiver AR needs one latent per target: `num_latents` ({self.config.num_latents}) must be at least "
                 f"the number of targets ({t}, `target_length`)."
             )
-        for_softmax = self.config.attention_type == "softmax"
-        cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n, for_softmax=for_softmax)
+        cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
         latent_keys = None if key_mask is None else key_mask[:, -t:]
-        self_mask = AttentionMask.build(latent_keys, causal=True, num_queries=t, num_keys=t, for_softmax=for_softmax)
+        self_mask = AttentionMask.build(latent_keys, causal=True, num_queries=t, num_keys=t)
         latents = inputs[:, -t:] + self.latents(b)[:, :t]  # (b, t, hidden); slot i = the i-th target
         latents, enc_weights, _ = self.encoder_cross_attention(latents, inputs, cross_mask, None, None, output_attentions)
         all_states = (inputs, latents) if output_hidden_states else None

@@ -31,11 +31,6 @@ from .modeling_common import (
 
 class SetTransformerPreTrainedModel(HfstPreTrainedModel):
     config_class = SetTransformerConfig
-    family_auto_map = {
-        "AutoModel": "SetTransformerModel",
-        "AutoModelForSequenceClassification": "SetTransformerForSequenceClassification",
-        "AutoModelForCausalLM": "SetTransformerForNextTokenPrediction",
-    }
 
 
 class SetTransformerModel(SetTransformerPreTrainedModel):
@@ -99,16 +94,14 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         if causal:  # one pooled vector per target element (b, t, hidden), each reading the elements up to it
             b, n = hidden_states.shape[:2]
             t = n - prefix_length
-            for_softmax = self.config.attention_type == "softmax"
             key_mask = mask.key_mask
             queries = hidden_states[:, prefix_length:]
-            pool_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n, for_softmax=for_softmax)
+            pool_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
             decoder_mask = AttentionMask.build(
                 None if key_mask is None else key_mask[:, prefix_length:],
                 causal=True,
                 num_queries=t,
                 num_keys=t,
-                for_softmax=for_softmax,
             )
         pooled, weights = self.pma(hidden_states, pool_mask, output_attentions, queries=queries)  # (b, k or t, hidden)
         if output_attentions:

@@ -67,7 +67,7 @@ from transformers import (
 )
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
-import hf_settransformer  # noqa: F401  (registers the models with the Auto classes)
+import hf_settransformer as hfst  # also registers the models with the Auto classes
 from hf_settransformer.language_modeling import (
     BlockDataset,
     TargetWindowDataset,
@@ -92,12 +92,7 @@ from hf_settransformer.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = {
-    "decoder": "hfst_decoder",
-    "encoder": "hfst_encoder",
-    "set_transformer": "hfst_set_transformer",
-    "perceiver_io": "hfst_perceiver_io",
-}
+FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
 # Named sizes. `small` is the size tuned for a 2-core CPU (README, "Tuning"); `base` is for a GPU. `context` is the
 # decoder's block and the heads' window; the heads predict the last `targets` tokens of each window.
 ADAPTIVE_CUTOFFS = [2000, 10000]  # WikiText-2: the 2,000 most frequent words cover ~80% of the tokens

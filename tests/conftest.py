@@ -2,20 +2,16 @@
 
 import pytest
 import torch
+import transformers
 
 import hf_settransformer as hfst
 
 VOCAB = 37
-FAMILIES = ["encoder", "decoder", "set_transformer", "perceiver_io"]
+FAMILIES = list(hfst.FAMILIES)
 ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
 ATTENTION_IDS = ["softmax", "linear-elu", "linear-exp"]
 
-CONFIG_CLASSES = {
-    "encoder": hfst.TransformerEncoderConfig,
-    "decoder": hfst.TransformerDecoderConfig,
-    "set_transformer": hfst.SetTransformerConfig,
-    "perceiver_io": hfst.PerceiverIOConfig,
-}
+CONFIG_CLASSES = {name: family.config_class() for name, family in hfst.FAMILIES.items()}
 FAMILY_EXTRAS = {
     "encoder": {},
     "decoder": {},
@@ -27,10 +23,18 @@ FAMILY_EXTRAS = {
         "num_cross_attention_heads": 2,
     },
 }
-# every (family, class) pair of the public API
-MODEL_CLASSES = [
-    (family, cls) for family, config_class in CONFIG_CLASSES.items() for cls in hfst.FAMILIES[config_class].values()
-]
+
+
+def family_classes(config):
+    """{transformers Auto class: model class} of a config's family (the heads registered with an Auto class)."""
+    family = hfst.families.family_for_model_type(config.model_type)
+    return {
+        getattr(transformers, name): cls for name, cls in family.model_classes().items() if hasattr(transformers, name)
+    }
+
+
+# every (family, class) pair of the Auto classes (the mixture-of-Gaussians head has its own tests)
+MODEL_CLASSES = [(family, cls) for family in FAMILIES for cls in family_classes(CONFIG_CLASSES[family]()).values()]
 
 
 def tiny_config(family, attention_type="softmax", feature_map="elu", **overrides):

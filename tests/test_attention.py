@@ -3,6 +3,7 @@
 Shapes: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim (kept != d on purpose).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -10,15 +11,18 @@ import torch
 
 from hf_settransformer import TransformerEncoderConfig
 from hf_settransformer.attention import (
+    ATTENTION_KERNELS,
     AttentionMask,
     MultiHeadAttention,
+    attention_kernel,
     causal_linear_attention,
     linear_attention,
     linear_attention_step,
+    register_attention_kernel,
     softmax_attention_eager,
     softmax_attention_sdpa,
+    softmax_kernel,
 )
-
 
 FEATURE_MAPS = ["elu", "exp"]
 B, H, D, E = 2, 2, 4, 3
@@ -501,7 +505,7 @@ def test_mha_shapes_and_weights(attention_type, feature_map, masked, self_attent
     x = torch.randn(b, n, hidden)
     context = None if self_attention else torch.randn(b, m, hidden)
     key_mask = _key_mask("random", b, m) if masked else None
-    mask = AttentionMask.build(key_mask, num_queries=n, for_softmax=attention_type == "softmax")
+    mask = AttentionMask.build(key_mask, num_queries=n)
 
     with torch.no_grad():
         out, no_weights = module(x, context, mask=mask)
@@ -551,3 +555,98 @@ def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
     torch.testing.assert_close(exclusive_prefix_sum(x), expected)
     assert torch.equal(exclusive_prefix_sum(x)[:, :, 0], torch.zeros_like(x[:, :, 0]))
     assert torch.autograd.gradcheck(exclusive_prefix_sum, (x,))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the kernel registry
+
+
+def test_unknown_attention_type_names_the_registered_kernels():
+    with pytest.raises(ValueError, match=r"`attention_type` must be one of \['linear', 'softmax'\], got 'lineer'"):
+        attention_kernel("lineer")
+    with pytest.raises(ValueError, match="attention_type"):
+        _config("lineer", "elu")
+
+
+def test_kernel_is_chosen_when_the_layer_is_built():
+    """A layer keeps the kernel it was built with: editing the config afterwards does not switch it."""
+    module = _module("softmax", "elu")
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        before = module(x)[0]
+        module.config.attention_type = "linear"
+        after = module(x)[0]
+    assert module.kernel is ATTENTION_KERNELS["softmax"]
+    torch.testing.assert_close(after, before)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_one_mask_serves_every_kernel(causal):
+    """The same AttentionMask object, handed to a linear layer first and a softmax layer next (the padding trap of a
+    mask built "for" one kind of kernel), keeps padded keys out of both: each output equals the output without them."""
+    b, n, hidden = 2, 6, 32
+    x = torch.randn(b, n, hidden)
+    key_mask = torch.ones(b, n, dtype=torch.bool)
+    key_mask[1, 4:] = False  # row 1: two padded keys at the end
+    mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, num_keys=n)
+    for attention_type, feature_map in [("linear", "elu"), ("linear", "exp"), ("softmax", "elu")]:
+        module = _module(attention_type, feature_map, causal=causal)
+        with torch.no_grad():
+            padded = module(x, mask=mask)[0][1, :4]
+            alone = module(x[1:, :4], mask=AttentionMask(causal=causal))[0][0]
+        torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-4, msg=attention_type)
+
+
+@pytest.fixture
+def counting_kernel():
+    """A registered kernel that counts its calls and computes softmax attention; removed after the test."""
+    calls = []
+
+    def forward(q, k, v, mask, state=None, **options):
+        calls.append(state is not None)
+        return softmax_kernel(q, k, v, mask, state, **options)
+
+    softmax = ATTENTION_KERNELS["softmax"]
+    register_attention_kernel("counted", dataclasses.replace(softmax, forward=forward))
+    yield calls
+    del ATTENTION_KERNELS["counted"]
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder", "set_transformer", "perceiver_io"])
+def test_a_registered_kernel_runs_in_every_family(counting_kernel, family):
+    """One registry entry is all a new kernel needs: every family builds with it, gives the softmax model's outputs
+    (same weights) and, in the decoder, keeps its cache through generate()."""
+    from conftest import family_classes, make_model, tiny_config
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family)
+    reference = make_model(family_classes(config)[AutoModelForCausalLM], config)
+    counted = make_model(family_classes(config)[AutoModelForCausalLM], tiny_config(family, attention_type="counted"))
+    counted.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 37, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(counted(ids, use_cache=False).logits, reference(ids, use_cache=False).logits)
+    assert len(counting_kernel) > 0 and not any(counting_kernel)  # called, without a cache
+    if family == "decoder":
+        counting_kernel.clear()
+        out = counted.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert torch.equal(out, reference.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0))
+        assert any(counting_kernel)  # the kernel was handed its cache layer
+
+
+def test_decoder_refuses_a_filled_cache_of_another_kernel():
+    """A linear decoder handed a DynamicCache that already holds keys and values says so; an empty one is replaced by
+    the kernel's own cache."""
+    from conftest import make_model, tiny_config
+    from transformers.cache_utils import DynamicCache
+
+    import hf_settransformer as hfst
+
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", "linear", "elu"))
+    ids = torch.randint(0, 37, (1, 5))
+    with torch.no_grad():
+        out = model(ids, past_key_values=DynamicCache(), use_cache=True)
+        assert isinstance(out.past_key_values, hfst.cache.LinearAttentionCache)
+        filled = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))(ids, use_cache=True)
+        with pytest.raises(ValueError, match="keeps its past in a LinearAttentionCache, not a DynamicCache"):
+            model(ids, past_key_values=filled.past_key_values, use_cache=True)

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import hf_settransformer as hfst
+from conftest import family_classes
+
 from hf_settransformer.training import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +107,7 @@ def test_nan_and_inf_padding_values_do_not_matter(family, attention_type, featur
     padding is zeroed by selection before any sum could carry it."""
     torch.manual_seed(0)
     config = tiny(family, attention_type, feature_map)
-    model = hfst.FAMILIES[type(config)][__import__("transformers").AutoModel](config).eval()
+    model = family_classes(config)[__import__("transformers").AutoModel](config).eval()
     real = torch.randn(2, 5, config.hidden_size)
     mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 3)], dim=1).long()
     mask[1, 3:5] = 0  # padding between real elements too

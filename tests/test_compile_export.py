@@ -4,7 +4,7 @@ tests/test_hf_integration.py's compiled training covers and which takes tens of 
 
 import pytest
 import torch
-from conftest import ATTENTIONS, FAMILIES, make_model, tiny_config
+from conftest import ATTENTIONS, FAMILIES, family_classes, make_model, tiny_config
 from transformers import AutoModel, AutoModelForCausalLM
 
 import hf_settransformer as hfst
@@ -36,7 +36,7 @@ def main_tensor(output):
 )
 def test_compile_fullgraph_and_export_equal_eager(family, attention_type, feature_map, auto):
     config = tiny_config(family, attention_type, feature_map)
-    model = make_model(hfst.FAMILIES[type(config)][auto], config).eval()
+    model = make_model(family_classes(config)[auto], config).eval()
     kwargs = inputs(config)
     if family == "decoder":
         kwargs["use_cache"] = False  # export: a cache object is no tensor output (generation exports use a static one)

@@ -13,7 +13,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
-from conftest import quiet_training_args, tiny_config
+from conftest import family_classes, quiet_training_args, tiny_config
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -37,7 +37,7 @@ def saved_checkpoint(folder, family, auto, **fields):
     tokenizer = hfst.build_word_tokenizer(LINES, model_max_length=16)
     config = tiny_config(family, vocab_size=len(tokenizer), context_length=16, max_position_embeddings=64, **fields)
     torch.manual_seed(0)
-    model = hfst.FAMILIES[type(config)][auto](config)
+    model = family_classes(config)[auto](config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -5,19 +5,19 @@ import math
 
 import pytest
 import torch
-
-import hf_settransformer as hfst
 from conftest import (
     ATTENTION_IDS,
     ATTENTIONS,
     FAMILIES,
     MODEL_CLASSES,
     VOCAB,
+    family_classes,
     main_output,
     make_model,
     tiny_config,
 )
 
+import hf_settransformer as hfst
 
 ATOL = 1e-5
 
@@ -42,7 +42,7 @@ def test_scalenorm_formula_and_init():
 def test_init_covers_raw_parameters(family):
     """ScaleNorm gains start at sqrt(hidden); inducing points, seeds and latents are drawn, not left as torch.empty."""
     config = tiny_config(family, initializer_range=0.02)
-    for cls in hfst.FAMILIES[type(config)].values():
+    for cls in family_classes(config).values():
         model = cls(config)
         gains = [m.weight.item() for m in model.modules() if isinstance(m, hfst.ScaleNorm)]
         assert gains and all(g == pytest.approx(math.sqrt(32)) for g in gains), cls.__name__
@@ -94,7 +94,7 @@ def permutation_cases():
 @pytest.mark.parametrize("family,overrides", permutation_cases(), ids=[c[0] for c in permutation_cases()])
 def test_permutation_equivariance_and_invariance(family, overrides, attention_type, feature_map):
     config = tiny_config(family, attention_type, feature_map, **overrides)
-    classes = hfst.FAMILIES[type(config)]
+    classes = family_classes(config)
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     base = make_model(classes[AutoModel], config)
@@ -144,7 +144,7 @@ def test_padding_does_not_change_real_outputs(family, attention_type, feature_ma
     from transformers import AutoModel
 
     config = tiny_config(family, attention_type, feature_map)
-    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    model = make_model(family_classes(config)[AutoModel], config)
     ids = batch_of_tokens(2, 5)
     ref = model(input_ids=ids)
     for pad_values in (torch.zeros(2, 3, dtype=torch.long), torch.randint(0, VOCAB, (2, 3))):
@@ -165,7 +165,7 @@ def test_left_padding_does_not_change_real_outputs(family, attention_type, featu
     from transformers import AutoModel
 
     config = tiny_config(family, attention_type, feature_map)
-    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    model = make_model(family_classes(config)[AutoModel], config)
     ids = batch_of_tokens(2, 5)
     ref = model(input_ids=ids).last_hidden_state
     padded = torch.cat([torch.randint(0, VOCAB, (2, 3)), ids], dim=1)
@@ -180,7 +180,7 @@ def test_all_padding_rows_are_finite(family, attention_type, feature_map):
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(family, attention_type, feature_map)
-    classes = hfst.FAMILIES[type(config)]
+    classes = family_classes(config)
     ids = batch_of_tokens(2, 6)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1] = 0
@@ -255,7 +255,7 @@ def test_hidden_states_attentions_and_tuples(family, attention_type):
     from transformers import AutoModel
 
     config = tiny_config(family, attention_type)
-    model = make_model(hfst.FAMILIES[type(config)][AutoModel], config)
+    model = make_model(family_classes(config)[AutoModel], config)
     ids = batch_of_tokens(2, 6)
     out = model(input_ids=ids, output_hidden_states=True, output_attentions=True)
     assert out.hidden_states is not None and len(out.hidden_states) >= 2
@@ -303,7 +303,7 @@ def test_sequence_classification_pooling(family, pooling):
     from transformers import AutoModelForSequenceClassification
 
     config = tiny_config(family, pooling=pooling)
-    model = make_model(hfst.FAMILIES[type(config)][AutoModelForSequenceClassification], config)
+    model = make_model(family_classes(config)[AutoModelForSequenceClassification], config)
     out = model(input_ids=batch_of_tokens(4, 6), labels=torch.tensor([0, 1, 2, 1]))
     assert out.logits.shape == (4, 3) and out.loss.ndim == 0
     assert model.config.problem_type == "single_label_classification"
@@ -336,7 +336,7 @@ def test_next_token_head_contract_window_mode(family):
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(family, context_length=4, next_token_mode="window")
-    model = make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    model = make_model(family_classes(config)[AutoModelForCausalLM], config)
     ids = batch_of_tokens(3, 9)
     labels = torch.tensor([1, 2, -100])
     out = model(input_ids=ids, labels=labels)
@@ -465,7 +465,7 @@ def test_bfloat16_models_stay_finite_and_in_dtype(family, attention_type, featur
     ids = batch_of_tokens(2, 9)
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 6:] = 0
-    for cls in hfst.FAMILIES[type(config)].values():
+    for cls in family_classes(config).values():
         model = make_model(cls, config).to(torch.bfloat16)
         out = main_output(model(input_ids=ids, attention_mask=mask))
         assert out.dtype == torch.bfloat16 and torch.isfinite(out).all(), cls.__name__
@@ -491,7 +491,7 @@ def many_target_head(family, attention_type="softmax", feature_map="elu", **over
     if family == "perceiver_io":
         fields.setdefault("num_latents", fields["target_length"])
     config = tiny_config(family, attention_type, feature_map, **fields)
-    return make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
@@ -569,7 +569,7 @@ def adaptive_lm(family, attention_type="softmax", feature_map="elu"):
     if family == "perceiver_io":
         extra["num_latents"] = 4
     config = tiny_config(family, attention_type, feature_map, adaptive_softmax_cutoffs=[4, 16], **extra)
-    return make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
 @pytest.mark.parametrize("family", ["decoder", *HEAD_FAMILIES])
@@ -597,7 +597,7 @@ def test_adaptive_softmax_masked_lm_head(family):
     from transformers import AutoModelForMaskedLM
 
     config = tiny_config(family, "linear", "elu", adaptive_softmax_cutoffs=[4, 16])
-    model = make_model(hfst.FAMILIES[type(config)][AutoModelForMaskedLM], config)
+    model = make_model(family_classes(config)[AutoModelForMaskedLM], config)
     ids = batch_of_tokens(2, 8)
     labels = torch.full_like(ids, -100)
     labels[:, [1, 5]] = ids[:, [1, 5]]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import make_model, quiet_training_args, tiny_config
+from conftest import family_classes, make_model, quiet_training_args, tiny_config
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification, Trainer
 
 import hf_settransformer as hfst
@@ -36,7 +36,7 @@ def test_lora_all_linear_trains_saves_reloads_and_merges(tmp_path, family, auto)
     from peft import LoraConfig, PeftModel, get_peft_model
 
     config = tiny_config(family, "linear", vocab_size=50)
-    make_model(hfst.FAMILIES[type(config)][auto], config).save_pretrained(tmp_path / "base")
+    make_model(family_classes(config)[auto], config).save_pretrained(tmp_path / "base")
     load = lambda: auto.from_pretrained(tmp_path / "base", trust_remote_code=True)  # noqa: E731
     model = get_peft_model(load(), LoraConfig(target_modules="all-linear", r=4, lora_alpha=8, init_lora_weights=False))
     wrapped = {name.split(".")[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}

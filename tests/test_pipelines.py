@@ -3,17 +3,15 @@ generate, TextStreamer, with checkpoints of ours."""
 
 import pytest
 import torch
+from conftest import ATTENTION_IDS, ATTENTIONS, family_classes, make_model, tiny_config, word_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer, pipeline
-
-import hf_settransformer as hfst
-from conftest import ATTENTION_IDS, ATTENTIONS, make_model, tiny_config, word_tokenizer
 
 LM_FAMILIES = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 
 
 def causal_lm(family, attention_type="softmax", feature_map="elu"):
     config = tiny_config(family, attention_type, feature_map, pad_token_id=0, eos_token_id=2, context_length=6)
-    return make_model(hfst.FAMILIES[type(config)][AutoModelForCausalLM], config)
+    return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
 @pytest.mark.parametrize("family", LM_FAMILIES)
