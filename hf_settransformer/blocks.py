@@ -21,7 +21,9 @@ from .layers import FeedForward, LearnedVectors, make_norm
 class MAB(GradientCheckpointingLayer):
     """Multihead attention block: queries from `hidden_states`, keys/values from `context` (itself when None)."""
 
-    def __init__(self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False, layer_idx=None):
+    def __init__(
+        self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False, layer_idx=None
+    ):
         super().__init__()
         self.attn_norm = make_norm(config)
         self.context_norm = None if self_attention else make_norm(config)
@@ -54,7 +56,9 @@ class MAB(GradientCheckpointingLayer):
         holding the projected encoder states (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
-        attended, weights = self.attention(normed, context, mask, output_attentions, past_key_values)
+        attended, weights = self.attention(
+            normed, context, mask=mask, output_attentions=output_attentions, past_key_values=past_key_values
+        )
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
@@ -90,8 +94,8 @@ class ISAB(nn.Module):
         elements up to itself (causal), so nothing sees a later element of the causal part."""
         inducing = self.inducing_points(hidden_states.shape[0])  # (b, m, hidden)
         if prefix_length is None:
-            induced, w_in, _ = self.induce(inducing, hidden_states, mask, None, None, output_attentions)
-            out, w_out, _ = self.broadcast(hidden_states, induced, None, None, None, output_attentions)
+            induced, w_in, _ = self.induce(inducing, hidden_states, mask=mask, output_attentions=output_attentions)
+            out, w_out, _ = self.broadcast(hidden_states, induced, output_attentions=output_attentions)
             return out, (w_in, w_out)
         b, n, _ = hidden_states.shape
         m = inducing.shape[1]
@@ -99,7 +103,7 @@ class ISAB(nn.Module):
         in_prefix = (torch.arange(n, device=hidden_states.device) < prefix_length).expand(b, n)
         prefix_keys = in_prefix if key_mask is None else in_prefix & key_mask
         induce_mask = AttentionMask.build(prefix_keys)
-        induced, w_in, _ = self.induce(inducing, hidden_states, induce_mask, None, None, output_attentions)
+        induced, w_in, _ = self.induce(inducing, hidden_states, mask=induce_mask, output_attentions=output_attentions)
         context = torch.cat([induced, hidden_states[:, prefix_length:]], dim=1)  # (b, m + n - prefix, hidden)
         context_mask = None
         if key_mask is not None:
@@ -111,7 +115,9 @@ class ISAB(nn.Module):
             num_keys=context.shape[1],
             prefix_length=prefix_length,
         )
-        out, w_out, _ = self.broadcast(hidden_states, context, broadcast_mask, None, None, output_attentions)
+        out, w_out, _ = self.broadcast(
+            hidden_states, context, mask=broadcast_mask, output_attentions=output_attentions
+        )
         return out, (w_in, w_out)
 
 
@@ -132,7 +138,7 @@ class PMA(nn.Module):
         seeds = self.seeds(hidden_states.shape[0])  # (b, k, hidden)
         if queries is not None:
             seeds = seeds.mean(dim=1, keepdim=True) + queries  # (b, t, hidden)
-        out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask, None, None, output_attentions)
+        out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask=mask, output_attentions=output_attentions)
         return out, weights
 
 

@@ -97,5 +97,5 @@ def family_for_model_type(model_type: str) -> Family:
     for family in FAMILIES.values():
         if family.model_type == model_type:
             return family
-    raise ValueError(f"No hf_settransformer family has model_type {model_type!r}; known: "
-                     f"{sorted(f.model_type for f in FAMILIES.values())}.")
+    known = sorted(f.model_type for f in FAMILIES.values())
+    raise ValueError(f"No hf_settransformer family has model_type {model_type!r}; known: {known}.")

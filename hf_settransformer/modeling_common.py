@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
-from transformers.utils import ModelOutput, logging
+from transformers.utils import ModelOutput, can_return_tuple, logging
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import PMA, masked_mean
@@ -107,10 +107,10 @@ def run_stack(
         hidden_states, weights, cross_weights = layer(
             hidden_states,
             context,
-            mask,
-            cross_states,
-            cross_mask,
-            output_attentions,
+            mask=mask,
+            cross_states=cross_states,
+            cross_mask=cross_mask,
+            output_attentions=output_attentions,
             past_key_values=past_key_values,
             cross_past_key_values=cross_past_key_values,
         )
@@ -123,13 +123,13 @@ def run_stack(
     return hidden_states, all_states, all_weights, all_cross
 
 
-def resolve_output_flags(config, output_attentions, output_hidden_states, return_dict):
+def resolve_output_flags(config, output_attentions, output_hidden_states):
+    """The flags, with the config's defaults; `output_attentions` is False for a kernel without weights (linear
+    attention reports None, not a tuple of Nones). `return_dict` is `can_return_tuple`'s."""
     output_attentions = config.output_attentions if output_attentions is None else output_attentions
     output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
-    return_dict = config.return_dict if return_dict is None else return_dict
     warn_if_no_weights(config, output_attentions)
-    # linear attention has no weights: report None rather than a tuple of Nones
-    return output_attentions and attention_kernel(config).returns_weights, output_hidden_states, return_dict
+    return output_attentions and attention_kernel(config).returns_weights, output_hidden_states
 
 
 class HfstPreTrainedModel(PreTrainedModel):
@@ -378,6 +378,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -386,7 +387,6 @@ class ForMaskedLMMixin(LMHeadMixin):
         labels=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         r"""labels (`torch.LongTensor` of shape (batch, length)): token ids to predict, -100 elsewhere.
@@ -418,7 +418,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return output
 
 
 class ForSequenceClassificationMixin(PooledHeadMixin):
@@ -435,6 +435,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -444,7 +445,6 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         labels=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         r"""labels (`torch.LongTensor` of shape (batch,), or float (batch, num_labels) for multi-label/regression)."""
@@ -464,7 +464,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return output
 
 
 def mean_loss(logits, targets):
@@ -511,6 +511,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -519,7 +520,6 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         labels=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         r"""labels (`torch.LongTensor`): `"many"`: shape (batch, length), causal-LM labels (-100 ignored).
@@ -537,7 +537,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             output = self.many_forward(
                 input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
             )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return output
 
     def many_forward(
         self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
+from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
@@ -73,6 +74,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
                 past_key_values = self_cache
         return past_key_values, self_cache, past_key_values if is_pair else None
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -85,7 +87,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         r"""
@@ -95,8 +96,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
             covering the cached tokens too (as `generate()` passes it).
         """
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
+        output_attentions, output_hidden_states = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states
         )
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
@@ -147,7 +148,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             attentions=all_weights,
             cross_attentions=all_cross,
         )
-        return output if return_dict else output.to_tuple()
+        return output
 
 
 class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedModel, GenerationMixin):
@@ -160,6 +161,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -173,7 +175,6 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         labels=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         logits_to_keep=0,
         **kwargs,
     ):
@@ -233,7 +234,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return output
 
     def _supports_default_dynamic_cache(self):
         # softmax: generate() makes transformers' DynamicCache; linear: the model makes its LinearAttentionCache

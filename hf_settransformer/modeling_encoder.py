@@ -5,6 +5,7 @@ norm closes the stack. With `position_embedding_type="none"` the encoder is perm
 from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import can_return_tuple
 
 from .blocks import MAB
 from .configuration_encoder import TransformerEncoderConfig
@@ -34,6 +35,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -43,15 +45,14 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         inputs_embeds=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         prefix_length=None,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): None (default) for bidirectional attention over every position; an int
         for a causal encoder whose first `prefix_length` positions attend to each other bidirectionally (the
         many-target next-token head)."""
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
+        output_attentions, output_hidden_states = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states
         )
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
@@ -69,7 +70,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
         output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_states, attentions=all_weights)
-        return output if return_dict else output.to_tuple()
+        return output
 
 
 class TransformerEncoderForMaskedLM(ForMaskedLMMixin, TransformerEncoderPreTrainedModel):

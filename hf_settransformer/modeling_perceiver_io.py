@@ -10,6 +10,7 @@ inputs (`output_query_type="inputs"`, one per input position), their position em
 import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import MAB
@@ -49,6 +50,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -58,7 +60,6 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         inputs_embeds=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         target_length=None,
         **kwargs,
     ):
@@ -66,8 +67,8 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         the last `t = min(target_length, n)` inputs, plus the first t learned latents, are the latents; latent i
         cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
         querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
+        output_attentions, output_hidden_states = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states
         )
         inputs, position_ids, mask = self.embed_inputs(
             input_ids, input_features, inputs_embeds, attention_mask, position_ids
@@ -75,10 +76,10 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         b, n = inputs.shape[:2]
         if target_length is not None:
             output = self.causal_forward(inputs, mask.key_mask, min(target_length, n), output_attentions, output_hidden_states)
-            return output if return_dict else output.to_tuple()
+            return output
 
         latents, enc_weights, _ = self.encoder_cross_attention(
-            self.latents(b), inputs, mask, None, None, output_attentions
+            self.latents(b), inputs, mask=mask, output_attentions=output_attentions
         )  # (b, num_latents, hidden)
         all_states = (inputs, latents) if output_hidden_states else None
         all_weights = () if output_attentions else None
@@ -95,7 +96,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         latents = self.latent_norm(latents)
 
         queries = self.decoder_queries(inputs, position_ids, b, n)  # (b, q, hidden)
-        outputs, dec_weights, _ = self.decoder_cross_attention(queries, latents, None, None, None, output_attentions)
+        outputs, dec_weights, _ = self.decoder_cross_attention(
+            queries, latents, output_attentions=output_attentions
+        )
         outputs = self.final_norm(outputs)
         output = PerceiverIOModelOutput(
             last_hidden_state=outputs,
@@ -104,7 +107,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             attentions=all_weights,
             cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
         )
-        return output if return_dict else output.to_tuple()
+        return output
 
     def causal_forward(self, inputs, key_mask, t, output_attentions, output_hidden_states):
         """Perceiver AR: see `forward`'s `target_length`. inputs (b, n, hidden), key_mask (b, n) or None."""
@@ -118,7 +121,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         latent_keys = None if key_mask is None else key_mask[:, -t:]
         self_mask = AttentionMask.build(latent_keys, causal=True, num_queries=t, num_keys=t)
         latents = inputs[:, -t:] + self.latents(b)[:, :t]  # (b, t, hidden); slot i = the i-th target
-        latents, enc_weights, _ = self.encoder_cross_attention(latents, inputs, cross_mask, None, None, output_attentions)
+        latents, enc_weights, _ = self.encoder_cross_attention(
+            latents, inputs, mask=cross_mask, output_attentions=output_attentions
+        )
         all_states = (inputs, latents) if output_hidden_states else None
         all_weights = () if output_attentions else None
         for _ in range(self.config.num_blocks):
@@ -132,7 +137,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
                 attentions_so_far=all_weights or (),
             )
         latents = self.latent_norm(latents)
-        outputs, dec_weights, _ = self.decoder_cross_attention(latents, latents, self_mask, None, None, output_attentions)
+        outputs, dec_weights, _ = self.decoder_cross_attention(
+            latents, latents, mask=self_mask, output_attentions=output_attentions
+        )
         return PerceiverIOModelOutput(
             last_hidden_state=self.final_norm(outputs),
             latent_hidden_state=latents,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import ISAB, MAB, PMA, masked_mean
@@ -49,6 +49,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -57,7 +58,6 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         inputs_embeds=None,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         prefix_length=None,
         **kwargs,
     ):
@@ -66,8 +66,8 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         reads that summary and the later elements up to itself, and `pooler_output` has one PMA-pooled vector per later
         element (b, n - prefix_length, hidden), whose query is the seed plus that element's state and whose keys stop at
         it; the decoder SABs run causally over them."""
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
+        output_attentions, output_hidden_states = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states
         )
         causal = prefix_length is not None
         hidden_states, _, mask = self.embed_inputs(
@@ -78,9 +78,11 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         all_weights = () if output_attentions else None
         for layer in self.encoder_layers:
             if isinstance(layer, ISAB):
-                hidden_states, weights = layer(hidden_states, mask, output_attentions, prefix_length=prefix_length)
+                hidden_states, weights = layer(
+                    hidden_states, mask=mask, output_attentions=output_attentions, prefix_length=prefix_length
+                )
             else:
-                hidden_states, weights, _ = layer(hidden_states, None, mask, None, None, output_attentions)
+                hidden_states, weights, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
                 weights = (weights,)
             if output_hidden_states:
                 all_states += (hidden_states,)
@@ -113,7 +115,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         output = SetModelOutput(
             last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_states, attentions=all_weights
         )
-        return output if return_dict else output.to_tuple()
+        return output
 
 
 class SetPooledHeadMixin:
@@ -187,6 +189,7 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
         self.mixture_head = nn.Linear(config.hidden_size, 1 + 2 * config.input_size)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_features=None,
@@ -194,7 +197,6 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
         return_loss=True,
         output_attentions=None,
         output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         outputs = self.model(
@@ -215,4 +217,4 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
         output = MixtureOfGaussiansOutput(
             loss=loss, log_likelihood=per_set, mixture_logits=logits, means=means, stds=stds
         )
-        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
+        return output

@@ -666,3 +666,19 @@ def test_scaled_embedding_keeps_tying_and_resizing():
     assert isinstance(embedding, hfst.layers.ScaledEmbedding) and embedding.weight.shape[0] == VOCAB + 5
     assert embedding.scale == pytest.approx(math.sqrt(32)) and model.lm_head.weight is embedding.weight
     assert model(input_ids=torch.tensor([[VOCAB + 4]])).logits.shape == (1, 1, VOCAB + 5)
+
+
+@pytest.mark.parametrize("family,cls", MODEL_CLASSES, ids=[c.__name__ for _, c in MODEL_CLASSES])
+def test_return_dict_false_gives_the_output_as_a_tuple(family, cls):
+    """`return_dict=False`, passed or set in the config, gives `to_tuple()` of the output (transformers'
+    `can_return_tuple`); the heads still read their base model's output by name."""
+    config = tiny_config(family)
+    model = make_model(cls, config)
+    ids = batch_of_tokens(2, 6)
+    expected = model(input_ids=ids).to_tuple()
+    for got in (model(input_ids=ids, return_dict=False), None):
+        if got is None:
+            model.config.return_dict = False
+            got = model(input_ids=ids)
+        assert isinstance(got, tuple) and len(got) == len(expected)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected) if torch.is_tensor(a))
