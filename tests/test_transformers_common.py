@@ -119,6 +119,9 @@ class HfstModelTest(ModelTesterMixin):
     all_generative_model_classes = ()
     # linear attention never forms an attention matrix, so it has no weights to return
     has_attentions = property(lambda self: self.attention[0] == "softmax")
+    # the mixin runs its `_init_weights` coverage test only for models it dates after 2022 from a copyright line in
+    # the configuration file; ours have none, so it would be skipped: run it
+    test_can_init_all_missing_weights_before_2023 = True
 
     def setUp(self):
         self.model_tester = HfstModelTester(self, self.family, *self.attention, continuous=self.continuous)
@@ -150,10 +153,14 @@ def _set_attention_outputs(self):
     t = self.model_tester
     config, inputs_dict = t.prepare_config_and_inputs_for_common()
     n, m, k, h = t.seq_length, t.num_inducing_points, t.num_seeds, t.num_attention_heads
-    expected = [(h, m, n), (h, n, m)] * t.num_hidden_layers + [(h, k, n)] + [(h, k, k)] * t.num_decoder_layers
     for model_class in self.all_model_classes:
-        if model_class is hfst.SetTransformerForMixtureOfGaussians:
-            continue  # its output is the mixture's parameters, not the model's states
+        if model_class is hfst.SetTransformerForNextTokenPrediction:
+            # the many-target LM: the last t elements are targets, each reading the inducing points' summary of the
+            # prefix and the targets up to itself, and pooled once per target
+            tt = min(config.target_length, n)
+            expected = [(h, m, n), (h, n, m + tt)] * t.num_hidden_layers + [(h, tt, n)] + [(h, tt, tt)]
+        else:
+            expected = [(h, m, n), (h, n, m)] * t.num_hidden_layers + [(h, k, n)] + [(h, k, k)]
         for via_config in (False, True):
             model_config = copy.deepcopy(config)
             inputs = self._prepare_for_class(inputs_dict, model_class)
@@ -175,8 +182,10 @@ def _perceiver_attention_outputs(self):
         self.skipTest(reason="linear attention has no attention weights")
     t = self.model_tester
     config, inputs_dict = t.prepare_config_and_inputs_for_common()
-    b, n, m = t.batch_size, t.seq_length, t.num_latents
+    b, n = t.batch_size, t.seq_length
     for model_class in self.all_model_classes:
+        # the many-target LM is Perceiver AR: one latent per target
+        m = min(config.target_length, n) if model_class is hfst.PerceiverIOForNextTokenPrediction else t.num_latents
         for via_config in (False, True):
             model_config = copy.deepcopy(config)
             inputs = self._prepare_for_class(inputs_dict, model_class)
@@ -193,6 +202,41 @@ def _perceiver_attention_outputs(self):
             if model_class is hfst.PerceiverIOModel:
                 cross = [tuple(a.shape) for a in outputs.cross_attentions]
                 self.assertEqual(cross, [(b, t.num_cross_attention_heads, m, n), (b, t.num_cross_attention_heads, n, m)])
+
+
+def _features_get_set_embeddings(self):
+    """Continuous sets have no token embedding: their input embedding is the feature projection (a Linear), as a vision
+    model's is its patch embedding. Checks getting and setting it, as the mixin does for a token embedding."""
+    config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+    for model_class in self.all_model_classes:
+        model = model_class(copy.deepcopy(config))
+        self.assertIsInstance(model.get_input_embeddings(), torch.nn.Linear)
+        new_projection = torch.nn.Linear(config.input_size, config.hidden_size)
+        model.set_input_embeddings(new_projection)
+        self.assertIs(model.get_input_embeddings(), new_projection)
+        output_embeddings = model.get_output_embeddings()
+        self.assertTrue(output_embeddings is None or isinstance(output_embeddings, torch.nn.Linear))
+
+
+def _features_inputs_embeds(self):
+    """Continuous sets have no `input_ids` for the mixin to embed: `inputs_embeds` is checked against `input_features`
+    instead: `model(inputs_embeds=model.get_input_embeddings()(features))` equals `model(input_features=features)`."""
+    config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+    for model_class in self.all_model_classes:
+        if model_class is hfst.SetTransformerForMixtureOfGaussians:
+            continue  # it fits a mixture to the points themselves, so it takes `input_features` only
+        model = model_class(copy.deepcopy(config)).eval()
+        inputs = self._prepare_for_class(inputs_dict, model_class)
+        features = inputs.pop("input_features")
+        with torch.no_grad():
+            expected = model(input_features=features, **inputs)[0]
+            embedded = model(inputs_embeds=model.get_input_embeddings()(features), **inputs)[0]
+        torch.testing.assert_close(embedded, expected)
+
+
+def _no_vocabulary_mismatch(self):
+    """The mixin provokes a size mismatch by changing `vocab_size`; continuous sets have no vocabulary. The classifier's
+    size mismatch (`num_labels`) is checked by `test_can_load_ignoring_mismatched_shapes`."""
 
 
 _make_test_classes("decoder", (hfst.TransformerDecoderModel, hfst.TransformerDecoderForCausalLM))
@@ -219,6 +263,11 @@ _make_test_classes(
     (hfst.SetTransformerModel, hfst.SetTransformerForSequenceClassification, hfst.SetTransformerForMixtureOfGaussians),
     continuous=True,
     test_attention_outputs=_set_attention_outputs,
+    test_resize_embeddings=False,  # no vocabulary to resize: the inputs are points
+    test_model_get_set_embeddings=_features_get_set_embeddings,
+    test_inputs_embeds=_features_inputs_embeds,
+    test_inputs_embeds_matches_input_ids=_features_inputs_embeds,
+    test_load_with_mismatched_shapes=_no_vocabulary_mismatch,
 )
 _make_test_classes(
     "perceiver_io",
