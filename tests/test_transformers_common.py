@@ -28,12 +28,16 @@ if not TESTS_TREE:
         allow_module_level=True,
     )
 
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, tiny_config  # noqa: E402
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: E402
-from transformers import AutoModelForSequenceClassification  # noqa: E402
-from transformers.models.auto import modeling_auto  # noqa: E402
+from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, tiny_config
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
+from transformers.models.auto import modeling_auto
 
-import hf_settransformer as hfst  # noqa: E402
+import hf_settransformer as hfst
 
 # The folder is imported as the package `transformers_tests` (this repository has its own `tests`), so its relative
 # imports (`from .exporters.test_export import ...`) resolve inside it.
@@ -93,7 +97,7 @@ class HfstModelTester:
     def get_config(self):
         overrides = {}
         if self.family == "perceiver_io":
-            overrides = dict(num_blocks=self.num_blocks, num_self_attends_per_block=self.num_self_attends_per_block)
+            overrides = {"num_blocks": self.num_blocks, "num_self_attends_per_block": self.num_self_attends_per_block}
         if self.continuous:
             overrides.update(vocab_size=None, input_size=self.input_size)
         return tiny_config(self.family, self.attention_type, self.feature_map, **overrides)
@@ -201,7 +205,8 @@ def _perceiver_attention_outputs(self):
             )
             if model_class is hfst.PerceiverIOModel:
                 cross = [tuple(a.shape) for a in outputs.cross_attentions]
-                self.assertEqual(cross, [(b, t.num_cross_attention_heads, m, n), (b, t.num_cross_attention_heads, n, m)])
+                heads = t.num_cross_attention_heads
+                self.assertEqual(cross, [(b, heads, m, n), (b, heads, n, m)])
 
 
 def _features_get_set_embeddings(self):
