@@ -211,10 +211,17 @@ class HfstPreTrainedModel(PreTrainedModel):
         return hidden_states, position_ids, mask
 
     def get_input_embeddings(self):
-        return self.base_model.embeddings.embed_tokens
+        # continuous inputs: the feature projection is the input embedding (a vision model's patch embedding), which
+        # `enable_input_require_grads` hooks for adapters with gradient checkpointing
+        embeddings = self.base_model.embeddings
+        return embeddings.embed_tokens if embeddings.embed_tokens is not None else embeddings.feature_projection
 
     def set_input_embeddings(self, value):
-        self.base_model.embeddings.embed_tokens = value
+        embeddings = self.base_model.embeddings
+        if embeddings.embed_tokens is None and embeddings.feature_projection is not None:
+            embeddings.feature_projection = value
+        else:
+            embeddings.embed_tokens = value
 
 
 class SequencePool(nn.Module):
@@ -527,20 +534,43 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         prefix_length (`int`, *optional*, `"many"` only, a keyword argument): where the prefix of the (last
         `context_length` tokens of the) window ends; every later position is a target. Default: all but the last
         `target_length` positions. The same prefix gives a target the same prediction in any window that ends at or
-        after it (evaluation passes it for the short windows at the start of a text)."""
+        after it (evaluation passes it for the short windows at the start of a text).
+        shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
+        aligned with the positions (`shift_labels[:, i]` is what position i predicts), as transformers' causal LMs
+        take them under sequence/context parallelism; they replace `labels`."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        shift_labels = kwargs.pop("shift_labels", None)
+        if shift_labels is not None:  # targets already aligned with the positions (sequence/context parallelism)
+            labels = shift_labels
         if self.config.next_token_mode == "window":
+            if shift_labels is not None:
+                labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
             output = self.window_forward(
                 input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
             )
         else:
             output = self.many_forward(
-                input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+                input_ids,
+                attention_mask,
+                inputs_embeds,
+                labels,
+                output_attentions,
+                output_hidden_states,
+                shifted=shift_labels is not None,
+                **kwargs,
             )
         return output
 
     def many_forward(
-        self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+        self,
+        input_ids,
+        attention_mask,
+        inputs_embeds,
+        labels,
+        output_attentions,
+        output_hidden_states,
+        shifted=False,
+        **kwargs,
     ):
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
@@ -580,7 +610,9 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         )
         key_mask = check_attention_mask(attention_mask, b, length)
         states = self.target_states(outputs, num_targets, key_mask)  # (b, t, hidden)
-        targets = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:][:, -num_targets:]  # (b, t)
+        if labels is not None and not shifted:
+            labels = F.pad(labels, (0, 1), value=-100)[:, 1:]  # position i predicts token i + 1
+        targets = None if labels is None else labels[:, -num_targets:]  # (b, t)
         logits = loss = None
         if targets is not None and self.training and torch.is_grad_enabled():
             loss = self.lm_loss(states, targets)  # no full logits while training

@@ -158,6 +158,7 @@ class MixtureOfGaussiansOutput(ModelOutput):
     loss: minus the mean log-likelihood per real point (over the whole batch), when `return_loss`.
     log_likelihood: (b,) mean log-likelihood per real point of each set under its predicted mixture.
     mixture_logits: (b, k) unnormalised log mixture weights; means, stds: (b, k, input_size).
+    hidden_states, attentions: the model's, when asked (see `SetModelOutput`).
     """
 
     loss: torch.FloatTensor | None = None
@@ -165,6 +166,8 @@ class MixtureOfGaussiansOutput(ModelOutput):
     mixture_logits: torch.FloatTensor | None = None
     means: torch.FloatTensor | None = None
     stds: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 def mixture_log_likelihood(points, mixture_logits, means, stds):
@@ -180,6 +183,8 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
     the `num_seeds` components of a Gaussian mixture with diagonal covariances (a weight logit, a mean and a std per
     component: std = softplus + 1e-4), fitted to the same points: the loss is minus their mean log-likelihood, so no
     labels are needed (`return_loss=True`, the default, as the Trainer needs a loss)."""
+
+    main_input_name = "input_features"  # points only: generic code (Trainer, pipelines) reads the input's name here
 
     def __init__(self, config):
         super().__init__(config)
@@ -215,6 +220,12 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
         per_set = (per_point * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
         loss = -(per_point * mask).sum() / mask.sum().clamp_min(1.0) if return_loss else None
         output = MixtureOfGaussiansOutput(
-            loss=loss, log_likelihood=per_set, mixture_logits=logits, means=means, stds=stds
+            loss=loss,
+            log_likelihood=per_set,
+            mixture_logits=logits,
+            means=means,
+            stds=stds,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
         return output

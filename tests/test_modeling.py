@@ -638,7 +638,9 @@ TOKEN_MODELS = [(f, c) for f, c in MODEL_CLASSES if c is not hfst.SetTransformer
 
 
 @pytest.mark.parametrize("family,cls", TOKEN_MODELS, ids=[c.__name__ for _, c in TOKEN_MODELS])
-@pytest.mark.parametrize("attention_type,feature_map", [("softmax", "elu"), ("linear", "exp")], ids=["softmax", "linear"])
+@pytest.mark.parametrize(
+    "attention_type,feature_map", [("softmax", "elu"), ("linear", "exp")], ids=["softmax", "linear"]
+)
 def test_inputs_embeds_reproduce_input_ids(family, cls, attention_type, feature_map):
     config = tiny_config(family, attention_type, feature_map)
     model = make_model(cls, config)
@@ -682,3 +684,62 @@ def test_return_dict_false_gives_the_output_as_a_tuple(family, cls):
             got = model(input_ids=ids)
         assert isinstance(got, tuple) and len(got) == len(expected)
         assert all(torch.equal(a, b) for a, b in zip(got, expected) if torch.is_tensor(a))
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+@pytest.mark.parametrize("mode", ["many", "window"])
+def test_next_token_heads_take_shift_labels(family, mode):
+    """`shift_labels` (targets already aligned with the positions, as the Trainer passes them under sequence/context
+    parallelism) replace `labels`; they used to reach the base model's `**kwargs` and be dropped silently."""
+    model = many_target_head(family, next_token_mode=mode)
+    ids = batch_of_tokens(2, 10)
+    shift_labels = torch.randint(0, VOCAB, (2, 10))
+    loss = model(input_ids=ids, shift_labels=shift_labels).loss
+    assert loss is not None
+    assert torch.equal(model(input_ids=ids, labels=torch.zeros_like(ids), shift_labels=shift_labels).loss, loss)
+    if mode == "many":  # causal-LM labels, which the head shifts itself, give the same loss as their shifted version
+        labels = torch.randint(0, VOCAB, (2, 10))
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        assert torch.allclose(model(input_ids=ids, shift_labels=shifted).loss, model(input_ids=ids, labels=labels).loss)
+    else:  # one target per window: the token after it
+        assert torch.allclose(model(input_ids=ids, labels=shift_labels[:, -1]).loss, loss)
+    assert not torch.equal(model(input_ids=ids, shift_labels=torch.roll(shift_labels, 1, dims=1)).loss, loss)
+
+
+def test_continuous_inputs_expose_the_feature_projection():
+    """With `input_features` the feature projection is the input embedding (`get_input_embeddings()` used to return
+    None): `enable_input_require_grads` hooks it, so a frozen model's outputs still carry gradients (adapters with
+    gradient checkpointing), and `inputs_embeds` made with it reproduce `input_features`."""
+    config = tiny_config("set_transformer", vocab_size=None, input_size=3)
+    for cls in (hfst.SetTransformerModel, hfst.SetTransformerForSequenceClassification):
+        model = make_model(cls, config)
+        projection = model.get_input_embeddings()
+        assert projection is model.base_model.embeddings.feature_projection
+        features = torch.randn(2, 5, 3)
+        expected = main_output(model(input_features=features))
+        assert torch.allclose(main_output(model(inputs_embeds=projection(features))), expected, atol=ATOL)
+        model.requires_grad_(False)
+        model.enable_input_require_grads()
+        assert main_output(model(input_features=features)).requires_grad
+        replacement = torch.nn.Linear(3, config.hidden_size)
+        model.set_input_embeddings(replacement)
+        assert model.get_input_embeddings() is replacement
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_mixture_of_gaussians_follows_output_conventions(attention_type, feature_map):
+    """Its main input is `input_features` on the class (generic code reads it there), and the hidden states and
+    attention weights it is asked for come back (they used to be dropped)."""
+    import inspect
+
+    cls = hfst.SetTransformerForMixtureOfGaussians
+    assert cls.main_input_name == list(inspect.signature(cls.forward).parameters)[1] == "input_features"
+    config = tiny_config("set_transformer", attention_type, feature_map, vocab_size=None, input_size=2)
+    model = make_model(cls, config)
+    out = model(input_features=torch.randn(2, 6, 2), output_hidden_states=True, output_attentions=True)
+    assert len(out.hidden_states) == config.num_hidden_layers + 1
+    assert out.hidden_states[0].shape == (2, 6, config.hidden_size)
+    if attention_type == "softmax":  # two per ISAB, then PMA and the decoder SAB
+        assert len(out.attentions) == 2 * config.num_hidden_layers + 1 + config.num_decoder_layers
+    else:
+        assert out.attentions is None
