@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-CAUSAL_LM_TYPES = ("hfst_decoder",)
+_CAUSAL_LM_TYPES = ("hfst_decoder",)
 
 
 def build_word_tokenizer(lines, model_max_length=None):
@@ -67,7 +67,7 @@ def build_word_tokenizer(lines, model_max_length=None):
 
 
 def token_stream(lines, tokenizer, eos_id):
-    """Lines -> one 1-D LongTensor of ids with an `<eos>` after every line (the WikiText convention)."""
+    """Lines -> one LongTensor of ids (n,), with `eos_id` after every line (the WikiText convention)."""
     ids = []
     for line in tokenizer(lines, add_special_tokens=False)["input_ids"]:
         ids.extend(line)
@@ -146,7 +146,7 @@ def decoder_windows(stream_length, block_size, stride):
     """Sliding windows over `[eos] + stream`: [(start, end, tokens scored at the end of the window)], each token of the
     stream scored once (see the module docstring)."""
     # a window predicts its positions 1..n-1 from the ones before: it can add at most block_size - 1 scored tokens
-    check_stride(block_size - 1, stride, "block_size - 1")
+    _check_stride(block_size - 1, stride, "block_size - 1")
     total = stream_length + 1
     windows, prev_end = [], 1
     for begin in range(0, total, stride):
@@ -161,7 +161,7 @@ def decoder_windows(stream_length, block_size, stride):
 def target_windows(stream_length, context_length, target_length):
     """Windows of a many-target head over `[eos] + stream`: [(start, end, tokens scored)]; window [start, end)
     predicts the tokens end - scored + 1 .. end, with its last `scored` positions."""
-    check_stride(context_length, target_length, "context_length")
+    _check_stride(context_length, target_length, "context_length")
     last = stream_length  # index of the last token of [eos] + stream
     windows, prev = [], 0
     while prev < last:
@@ -171,7 +171,7 @@ def target_windows(stream_length, context_length, target_length):
     return windows
 
 
-def check_stride(window, stride, name):
+def _check_stride(window, stride, name):
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
         raise ValueError(
             f"The stride must be an integer in [1, {name}={window}] so that every token is scored once with context; "
@@ -185,8 +185,9 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
     """Perplexity and next-token accuracy of a 1-D token `stream` (n,) under the protocol of the module docstring.
 
     model: a causal LM (`block_size`, `stride`: the windows, default stride block_size // 2) or a
-    `*ForNextTokenPrediction` head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size` split the windows between
-    data-parallel processes: the returned sums ("nll", "tokens", "correct") are this process's, to be reduced.
+    `*ForNextTokenPrediction` head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size`
+    split the windows between data-parallel processes: the returned sums ("nll", "tokens", "correct") are this
+    process's, to be reduced.
     `progress`: a description for a tqdm bar over the batches. -> {"perplexity", "accuracy", "tokens", "nll",
     "correct"}."""
     from tqdm.auto import tqdm
@@ -203,8 +204,8 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
         sums[1] += target.numel()
         sums[2] += (logits.argmax(-1) == target).sum().cpu()
 
-    if config.model_type in CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
-        causal_lm = config.model_type in CAUSAL_LM_TYPES
+    if config.model_type in _CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
+        causal_lm = config.model_type in _CAUSAL_LM_TYPES
         if causal_lm:
             windows = decoder_windows(len(stream), block_size, stride or max(block_size // 2, 1))
         else:
@@ -219,7 +220,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
             scored = chunk[0][2] if all(w[2] == chunk[0][2] for w in chunk) else None
             if scored is None:  # the last window of a split scores fewer tokens: score it alone
                 for w in chunk:
-                    score_window(model, full, w, causal_lm, device, score)
+                    _score_window(model, full, w, causal_lm, device, score)
                 continue
             n = ids.shape[1]
             # only the scored positions' logits: the output layer is most of the cost
@@ -251,7 +252,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
     }
 
 
-def score_window(model, full, window, causal_lm, device, score):
+def _score_window(model, full, window, causal_lm, device, score):
     begin, end, scored = window
     ids = full[begin:end][None].to(device)
     n = end - begin
@@ -278,12 +279,12 @@ def masked_positions(length, probability, generator, exclude=None):
 @torch.no_grad()
 def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability=0.15, batch_size=8, seed=0,
                            special_ids=(), progress=None, rank=0, world_size=1):
-    """Masked-LM perplexity of a 1-D token `stream` (a `*ForMaskedLM`): non-overlapping blocks of `block_size`, in
-    each a fixed `probability` share of its positions (drawn with `seed`, never a token of `special_ids`) replaced by
-    `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL per masked token,
-    "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every call, so runs
-    compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum `loss_sum`,
-    `correct` and `tokens_scored` over processes (returned too)."""
+    """Masked-LM perplexity of a token `stream` (n,) under `model` (a `*ForMaskedLM`): non-overlapping blocks of
+    `block_size`, in each a fixed `probability` share of its positions (drawn with `seed`, never a token of
+    `special_ids`) replaced by `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL
+    per masked token, "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every
+    call, so runs compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum
+    `loss_sum`, `correct` and `tokens_scored` over processes (returned too)."""
     blocks = BlockDataset(stream, block_size).blocks
     generator = torch.Generator().manual_seed(seed)
     special = torch.tensor(sorted(special_ids), dtype=torch.long)
@@ -327,7 +328,7 @@ def is_masked_lm(model):
 def example_length(model, block_size=None):
     """Tokens in one training example and evaluation window of `model`: the causal LM's `block_size` (a choice of the
     data, not of its config), every other head's `config.context_length`."""
-    if model.config.model_type in CAUSAL_LM_TYPES:
+    if model.config.model_type in _CAUSAL_LM_TYPES:
         if block_size is None:
             raise ValueError("A causal LM's examples are blocks of `block_size` tokens: pass block_size.")
         return block_size
@@ -342,7 +343,7 @@ def lm_training_dataset(model, stream, block_size=None, num_targets=None, seed=0
     config, length = model.config, example_length(model, block_size)
     if is_masked_lm(model):
         return BlockDataset(stream, length, labels=False)
-    if config.model_type in CAUSAL_LM_TYPES:
+    if config.model_type in _CAUSAL_LM_TYPES:
         return BlockDataset(stream, length)
     if config.next_token_mode == "many":
         return TargetWindowDataset(stream, length, config.target_length)
@@ -355,7 +356,7 @@ def evaluate_perplexity(model, stream, tokenizer=None, batch_size=16, block_size
     or `evaluate_masked_stream` for a masked LM (which needs `tokenizer` for its mask and special tokens). With an
     `accelerate.Accelerator` each process scores its share of the windows and the sums are reduced over the
     processes (every process must call it). `eos_id` defaults to the tokenizer's; `block_size` and `stride` are the
-    causal LM's windows. -> {"perplexity", "accuracy", "tokens_scored", "nll" (summed)}."""
+    causal LM's windows. `stream`: (n,) token ids. -> {"perplexity", "accuracy", "tokens_scored", "nll" (summed)}."""
     rank, world_size = (0, 1) if accelerator is None else (accelerator.process_index, accelerator.num_processes)
     if is_masked_lm(model):
         metrics = evaluate_masked_stream(
@@ -381,7 +382,7 @@ def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=0.1
     if is_masked_lm(model):
         return (f"blocks of {length}, {mlm_probability:.0%} of each block's tokens masked (fixed positions) and "
                 "predicted from the rest")
-    if model.config.model_type in CAUSAL_LM_TYPES:
+    if model.config.model_type in _CAUSAL_LM_TYPES:
         return f"sliding window {length}, stride {stride or max(length // 2, 1)}"
     if model.config.next_token_mode == "many":
         return f"windows of {length}, the last {model.config.target_length} positions scored"

@@ -28,7 +28,8 @@ class MaxRegression(torch.utils.data.Dataset):
     """Paper sec. 5.1 / supp. 2.1: a set of n ~ U{1..10} numbers from [0, 100]; the label is their maximum.
 
     `values="real"` draws reals (the paper's Table 1), `"integer"` integers 0..99 (the official notebook). Features
-    and label are divided by `scale` (targets of order 1 train much faster; errors are reported times `scale`)."""
+    and label are divided by `scale` (targets of order 1 train much faster; errors are reported times `scale`).
+    Items: {"input_features": (n, 1), "labels": ()}."""
 
     def __init__(self, size, seed=0, min_size=1, max_size=10, values="real", scale=1.0):
         self.size, self.seed, self.min_size, self.max_size, self.values = size, seed, min_size, max_size, values
@@ -50,7 +51,8 @@ class MaxRegression(torch.utils.data.Dataset):
 
 class MixtureOfGaussians(torch.utils.data.Dataset):
     """Paper sec. 5.3 / supp. 2.3.1: 2-D points from a mixture of 4 Gaussians with means ~ U(-4, 4)^2, std 0.3,
-    weights ~ Dirichlet(1, 1, 1, 1); n ~ U{min_size..max_size} points per set (300-600 as in the official code)."""
+    weights ~ Dirichlet(1, 1, 1, 1); n ~ U{min_size..max_size} points per set (300-600 as in the official code).
+    Items: {"input_features": (n, dims)}; the points are the targets (`parameters(i)`: the generating mixture)."""
 
     def __init__(self, size, seed=0, min_size=300, max_size=600, components=4, dims=2, std=0.3):
         self.size, self.seed = size, seed
@@ -130,7 +132,7 @@ def random_rotation(g):
 class PointClouds(torch.utils.data.Dataset):
     """Point-cloud-like classification at scale: n ~ U{min_size..max_size} points sampled on one of 8 shapes,
     randomly rotated, scaled by U(0.7, 1.3) (isotropically: a sphere stays a sphere) and jittered (std 0.02); the
-    label is the shape."""
+    label is the shape. Items: {"input_features": (n, 3), "labels": index into `SHAPES`}."""
 
     def __init__(self, size, seed=0, min_size=1000, max_size=4000, noise=0.02):
         self.size, self.seed, self.min_size, self.max_size, self.noise = size, seed, min_size, max_size, noise

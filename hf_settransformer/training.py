@@ -26,8 +26,8 @@ from string import Template
 import torch
 from transformers import TrainerCallback, TrainerState
 
-COMPLETE_MARKER = "hfst_checkpoint_complete.json"
-LOCK_FILE = ".hfst_run.lock"
+COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
+LOCK_FILE = ".hfst_run.lock"  # in the output folder of a live run (OutputDirLock)
 
 
 class OutputDirLockedError(RuntimeError):
@@ -206,7 +206,7 @@ def checkpoint_step(folder):
     )
 
 
-def resolve_resume(training_args, script="train_lm"):
+def resolve_resume(training_args, script="train"):
     """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
     names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
     writing a checkpoint there, so one without a marker was left by a killed run."""
@@ -312,6 +312,7 @@ def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps)
     return total / max(steps, 1)
 
 
+# what a TimedEvalCallback can count training time on: name -> a function giving seconds
 CLOCKS = {"wall": time.time, "cpu": time.process_time}
 
 
@@ -412,7 +413,7 @@ def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
     return times[len(times) // 2]
 
 
-BUDGET_FILE = "time_budget.json"
+BUDGET_FILE = "time_budget.json"  # in the output folder: the max_steps of a time budget, for a resumed run
 
 
 def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train"):

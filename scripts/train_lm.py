@@ -37,9 +37,10 @@ Every `TrainingArguments` flag works (defaults below where they differ from tran
 `hf_settransformer.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
 autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GPU supports it, fp32 elsewhere.
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
-minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`), and records the steps reached: `--max_steps <train_steps>` repeats the run by
-step count. At the end the script prints a summary and writes `all_results.json` (with the CPU model, threads and
-precision), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
+and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
+a summary and writes `all_results.json` (with the CPU model, threads and precision), the model, the tokenizer and a
+model card (README.md) to `--output_dir`. What it calls is package API (README, "Use the pieces in your own script").
 """
 
 import json
@@ -388,7 +389,8 @@ def load_data(model_args, data_args, training_args, command, say):
         raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
     if data_args.max_train_tokens:
         streams["train"] = streams["train"][: data_args.max_train_tokens]
-    say(f"[train_lm] vocabulary {len(tokenizer):,}; tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in streams.items()))
+    counts = ", ".join(f"{k} {len(v):,}" for k, v in streams.items())
+    say(f"[train_lm] vocabulary {len(tokenizer):,}; tokens: {counts}")
     return tokenizer, eos_id, streams
 
 
@@ -497,7 +499,8 @@ def check_arguments(model_args, data_args, training_args):
     if launched > 1 and training_args.world_size != launched:
         raise SystemExit(
             f"{launched} processes were launched but they are not connected (world size {training_args.world_size}): "
-            "on CPUs launch with `accelerate launch --multi_gpu --num_processes N scripts/train_lm.py ... --use_cpu true`."
+            "on CPUs launch with `accelerate launch --multi_gpu --num_processes N scripts/train_lm.py ... "
+            "--use_cpu true`."
         )
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise SystemExit("Nothing to do: pass --do_train, --do_eval (validation) and/or --do_predict (test).")
@@ -509,7 +512,8 @@ def check_arguments(model_args, data_args, training_args):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
     if data_args.max_train_minutes and (training_args.max_steps > 0 or data_args.train_token_budget):
         raise SystemExit(
-            "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, not both."
+            "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, "
+            "not both."
         )
     if model_args.objective == "mlm" and model_args.family not in ("encoder", "perceiver_io"):
         raise SystemExit(
@@ -524,8 +528,8 @@ def check_arguments(model_args, data_args, training_args):
     if data_args.eval_stride is not None and data_args.eval_stride >= data_args.block_size:
         raise SystemExit(
             f"--eval_stride ({data_args.eval_stride}) must be smaller than --block_size ({data_args.block_size}): a "
-            "window predicts its tokens after the first from the ones before them, so it can add at most block_size - 1 "
-            "scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
+            "window predicts its tokens after the first from the ones before them, so it can add at most "
+            "block_size - 1 scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
         )
 
 
@@ -549,7 +553,7 @@ def main(argv=None):
     if data_args.train_token_budget:
         training_args.max_steps = max(1, data_args.train_token_budget // tokens_per_step(training_args, length))
 
-    resume = resolve_resume(training_args) if training_args.do_train else None
+    resume = resolve_resume(training_args, script="train_lm") if training_args.do_train else None
     if resume:
         check_checkpoint_matches(resume, model)
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
