@@ -7,7 +7,9 @@ class DataCollatorForSets:
     """A batch of sets of different sizes -> padded tensors plus an `attention_mask` (1 real element, 0 padding).
 
     Each example is a dict with one set-valued entry, `input_features` (a (n_i, input_size) tensor or nested list)
-    or `input_ids` (n_i token ids), and any other entries (`labels`, ...), which are stacked. Padding elements are
+    or `input_ids` (n_i token ids), and any other entries (`labels`, ...), which are stacked. The batch holds
+    `input_features` (b, n, input_size) float or `input_ids` (b, n), `attention_mask` (b, n) and the stacked entries,
+    n being the largest set (rounded up to `pad_to_multiple_of`). Padding elements are
     zeros (features) or `pad_token_id` (tokens); the models ignore them through the mask, so outputs for a set do not
     depend on what else is in the batch.
 

@@ -20,15 +20,21 @@ token is the reference.
 Masked LMs (`*ForMaskedLM`, `evaluate_masked_stream`): non-overlapping blocks, a fixed 15% of each block's positions
 replaced by the mask token and predicted from the rest; the perplexity is over those masked tokens (not comparable to
 a causal perplexity: the model sees both sides).
+
+For any head at once: `lm_training_dataset` picks the training dataset, `evaluate_perplexity` the protocol (summed
+over data-parallel processes), `evaluation_protocol` says which in words, and `lm_model_card_fields` fills the model
+card templates of `model_cards/` from a run's results.
 """
 
+import json
 import math
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
+import transformers
 
-CAUSAL_LM_TYPES = ("hfst_decoder",)
+_CAUSAL_LM_TYPES = ("hfst_decoder",)
 
 
 def build_word_tokenizer(lines, model_max_length=None):
@@ -61,7 +67,7 @@ def build_word_tokenizer(lines, model_max_length=None):
 
 
 def token_stream(lines, tokenizer, eos_id):
-    """Lines -> one 1-D LongTensor of ids with an `<eos>` after every line (the WikiText convention)."""
+    """Lines -> one LongTensor of ids (n,), with `eos_id` after every line (the WikiText convention)."""
     ids = []
     for line in tokenizer(lines, add_special_tokens=False)["input_ids"]:
         ids.extend(line)
@@ -140,7 +146,7 @@ def decoder_windows(stream_length, block_size, stride):
     """Sliding windows over `[eos] + stream`: [(start, end, tokens scored at the end of the window)], each token of the
     stream scored once (see the module docstring)."""
     # a window predicts its positions 1..n-1 from the ones before: it can add at most block_size - 1 scored tokens
-    check_stride(block_size - 1, stride, "block_size - 1")
+    _check_stride(block_size - 1, stride, "block_size - 1")
     total = stream_length + 1
     windows, prev_end = [], 1
     for begin in range(0, total, stride):
@@ -155,7 +161,7 @@ def decoder_windows(stream_length, block_size, stride):
 def target_windows(stream_length, context_length, target_length):
     """Windows of a many-target head over `[eos] + stream`: [(start, end, tokens scored)]; window [start, end)
     predicts the tokens end - scored + 1 .. end, with its last `scored` positions."""
-    check_stride(context_length, target_length, "context_length")
+    _check_stride(context_length, target_length, "context_length")
     last = stream_length  # index of the last token of [eos] + stream
     windows, prev = [], 0
     while prev < last:
@@ -165,7 +171,7 @@ def target_windows(stream_length, context_length, target_length):
     return windows
 
 
-def check_stride(window, stride, name):
+def _check_stride(window, stride, name):
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
         raise ValueError(
             f"The stride must be an integer in [1, {name}={window}] so that every token is scored once with context; "
@@ -176,11 +182,12 @@ def check_stride(window, stride, name):
 @torch.no_grad()
 def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, eos_id=0, progress=None,
                     rank=0, world_size=1):
-    """Perplexity and next-token accuracy of a 1-D token `stream` under the protocol of the module docstring.
+    """Perplexity and next-token accuracy of a 1-D token `stream` (n,) under the protocol of the module docstring.
 
-    model: a causal LM (`block_size`, `stride`: the windows, default stride block_size // 2) or a `*ForNextTokenPrediction`
-    head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size` split the windows between
-    data-parallel processes: the returned sums ("nll", "tokens", "correct") are this process's, to be reduced.
+    model: a causal LM (`block_size`, `stride`: the windows, default stride block_size // 2) or a
+    `*ForNextTokenPrediction` head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size`
+    split the windows between data-parallel processes: the returned sums ("nll", "tokens", "correct") are this
+    process's, to be reduced.
     `progress`: a description for a tqdm bar over the batches. -> {"perplexity", "accuracy", "tokens", "nll",
     "correct"}."""
     from tqdm.auto import tqdm
@@ -197,8 +204,8 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
         sums[1] += target.numel()
         sums[2] += (logits.argmax(-1) == target).sum().cpu()
 
-    if config.model_type in CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
-        causal_lm = config.model_type in CAUSAL_LM_TYPES
+    if config.model_type in _CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
+        causal_lm = config.model_type in _CAUSAL_LM_TYPES
         if causal_lm:
             windows = decoder_windows(len(stream), block_size, stride or max(block_size // 2, 1))
         else:
@@ -213,7 +220,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
             scored = chunk[0][2] if all(w[2] == chunk[0][2] for w in chunk) else None
             if scored is None:  # the last window of a split scores fewer tokens: score it alone
                 for w in chunk:
-                    score_window(model, full, w, causal_lm, device, score)
+                    _score_window(model, full, w, causal_lm, device, score)
                 continue
             n = ids.shape[1]
             # only the scored positions' logits: the output layer is most of the cost
@@ -245,7 +252,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
     }
 
 
-def score_window(model, full, window, causal_lm, device, score):
+def _score_window(model, full, window, causal_lm, device, score):
     begin, end, scored = window
     ids = full[begin:end][None].to(device)
     n = end - begin
@@ -272,12 +279,12 @@ def masked_positions(length, probability, generator, exclude=None):
 @torch.no_grad()
 def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability=0.15, batch_size=8, seed=0,
                            special_ids=(), progress=None, rank=0, world_size=1):
-    """Masked-LM perplexity of a 1-D token `stream` (a `*ForMaskedLM`): non-overlapping blocks of `block_size`, in
-    each a fixed `probability` share of its positions (drawn with `seed`, never a token of `special_ids`) replaced by
-    `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL per masked token,
-    "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every call, so runs
-    compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum `loss_sum`,
-    `correct` and `tokens_scored` over processes (returned too)."""
+    """Masked-LM perplexity of a token `stream` (n,) under `model` (a `*ForMaskedLM`): non-overlapping blocks of
+    `block_size`, in each a fixed `probability` share of its positions (drawn with `seed`, never a token of
+    `special_ids`) replaced by `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL
+    per masked token, "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every
+    call, so runs compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum
+    `loss_sum`, `correct` and `tokens_scored` over processes (returned too)."""
     blocks = BlockDataset(stream, block_size).blocks
     generator = torch.Generator().manual_seed(seed)
     special = torch.tensor(sorted(special_ids), dtype=torch.long)
@@ -308,3 +315,142 @@ def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability
     loss = loss_sum / max(scored, 1)
     return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / max(scored, 1), "tokens_scored": scored,
             "loss_sum": loss_sum, "correct": correct}
+
+
+# ------------------------------------------------------------------------------------------------ any head
+
+
+def is_masked_lm(model):
+    """Whether `model` is a masked-LM head (`*ForMaskedLM`): trained on masked blocks, evaluated on masked tokens."""
+    return type(model).__name__.endswith("ForMaskedLM")
+
+
+def example_length(model, block_size=None):
+    """Tokens in one training example and evaluation window of `model`: the causal LM's `block_size` (a choice of the
+    data, not of its config), every other head's `config.context_length`."""
+    if model.config.model_type in _CAUSAL_LM_TYPES:
+        if block_size is None:
+            raise ValueError("A causal LM's examples are blocks of `block_size` tokens: pass block_size.")
+        return block_size
+    return model.config.context_length
+
+
+def lm_training_dataset(model, stream, block_size=None, num_targets=None, seed=0):
+    """The training dataset that fits `model`'s head, over a 1-D token `stream`: `BlockDataset` of `block_size` for a
+    causal LM, unlabelled blocks of `context_length` for a masked LM (`DataCollatorForLanguageModeling` masks and
+    labels them), `TargetWindowDataset` for a many-target head, `WindowDataset` (`num_targets` windows drawn with
+    `seed`, default every position) for the one-target head. Items hold (example_length,) "input_ids" (and labels)."""
+    config, length = model.config, example_length(model, block_size)
+    if is_masked_lm(model):
+        return BlockDataset(stream, length, labels=False)
+    if config.model_type in _CAUSAL_LM_TYPES:
+        return BlockDataset(stream, length)
+    if config.next_token_mode == "many":
+        return TargetWindowDataset(stream, length, config.target_length)
+    return WindowDataset(stream, length, num_targets, seed=seed)
+
+
+def evaluate_perplexity(model, stream, tokenizer=None, batch_size=16, block_size=None, stride=None, eos_id=None,
+                        mlm_probability=0.15, progress=None, accelerator=None):
+    """Perplexity and accuracy of a 1-D token `stream` under `model`'s protocol (module docstring): `evaluate_stream`,
+    or `evaluate_masked_stream` for a masked LM (which needs `tokenizer` for its mask and special tokens). With an
+    `accelerate.Accelerator` each process scores its share of the windows and the sums are reduced over the
+    processes (every process must call it). `eos_id` defaults to the tokenizer's; `block_size` and `stride` are the
+    causal LM's windows. `stream`: (n,) token ids. -> {"perplexity", "accuracy", "tokens_scored", "nll" (summed)}."""
+    rank, world_size = (0, 1) if accelerator is None else (accelerator.process_index, accelerator.num_processes)
+    if is_masked_lm(model):
+        metrics = evaluate_masked_stream(
+            model, stream, model.config.context_length, tokenizer.mask_token_id, mlm_probability,
+            batch_size=batch_size, special_ids=tokenizer.all_special_ids, progress=progress, rank=rank,
+            world_size=world_size,
+        )
+        metrics["nll"], metrics["tokens"] = metrics["loss_sum"], metrics["tokens_scored"]
+    else:
+        eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
+        metrics = evaluate_stream(model, stream, batch_size=batch_size, stride=stride, block_size=block_size,
+                                  eos_id=eos_id, progress=progress, rank=rank, world_size=world_size)
+    sums = torch.tensor([metrics["nll"], metrics["tokens"], metrics["correct"]], dtype=torch.float64)
+    if accelerator is not None:
+        sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum")
+    nll, count, correct = (float(x) for x in sums)
+    return {"perplexity": math.exp(nll / count), "accuracy": correct / count, "tokens_scored": int(count), "nll": nll}
+
+
+def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=0.15):
+    """The protocol `evaluate_perplexity` applies to `model`, in words (for results files and model cards)."""
+    length = example_length(model, block_size)
+    if is_masked_lm(model):
+        return (f"blocks of {length}, {mlm_probability:.0%} of each block's tokens masked (fixed positions) and "
+                "predicted from the rest")
+    if model.config.model_type in _CAUSAL_LM_TYPES:
+        return f"sliding window {length}, stride {stride or max(length // 2, 1)}"
+    if model.config.next_token_mode == "many":
+        return f"windows of {length}, the last {model.config.target_length} positions scored"
+    return f"every position, up to {length} preceding tokens"
+
+
+def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=0.15):
+    """The `${name}` fields of the language-model card templates (`model_cards/lm_model_card.md`, and
+    `mlm_model_card.md` for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
+    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
+    wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
+    device). `family` defaults to the one `model_type` names. `repo_id` and `command` are the caller's to add; then
+    `hf_settransformer.write_model_card(output_dir, template, **fields)`."""
+    config, masked = model.config, is_masked_lm(model)
+    family = family or config.model_type.removeprefix("hfst_")
+    return dict(
+        family=family,
+        model_class=type(model).__name__,
+        attention=config.attention_type
+        + (f" ({config.feature_map} feature map)" if config.attention_type == "linear" else ""),
+        attention_tag=config.attention_type if config.attention_type == "softmax" else f"linear-{config.feature_map}",
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        context=block_size if family == "decoder" else config.context_length,
+        mlm_percent=f"{mlm_probability:.0%}",
+        parameters=f"{results['parameters']:,}",
+        vocab_size=config.vocab_size,
+        val_ppl=f"{results['validation_perplexity']:.2f}",
+        test_ppl=f"{results['test_perplexity']:.2f}",
+        val_acc=f"{results['validation_accuracy']:.4f}",
+        test_acc=f"{results['test_accuracy']:.4f}",
+        train_tokens=f"{results['train_tokens']:,}",
+        tokens_per_second=f"{results['train_tokens_per_second'] or float('nan'):,.0f}",
+        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
+        design=_card_design(config, family, masked),
+        output_layer=(
+            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
+            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
+            if config.adaptive_softmax_cutoffs
+            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
+        ),
+        protocol=results["eval_protocol"],
+        cpu_model=results["cpu_model"],
+        threads=results["threads_per_process"],
+        precision=results["precision"],
+        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
+        train_steps=f"{results['train_steps']:,}",
+        config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
+        transformers_version=transformers.__version__,
+        torch_version=torch.__version__,
+        device=results["device"],
+    )
+
+
+def _card_design(config, family, masked=False):
+    if masked:
+        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
+                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
+                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
+                           else "") + ".")
+    if family == "decoder":
+        return "Causal LM: the decoder predicts every next token of its block."
+    if config.next_token_mode == "window":
+        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
+                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token.")
+    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
+            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
+            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
+            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
+            "position's state) reads the states up to it. No prediction sees its own target or a later token.")

@@ -1,15 +1,23 @@
-"""Synthetic set tasks of the Set Transformer paper (Lee et al. 2019), generated on the fly (no download), and the
-pooling baselines it compares with, beside `DataCollatorForSets` for your own scripts (scripts/train_sets.py uses
-them). torch only; the modeling files never import this module.
+"""Synthetic set tasks of the Set Transformer paper (Lee et al. 2019), generated on the fly (no download), the
+pooling baselines it compares with, the heads, loss and evaluation of each task, beside `DataCollatorForSets` for your
+own scripts (scripts/train_sets.py uses them). torch only; the modeling files never import this module.
 
 Every dataset is map-style and deterministic: item i is drawn from a generator seeded with (seed, i), so a run is
-reproducible and resumable, and a "fresh set every step" is item i of a large index range.
+reproducible and resumable, and a "fresh set every step" is item i of a large index range. Items are dicts with
+"input_features" (n_i, d) and, for the supervised tasks, "labels"; `DataCollatorForSets` pads them into a batch.
 """
 
 import math
 
 import torch
 from torch import nn
+
+from .data import DataCollatorForSets
+from .modeling_set_transformer import (
+    SetTransformerForMixtureOfGaussians,
+    SetTransformerForSequenceClassification,
+    mixture_log_likelihood,
+)
 
 
 def _generator(seed, index):
@@ -20,7 +28,8 @@ class MaxRegression(torch.utils.data.Dataset):
     """Paper sec. 5.1 / supp. 2.1: a set of n ~ U{1..10} numbers from [0, 100]; the label is their maximum.
 
     `values="real"` draws reals (the paper's Table 1), `"integer"` integers 0..99 (the official notebook). Features
-    and label are divided by `scale` (targets of order 1 train much faster; errors are reported times `scale`)."""
+    and label are divided by `scale` (targets of order 1 train much faster; errors are reported times `scale`).
+    Items: {"input_features": (n, 1), "labels": ()}."""
 
     def __init__(self, size, seed=0, min_size=1, max_size=10, values="real", scale=1.0):
         self.size, self.seed, self.min_size, self.max_size, self.values = size, seed, min_size, max_size, values
@@ -42,7 +51,8 @@ class MaxRegression(torch.utils.data.Dataset):
 
 class MixtureOfGaussians(torch.utils.data.Dataset):
     """Paper sec. 5.3 / supp. 2.3.1: 2-D points from a mixture of 4 Gaussians with means ~ U(-4, 4)^2, std 0.3,
-    weights ~ Dirichlet(1, 1, 1, 1); n ~ U{min_size..max_size} points per set (300-600 as in the official code)."""
+    weights ~ Dirichlet(1, 1, 1, 1); n ~ U{min_size..max_size} points per set (300-600 as in the official code).
+    Items: {"input_features": (n, dims)}; the points are the targets (`parameters(i)`: the generating mixture)."""
 
     def __init__(self, size, seed=0, min_size=300, max_size=600, components=4, dims=2, std=0.3):
         self.size, self.seed = size, seed
@@ -72,7 +82,7 @@ SHAPES = ["sphere", "cube", "cylinder", "cone", "torus", "ellipsoid", "pyramid",
 
 
 def sample_shape(shape, n, g):
-    """n points on the surface of a unit-sized shape, (n, 3)."""
+    """n points on the surface of a unit-sized shape (one of `SHAPES`), drawn with the generator `g`: (n, 3)."""
     u, v = torch.rand(n, generator=g), torch.rand(n, generator=g)
     if shape in ("sphere", "ellipsoid"):
         p = torch.randn(n, 3, generator=g)
@@ -106,6 +116,7 @@ def sample_shape(shape, n, g):
 
 
 def random_rotation(g):
+    """A uniformly random 3-D rotation matrix (3, 3), from a random unit quaternion drawn with the generator `g`."""
     q = torch.randn(4, generator=g)
     q = q / q.norm()
     w, x, y, z = q.tolist()
@@ -121,7 +132,7 @@ def random_rotation(g):
 class PointClouds(torch.utils.data.Dataset):
     """Point-cloud-like classification at scale: n ~ U{min_size..max_size} points sampled on one of 8 shapes,
     randomly rotated, scaled by U(0.7, 1.3) (isotropically: a sphere stays a sphere) and jittered (std 0.02); the
-    label is the shape."""
+    label is the shape. Items: {"input_features": (n, 3), "labels": index into `SHAPES`}."""
 
     def __init__(self, size, seed=0, min_size=1000, max_size=4000, noise=0.02):
         self.size, self.seed, self.min_size, self.max_size, self.noise = size, seed, min_size, max_size, noise
@@ -141,7 +152,10 @@ class PointClouds(torch.utils.data.Dataset):
 
 class DeepSetsBaseline(nn.Module):
     """The paper's rFF + pooling baseline (supp. 2.1): FC(64, ReLU) x 3, FC(64) -> mean/sum/max over the set ->
-    FC(64, ReLU) -> FC(out). Masked pooling; L1 loss for regression (`labels` float), cross-entropy otherwise."""
+    FC(64, ReLU) -> FC(out). Masked pooling; L1 loss for regression (`labels` float), cross-entropy otherwise.
+
+    forward: input_features (b, n, input_size), attention_mask (b, n) (1 real, 0 padding), labels (b,) ->
+    {"loss", "logits" (b, out)}."""
 
     def __init__(self, input_size=1, hidden=64, out=1, pooling="max"):
         super().__init__()
@@ -174,3 +188,75 @@ class DeepSetsBaseline(nn.Module):
             else:
                 loss = nn.functional.cross_entropy(logits, labels)
         return {"loss": loss, "logits": logits}
+
+
+SET_TASKS = {"max_regression": MaxRegression, "mixture_of_gaussians": MixtureOfGaussians, "point_clouds": PointClouds}
+# task -> (Set Transformer head, the config values the task needs)
+TASK_HEADS = {
+    "max_regression": (SetTransformerForSequenceClassification, dict(input_size=1, num_labels=1)),
+    "mixture_of_gaussians": (SetTransformerForMixtureOfGaussians, dict(input_size=2, num_seeds=4)),
+    "point_clouds": (SetTransformerForSequenceClassification, dict(input_size=3, num_labels=len(SHAPES))),
+}
+# Lee et al. 2019, Table 1 (MAE) and Table 3 (LL0 per data point)
+PAPER_RESULTS = {
+    "max_regression": {"SAB+PMA": 0.2085, "rFF+mean": 2.133, "rFF+sum": 1.902, "rFF+max": 0.1355},
+    "mixture_of_gaussians": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145, "oracle": -1.4726},
+}
+
+
+def make_set_task(task, size, seed=0, **options):
+    """The dataset of `task` (a key of `SET_TASKS`) with `size` items drawn with `seed`; `options` go to its class
+    (min_size, max_size; values and scale for max_regression)."""
+    if task not in SET_TASKS:
+        raise ValueError(f"Unknown set task {task!r}: choose one of {sorted(SET_TASKS)}.")
+    return SET_TASKS[task](size, seed, **options)
+
+
+def l1_loss(outputs, labels, num_items_in_batch=None):
+    """The paper's max-regression loss, mean |prediction - max| over the batch: `outputs` has logits (b, 1),
+    `labels` (b,). Pass it as the Trainer's `compute_loss_func`."""
+    logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+    return (logits.squeeze(-1).float() - labels.float()).abs().mean()
+
+
+@torch.no_grad()
+def evaluate_set_task(model, task, dataset, batch_size=64, value_scale=1.0):
+    """The paper's metric of `task` for `model` (a Set Transformer head of `TASK_HEADS` or a `DeepSetsBaseline`) on
+    every set of `dataset`, batched by `DataCollatorForSets`: {"mae"} (times `value_scale`, the scale the dataset
+    divided by) for max_regression, {"log_likelihood_per_point", "oracle_log_likelihood_per_point"} (the generating
+    mixture's) for mixture_of_gaussians, {"accuracy"} for point_clouds. Leaves the model in eval mode."""
+    model.eval()
+    device = next(model.parameters()).device
+    collate = DataCollatorForSets()
+    totals = {"n": 0, "abs_error": 0.0, "correct": 0, "ll": 0.0, "oracle": 0.0, "points": 0}
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch = {k: v.to(device) for k, v in collate(items).items()}
+        out = model(input_features=batch["input_features"], attention_mask=batch["attention_mask"])
+        if task == "mixture_of_gaussians":
+            mask = batch["attention_mask"].float()  # (b, n)
+            ll = mixture_log_likelihood(batch["input_features"], out.mixture_logits, out.means, out.stds)  # (b, n)
+            totals["ll"] += float((ll * mask).sum())
+            for row, i in enumerate(range(start, start + len(items))):
+                weights, means, stds, _ = dataset.parameters(i)
+                x = batch["input_features"][row : row + 1, : int(mask[row].sum())]
+                oracle = mixture_log_likelihood(
+                    x, weights.log()[None].to(device), means[None].to(device), stds[None].to(device)
+                )
+                totals["oracle"] += float(oracle.sum())
+            totals["points"] += float(mask.sum())
+        else:
+            logits = out["logits"] if isinstance(out, dict) else out.logits  # (b, 1) or (b, classes)
+            if task == "max_regression":
+                totals["abs_error"] += float((logits.squeeze(-1) - batch["labels"]).abs().sum())
+            else:
+                totals["correct"] += int((logits.argmax(-1) == batch["labels"]).sum())
+        totals["n"] += len(items)
+    if task == "max_regression":
+        return {"mae": totals["abs_error"] / totals["n"] * value_scale}
+    if task == "mixture_of_gaussians":
+        return {
+            "log_likelihood_per_point": totals["ll"] / totals["points"],
+            "oracle_log_likelihood_per_point": totals["oracle"] / totals["points"],
+        }
+    return {"accuracy": totals["correct"] / totals["n"]}

@@ -1,27 +1,33 @@
 """Training utilities for your own Trainer scripts: checkpoints that are marked complete, safe resumption, the
-training time and validation curve of a run across resumes, and a training-time budget.
+training time and validation curve of a run across resumes, a training-time budget (and the `max_steps` that fits
+it), the measurements of a run, the machine it ran on, a model card filled from them, and an upload without pickles.
 
 Typical use (see the README's "Use the pieces in your own script"):
 
-    timer = TimedEvalCallback(resume_from=resume)
-    trainer = Trainer(..., callbacks=[CompleteCheckpointCallback(timer), timer, TimeBudgetCallback(30, timer)])
-    train_unless_finished(trainer, resolve_resume(training_args))
+    resume = resolve_resume(training_args)
+    timer, budget, callbacks = timed_callbacks(resume, clock="cpu", max_minutes=30)
+    trainer = Trainer(..., callbacks=callbacks)
+    results = train_and_measure(trainer, resume, timer, budget)
 
 Needs torch and transformers only (no accelerate or datasets); the modeling files never import it.
 """
 
+import copy
 import json
+import math
 import os
+import platform
 import shutil
 import socket
 import time
 from pathlib import Path
+from string import Template
 
 import torch
 from transformers import TrainerCallback, TrainerState
 
-COMPLETE_MARKER = "hfst_checkpoint_complete.json"
-LOCK_FILE = ".hfst_run.lock"
+COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
+LOCK_FILE = ".hfst_run.lock"  # in the output folder of a live run (OutputDirLock)
 
 
 class OutputDirLockedError(RuntimeError):
@@ -200,7 +206,7 @@ def checkpoint_step(folder):
     )
 
 
-def resolve_resume(training_args, script="train_lm"):
+def resolve_resume(training_args, script="train"):
     """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
     names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
     writing a checkpoint there, so one without a marker was left by a killed run."""
@@ -306,6 +312,7 @@ def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps)
     return total / max(steps, 1)
 
 
+# what a TimedEvalCallback can count training time on: name -> a function giving seconds
 CLOCKS = {"wall": time.time, "cpu": time.process_time}
 
 
@@ -355,7 +362,7 @@ class TimeBudgetCallback(TrainerCallback):
     def __init__(self, minutes, timer):
         if not minutes > 0:
             raise ValueError(f"A training-time budget must be a positive number of minutes, got {minutes!r}.")
-        self.seconds, self.timer, self.stopped_at_step = minutes * 60.0, timer, None
+        self.minutes, self.seconds, self.timer, self.stopped_at_step = minutes, minutes * 60.0, timer, None
 
     def on_step_end(self, args, state, control, **kwargs):
         out_of_time = self.timer.elapsed() >= self.seconds
@@ -367,3 +374,191 @@ class TimeBudgetCallback(TrainerCallback):
             control.should_training_stop = True
             control.should_save = True
             self.stopped_at_step = state.global_step
+
+
+def timed_callbacks(resume_from=None, clock="wall", max_minutes=None, device=None):
+    """The callbacks of a timed, resumable run: `(timer, budget, callbacks)`, where `timer` is a `TimedEvalCallback`
+    continuing from the checkpoint `resume_from` (None: a fresh run), `budget` a `TimeBudgetCallback` of
+    `max_minutes` on the timer (None without a budget), and `callbacks` the list for `Trainer(callbacks=...)`:
+    `[CompleteCheckpointCallback(timer), timer]` and the budget. `clock="auto"` counts CPU time when `device` (a
+    `torch.device` or its type, e.g. `training_args.device`) is the CPU and wall time elsewhere."""
+    if clock == "auto":
+        clock = "cpu" if getattr(device, "type", device) == "cpu" else "wall"
+    timer = TimedEvalCallback(resume_from=resume_from, clock=clock)
+    budget = TimeBudgetCallback(max_minutes, timer) if max_minutes else None
+    callbacks = [CompleteCheckpointCallback(timer), timer] + ([budget] if budget else [])
+    return timer, budget, callbacks
+
+
+def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
+    """Median seconds (on `clock`) of a training step (forward, backward, AdamW) of `trainer` on a copy of its model,
+    over its own training batches, after 4 warm-up steps; the model and optimizer of `trainer` are untouched. (6
+    steps, the median of the last 4, overestimated the WikiText-2 runs' steps by ~15%: they stopped at 75 of 90
+    CPU-minutes.)"""
+    model = copy.deepcopy(trainer.model).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    batches = iter(trainer.get_train_dataloader())
+    device = trainer.args.device
+    times = []
+    for _ in range(steps):
+        batch = {k: v.to(device) for k, v in next(batches).items()}
+        start = clock()
+        with trainer.autocast_smart_context_manager():
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(clock() - start)
+    times = sorted(times[4:])
+    return times[len(times) // 2]
+
+
+BUDGET_FILE = "time_budget.json"  # in the output folder: the max_steps of a time budget, for a resumed run
+
+
+def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train"):
+    """`max_steps` that fit `minutes` of training on the clock of `timer` (a `TimedEvalCallback`), from
+    `probe_seconds_per_step` plus 5% for evaluations, logging and checkpoints, so that the learning-rate schedule
+    ends on time. Recorded in `output_dir/time_budget.json` (default `trainer.args.output_dir`): a resumed run with
+    the same budget and clock keeps the steps instead of probing again. `script` names the caller in what it
+    prints."""
+    output_dir = Path(output_dir or trainer.args.output_dir)
+    path = output_dir / BUDGET_FILE
+    if path.is_file():
+        record = json.loads(path.read_text())
+        if record.get("minutes") == minutes and record.get("clock", "wall") == timer.clock:
+            return record["max_steps"]
+    seconds = probe_seconds_per_step(trainer, timer.now)
+    max_steps = max(1, int(minutes * 60 / (seconds * 1.05)))
+    if trainer.args.process_index == 0:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"minutes": minutes, "clock": timer.clock, "seconds_per_step": seconds,
+                                   "max_steps": max_steps}))
+        os.replace(tmp, path)
+        print(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step -> max_steps={max_steps}")
+    return max_steps
+
+
+def tokens_per_step(training_args, example_length):
+    """Input tokens of one optimizer step over all processes: batch x processes x accumulation x `example_length`."""
+    return (training_args.per_device_train_batch_size * training_args.world_size
+            * training_args.gradient_accumulation_steps * example_length)
+
+
+def train_and_measure(trainer, resume=None, timer=None, budget=None, example_length=1):
+    """Trains (or resumes from `resume`, see `train_unless_finished`), saves the model (`save_model_atomically`) and
+    the trainer state, and returns what the run measured, the steps before a resume included:
+
+    train_loss (mean over the whole run, `whole_run_train_loss`), train_perplexity (its exp), train_steps, max_steps,
+    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_second
+    (this process's steps over its elapsed seconds), train_seconds (elapsed, this process), resumed_from_step,
+    budget_clock, train_seconds_whole_run (on the clock of `timer`, a `TimedEvalCallback`, across resumes; None when
+    resumed from a checkpoint that did not record it), train_cpu_minutes (CPU-minutes of all processes),
+    max_train_minutes and stopped_by_time_budget (`budget`, a `TimeBudgetCallback`)."""
+    timer = timer or next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimedEvalCallback))
+    per_step = tokens_per_step(trainer.args, example_length)
+    train_start = time.time()
+    resumed_from = checkpoint_step(resume) if resume else 0
+    process_loss = train_unless_finished(trainer, resume)
+    train_seconds = time.time() - train_start
+    save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
+    steps_done = trainer.state.global_step - resumed_from
+    train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
+    # on the "cpu" clock CPU-seconds of each process, on "wall" elapsed seconds
+    whole_seconds = timer.elapsed() if timer.before is not None or not resume else None
+    tokens = trainer.state.global_step * per_step
+    trainer.save_state()
+    world = trainer.args.world_size
+    threads = torch.get_num_threads() * world
+    cpu_minutes = None if whole_seconds is None else whole_seconds / 60 * (world if timer.clock == "cpu" else threads)
+    return dict(
+        train_loss=train_loss,
+        train_perplexity=math.exp(train_loss),
+        train_steps=trainer.state.global_step,
+        max_steps=trainer.args.max_steps,
+        train_tokens=tokens,
+        train_examples=tokens // example_length,
+        train_tokens_per_second=steps_done * per_step / train_seconds if steps_done else None,
+        train_seconds=train_seconds,
+        resumed_from_step=resumed_from or None,
+        budget_clock=timer.clock,
+        train_seconds_whole_run=whole_seconds,
+        train_cpu_minutes=cpu_minutes,
+        max_train_minutes=budget.minutes if budget is not None else None,
+        stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
+    )
+
+
+def cpu_model_name():
+    """The CPU's model name (`/proc/cpuinfo`), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fast_bf16_available(use_cpu=False):
+    """Whether bf16 autocast is fast here: on the GPU (unless `use_cpu`), when it supports bf16; on the CPU, with
+    AVX512-BF16 or AMX (~4x fp32 on this project's machine; without them bf16 matmuls are ~300x slower than fp32)."""
+    if not use_cpu and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def run_environment(trainer):
+    """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
+    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile"}."""
+    mixed = trainer.accelerator.mixed_precision
+    return {
+        "cpu_model": cpu_model_name(),
+        "threads_per_process": torch.get_num_threads(),
+        "precision": "fp32" if mixed in (None, "no") else mixed,
+        "torch_compile": bool(trainer.args.torch_compile),
+    }
+
+
+def replica_checksums(trainer):
+    """One weight checksum (the sum of every parameter, in float64) per data-parallel process, gathered on every
+    process; RuntimeError when the replicas disagree. Every process must call it (it is a collective)."""
+    checksum = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).sum().reshape(1)
+    sums = [float(c) for c in trainer.accelerator.gather(checksum.to(trainer.accelerator.device))]
+    if len(set(sums)) != 1:
+        raise RuntimeError(f"Data-parallel replicas disagree: weight checksums {sums}")
+    return sums
+
+
+def write_model_card(output_dir, template, **fields):
+    """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
+    given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
+    look for a model card. Returns the card's path."""
+    card = Template(Path(template).read_text()).safe_substitute(**fields)
+    path = Path(output_dir) / "README.md"
+    write_text_atomically(path, card)
+    return path
+
+
+# nothing that is a pickle (training_args.bin, optimizer states), nor checkpoints, logs, the run's lock or temporary
+# files
+PUSH_IGNORE_PATTERNS = ["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle",
+                        LOCK_FILE, ".tmp-*", ".*.tmp-*"]
+
+
+def push_folder_to_hub(folder, repo_id, token=None, private=False,
+                       commit_message="hf_settransformer: trained model, tokenizer and model card"):
+    """Uploads a finished run's folder (weights, config with auto_map, modeling code, tokenizer, model card, results
+    as JSON) to the Hub repository `repo_id`, created if needed, leaving out `PUSH_IGNORE_PATTERNS`: unlike the
+    Trainer's own push, no pickle is uploaded. Returns the commit information of `huggingface_hub`."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=bool(private), exist_ok=True)
+    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                             ignore_patterns=PUSH_IGNORE_PATTERNS)

@@ -37,16 +37,14 @@ Every `TrainingArguments` flag works (defaults below where they differ from tran
 `hf_settransformer.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
 autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GPU supports it, fp32 elsewhere.
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
-minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`), and records the steps reached: `--max_steps <train_steps>` repeats the run by
-step count. At the end the script prints a summary and writes `all_results.json` (with the CPU model, threads and
-precision), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
+and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
+a summary and writes `all_results.json` (with the CPU model, threads and precision), the model, the tokenizer and a
+model card (README.md) to `--output_dir`. What it calls is package API (README, "Use the pieces in your own script").
 """
 
-import copy
 import json
-import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -67,27 +65,28 @@ from transformers import (
 )
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
-import hf_settransformer as hfst  # also registers the models with the Auto classes
-from hf_settransformer.language_modeling import (
-    BlockDataset,
-    TargetWindowDataset,
-    WindowDataset,
+import hf_settransformer as hfst
+from hf_settransformer import (  # importing the package registers the models with the Auto classes
     build_word_tokenizer,
-    evaluate_masked_stream,
-    evaluate_stream,
-    token_stream,
-)
-from hf_settransformer.training import (
-    CompleteCheckpointCallback,
-    TimeBudgetCallback,
-    TimedEvalCallback,
     check_checkpoint_matches,
-    checkpoint_step,
+    evaluate_perplexity,
+    evaluation_protocol,
+    example_length,
+    fast_bf16_available,
+    is_masked_lm,
+    lm_model_card_fields,
+    lm_training_dataset,
     lock_output_dir,
+    max_steps_for_budget,
+    push_folder_to_hub,
+    replica_checksums,
     resolve_resume,
-    save_model_atomically,
-    train_unless_finished,
-    whole_run_train_loss,
+    run_environment,
+    timed_callbacks,
+    token_stream,
+    tokens_per_step,
+    train_and_measure,
+    write_model_card,
     write_text_atomically,
 )
 
@@ -304,11 +303,23 @@ def parse_overrides(text, config_class):
 
 
 def build_model(model_args, data_args, vocab_size, eos_id):
+    """The model of --model_name_or_path, or a new one of --family at --preset with --config_overrides."""
+    auto = AutoModelForMaskedLM if model_args.objective == "mlm" else AutoModelForCausalLM
     if model_args.model_name_or_path:
         if model_args.config_overrides:
             raise SystemExit("--config_overrides applies to new models, not to --model_name_or_path.")
-        auto = AutoModelForMaskedLM if model_args.objective == "mlm" else AutoModelForCausalLM
-        return auto.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
+        model = auto.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
+    else:
+        model = auto.from_config(new_config(model_args, data_args, vocab_size, eos_id))
+    if model.config.vocab_size < vocab_size:
+        raise SystemExit(
+            f"The model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's ({vocab_size})."
+        )
+    return model
+
+
+def new_config(model_args, data_args, vocab_size, eos_id):
+    """The config of a new --family model: the preset's sizes, the data's lengths, then --config_overrides."""
     preset = dict(PRESETS[model_args.preset])
     preset.pop("context")  # data_args.block_size / context_length already hold it
     targets = preset.pop("targets")
@@ -336,55 +347,66 @@ def build_model(model_args, data_args, vocab_size, eos_id):
     config_class = AutoConfig.for_model(FAMILIES[model_args.family]).__class__
     fields.update(parse_overrides(model_args.config_overrides, config_class))
     try:
-        config = config_class(**fields)
+        return config_class(**fields)
     except ValueError as err:
         raise SystemExit(f"Invalid model configuration: {err}") from None
-    if model_args.objective == "mlm":
-        return AutoModelForMaskedLM.from_config(config)
-    return AutoModelForCausalLM.from_config(config)
 
 
-def is_masked_lm(model):
-    return type(model).__name__.endswith("ForMaskedLM")
+def describe_model(model, model_args):
+    """The head of all_results.json: family, objective, attention, preset, design and output layer."""
+    config, masked = model.config, is_masked_lm(model)
+    many = not (masked or config.model_type == "hfst_decoder")
+    return {"family": model_args.family, "objective": "mlm" if masked else "next_token",
+            "attention": config.attention_type, "feature_map": config.feature_map, "preset": model_args.preset,
+            "next_token_mode": getattr(config, "next_token_mode", None) if many else None,
+            "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs}
 
 
-def example_length(model, data_args):
-    if model.config.model_type == "hfst_decoder":
-        return data_args.block_size
-    return model.config.context_length
+def load_data(model_args, data_args, training_args, command, say):
+    """-> (tokenizer, eos id, {split: token stream}); without a validation split the periodic evaluation is turned off
+    (an explicit --do_eval is an error), without a test split --do_predict is."""
+    splits = load_splits(data_args)
+    if model_args.tokenizer_name or model_args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+    else:
+        tokenizer = build_word_tokenizer(splits["train"])
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if eos_id is None:
+        raise SystemExit("The tokenizer has no eos token: it is needed to end every line.")
+    streams = {split: token_stream(lines, tokenizer, eos_id) for split, lines in splits.items()}
+    if "validation" not in streams and training_args.do_eval:
+        if "--do_eval" in command.split():
+            raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
+        # do_eval was only implied by the periodic evaluation (TrainingArguments sets it from eval_strategy)
+        say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")
+        training_args.do_eval = False
+        training_args.eval_strategy = transformers.IntervalStrategy.NO
+    if "test" not in streams and training_args.do_predict:
+        raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
+    if data_args.max_train_tokens:
+        streams["train"] = streams["train"][: data_args.max_train_tokens]
+    counts = ", ".join(f"{k} {len(v):,}" for k, v in streams.items())
+    say(f"[train_lm] vocabulary {len(tokenizer):,}; tokens: {counts}")
+    return tokenizer, eos_id, streams
 
 
-def training_dataset(model, stream, data_args, seed):
-    config, length = model.config, example_length(model, data_args)
-    if is_masked_lm(model):
-        return BlockDataset(stream, length, labels=False)  # the collator masks and labels
-    if config.model_type == "hfst_decoder":
-        return BlockDataset(stream, length)
-    if config.next_token_mode == "many":
-        return TargetWindowDataset(stream, length, config.target_length)
-    return WindowDataset(stream, length, data_args.targets_per_epoch, seed=seed)
-
-
-# ----------------------------------------------------------------------------------------------------------- machine
-
-
-def cpu_model():
+def training_datasets(model, streams, data_args, seed):
+    """The training examples and the periodic evaluation's (the first --periodic_eval_targets validation tokens)."""
+    length = example_length(model, data_args.block_size)
+    validation = streams.get("validation")
+    periodic = None if validation is None else validation[: data_args.periodic_eval_targets + length]
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_has_fast_bf16():
-    """bf16 matmuls are fast on CPUs with AVX512-BF16 or AMX (~4x fp32 here); without them ~300x slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return [
+            None if stream is None
+            else lm_training_dataset(model, stream, data_args.block_size, data_args.targets_per_epoch, seed=seed)
+            for stream in (streams["train"], periodic)
+        ]
+    except ValueError as err:
+        flag = "--block_size" if model.config.model_type == "hfst_decoder" else "--context_length / --target_length"
+        raise SystemExit(
+            f"Cannot make training examples: {err} (--train_file, or the validation file for the periodic evaluation, "
+            f"is shorter than one example of {length} tokens: pass more text or a smaller {flag}.)"
+        ) from None
 
 
 def wants_bf16(model_args, training_args):
@@ -393,164 +415,55 @@ def wants_bf16(model_args, training_args):
         return False
     if model_args.precision == "bf16":
         return True
-    if model_args.precision == "auto" and not training_args.use_cpu and torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return model_args.precision == "auto" and cpu_has_fast_bf16()
+    return model_args.precision == "auto" and fast_bf16_available(training_args.use_cpu)
 
 
-def precision_name(trainer):
-    """What the Trainer's accelerator actually runs: 'bf16', 'fp16' or 'fp32'."""
-    mixed = trainer.accelerator.mixed_precision
-    return "fp32" if mixed in (None, "no") else mixed
-
-
-def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
-    """Median seconds (on `clock`) of a training step (forward, backward, AdamW) on a copy of the model, after 4
-    warm-up steps. (6 steps, the median of the last 4, overestimated the WikiText-2 runs' steps by ~15%: they stopped
-    at 75 of 90 CPU-minutes.)"""
-    model = copy.deepcopy(trainer.model).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    loader = trainer.get_train_dataloader()
-    batches = iter(loader)
-    device = trainer.args.device
-    times = []
-    for _ in range(steps):
-        batch = {k: v.to(device) for k, v in next(batches).items()}
-        start = clock()
-        with trainer.autocast_smart_context_manager():
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        times.append(clock() - start)
-    times = sorted(times[4:])
-    return times[len(times) // 2]
-
-
-def steps_for_budget(trainer, data_args, output_dir, is_main, timer):
-    """max_steps for --max_train_minutes: stored in output_dir/time_budget.json so that a resumed run keeps it."""
-    path = Path(output_dir) / "time_budget.json"
-    if path.is_file():
-        record = json.loads(path.read_text())
-        if record.get("minutes") == data_args.max_train_minutes and record.get("clock", "wall") == timer.clock:
-            return record["max_steps"]
-    seconds = probe_seconds_per_step(trainer, timer.now)
-    # periodic evaluations, logging and checkpoints take a few percent more than the steps themselves
-    max_steps = max(1, int(data_args.max_train_minutes * 60 / (seconds * 1.05)))
-    if is_main:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"minutes": data_args.max_train_minutes, "clock": timer.clock,
-                                   "seconds_per_step": seconds, "max_steps": max_steps}))
-        os.replace(tmp, path)
-        print(f"[train_lm] time budget {data_args.max_train_minutes} {timer.clock} minutes: {seconds:.3f} s/step "
-              f"-> max_steps={max_steps}")
-    return max_steps
-
-
-# ----------------------------------------------------------------------------------------------------------- evaluation
-
-
-def evaluate_split(model, stream, data_args, accelerator, batch_size, eos_id, progress, tokenizer=None):
-    """`evaluate_stream` (masked LMs: `evaluate_masked_stream`) on this process's share of the windows, sums reduced
-    over the processes."""
-    if is_masked_lm(model):
-        metrics = evaluate_masked_stream(
-            model, stream, model.config.context_length, tokenizer.mask_token_id, data_args.mlm_probability,
-            batch_size=batch_size, special_ids=tokenizer.all_special_ids, progress=progress,
-            rank=accelerator.process_index, world_size=accelerator.num_processes,
+def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
+    """Validation (--do_eval) and test (--do_predict) with the protocol, on every process (windows are split)."""
+    args, results = trainer.args, {}
+    # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
+    # that resumes after its last checkpoint (and so never trains) would not have: the perplexity must not depend on it
+    model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    batch = args.per_device_eval_batch_size * (1 if model.config.model_type == "hfst_decoder" else 2)
+    is_main = args.process_index == 0
+    for split in [s for s, wanted in (("validation", args.do_eval), ("test", args.do_predict)) if wanted]:
+        stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
+        if is_main and args.disable_tqdm:  # no bar: say what the evaluation is doing
+            print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
+        began = time.time()
+        metrics = evaluate_perplexity(
+            model, stream, tokenizer, batch_size=batch, block_size=data_args.block_size, stride=data_args.eval_stride,
+            eos_id=eos_id, mlm_probability=data_args.mlm_probability, accelerator=trainer.accelerator,
+            progress=f"[train_lm] {split}" if is_main and not args.disable_tqdm else None,
         )
-        metrics["nll"], metrics["tokens"] = metrics["loss_sum"], metrics["tokens_scored"]
-        return reduce_metrics(metrics, accelerator)
-    metrics = evaluate_stream(
-        model,
-        stream,
-        batch_size=batch_size,
-        stride=data_args.eval_stride,
-        block_size=data_args.block_size,
-        eos_id=eos_id,
-        progress=progress,
-        rank=accelerator.process_index,
-        world_size=accelerator.num_processes,
-    )
-    return reduce_metrics(metrics, accelerator)
+        metrics["seconds"] = time.time() - began
+        if is_main:
+            print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
+        results.update({f"{split}_{k}": v for k, v in metrics.items()})
+    return results
 
 
-def reduce_metrics(metrics, accelerator):
-    sums = torch.tensor([metrics["nll"], metrics["tokens"], metrics["correct"]], dtype=torch.float64)
-    nll, count, correct = (float(x) for x in accelerator.reduce(sums.to(accelerator.device), reduction="sum"))
-    return {"perplexity": math.exp(nll / count), "accuracy": correct / count, "tokens_scored": int(count), "nll": nll}
-
-
-# ----------------------------------------------------------------------------------------------------------- card
-
-
-def write_model_card(output_dir, model, model_args, data_args, training_args, results, command):
-    from string import Template
-
-    masked = is_masked_lm(model)
-    template = Template((ROOT / "model_cards" / ("mlm_model_card.md" if masked else "lm_model_card.md")).read_text())
-    family = model_args.family
-    config = model.config
-    card = template.safe_substitute(
-        repo_id=training_args.hub_model_id or Path(output_dir).name,
-        family=family,
-        model_class=type(model).__name__,
-        attention=config.attention_type
-        + (f" ({config.feature_map} feature map)" if config.attention_type == "linear" else ""),
-        attention_tag=config.attention_type if config.attention_type == "softmax" else f"linear-{config.feature_map}",
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        context=data_args.block_size if family == "decoder" else config.context_length,
-        mlm_percent=f"{data_args.mlm_probability:.0%}",
-        parameters=f"{results['parameters']:,}",
-        vocab_size=config.vocab_size,
-        val_ppl=f"{results['validation_perplexity']:.2f}",
-        test_ppl=f"{results['test_perplexity']:.2f}",
-        val_acc=f"{results['validation_accuracy']:.4f}",
-        test_acc=f"{results['test_accuracy']:.4f}",
-        train_tokens=f"{results['train_tokens']:,}",
-        tokens_per_second=f"{results['train_tokens_per_second'] or float('nan'):,.0f}",
-        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
-        design=card_design(config, family, masked),
-        output_layer=(
-            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
-            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
-            if config.adaptive_softmax_cutoffs
-            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
-        ),
-        protocol=results["eval_protocol"],
-        cpu_model=results["cpu_model"],
-        threads=results["threads_per_process"],
-        precision=results["precision"],
-        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
-        train_steps=f"{results['train_steps']:,}",
-        command=command,
-        config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
-        transformers_version=transformers.__version__,
-        torch_version=torch.__version__,
-        device=results["device"],
-    )
-    write_text_atomically(Path(output_dir) / "README.md", card)
-
-
-def card_design(config, family, masked=False):
-    if masked:
-        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
-                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
-                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
-                           else "") + ".")
-    if family == "decoder":
-        return "Causal LM: the decoder predicts every next token of its block."
-    if config.next_token_mode == "window":
-        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
-                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token.")
-    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
-            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
-            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
-            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
-            "position's state) reads the states up to it. No prediction sees its own target or a later token.")
+def write_outputs(trainer, model_args, data_args, results, command, push_requested):
+    """all_results.json, the model card (a trained model with validation and test results), training_args.json, the
+    summary; the push to the Hub. On the main process."""
+    out = Path(trainer.args.output_dir)
+    write_text_atomically(out / "all_results.json", json.dumps(results, indent=2))
+    card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
+    if card:
+        fields = lm_model_card_fields(trainer.model, results, model_args.family, data_args.block_size,
+                                      data_args.mlm_probability)
+        template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(trainer.model) else "lm_model_card.md")
+        write_model_card(out, template, **fields, repo_id=trainer.args.hub_model_id or out.name, command=command)
+    summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
+    print("[train_lm] " + json.dumps({**summary, "parameters": results["parameters"]}, indent=1))
+    wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
+    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}"
+          + ("" if card else " (the model card needs a trained model and validation and test results)"))
+    write_text_atomically(out / "training_args.json", trainer.args.to_json_string())
+    if push_requested:
+        repo_id = trainer.args.hub_model_id or out.name
+        info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
+        print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -576,12 +489,14 @@ def parse_arguments(argv):
     return model_args, data_args, training_args, command
 
 
-def check_arguments(data_args, training_args):
+def check_arguments(model_args, data_args, training_args):
+    """Refuses flags that cannot work together, naming them; fills --block_size and --context_length from the preset."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and training_args.world_size != launched:
         raise SystemExit(
             f"{launched} processes were launched but they are not connected (world size {training_args.world_size}): "
-            "on CPUs launch with `accelerate launch --multi_gpu --num_processes N scripts/train_lm.py ... --use_cpu true`."
+            "on CPUs launch with `accelerate launch --multi_gpu --num_processes N scripts/train_lm.py ... "
+            "--use_cpu true`."
         )
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise SystemExit("Nothing to do: pass --do_train, --do_eval (validation) and/or --do_predict (test).")
@@ -593,13 +508,9 @@ def check_arguments(data_args, training_args):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
     if data_args.max_train_minutes and (training_args.max_steps > 0 or data_args.train_token_budget):
         raise SystemExit(
-            "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, not both."
+            "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, "
+            "not both."
         )
-
-
-def main(argv=None):
-    model_args, data_args, training_args, command = parse_arguments(argv)
-    check_arguments(data_args, training_args)
     if model_args.objective == "mlm" and model_args.family not in ("encoder", "perceiver_io"):
         raise SystemExit(
             f"--objective mlm needs a family with a masked-LM head: --family encoder or perceiver_io, not "
@@ -607,257 +518,70 @@ def main(argv=None):
         )
     if not 0 < data_args.mlm_probability < 1:
         raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
-    # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
-    lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
-    transformers.logging.set_verbosity_warning()
-    set_seed(training_args.seed)
-    wall_start = time.time()
-    is_main = training_args.process_index == 0
-    say = print if is_main else (lambda *a, **k: None)
-
-    # data and tokenizer
-    splits = load_splits(data_args)
     preset = PRESETS[model_args.preset]
     data_args.block_size = data_args.block_size or preset["context"]
     data_args.context_length = data_args.context_length or preset["context"]
     if data_args.eval_stride is not None and data_args.eval_stride >= data_args.block_size:
         raise SystemExit(
             f"--eval_stride ({data_args.eval_stride}) must be smaller than --block_size ({data_args.block_size}): a "
-            "window predicts its tokens after the first from the ones before them, so it can add at most block_size - 1 "
-            "scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
+            "window predicts its tokens after the first from the ones before them, so it can add at most "
+            "block_size - 1 scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
         )
-    if model_args.tokenizer_name or model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
-    else:
-        tokenizer = build_word_tokenizer(splits["train"])
-    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
-    if eos_id is None:
-        raise SystemExit("The tokenizer has no eos token: it is needed to end every line.")
-    streams = {split: token_stream(lines, tokenizer, eos_id) for split, lines in splits.items()}
-    if "validation" not in streams and training_args.do_eval:
-        if "--do_eval" in command.split():
-            raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
-        # do_eval was only implied by the periodic evaluation (TrainingArguments sets it from eval_strategy)
-        say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")
-        training_args.do_eval = False
-        training_args.eval_strategy = transformers.IntervalStrategy.NO
-    if "test" not in streams and training_args.do_predict:
-        raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
-    if data_args.max_train_tokens:
-        streams["train"] = streams["train"][: data_args.max_train_tokens]
-    say(f"[train_lm] vocabulary {len(tokenizer):,}; tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in streams.items()))
 
-    # model and examples
+
+def main(argv=None):
+    model_args, data_args, training_args, command = parse_arguments(argv)
+    check_arguments(model_args, data_args, training_args)
+    # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
+    lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
+    transformers.logging.set_verbosity_warning()
+    set_seed(training_args.seed)
+    wall_start = time.time()
+    say = print if training_args.process_index == 0 else (lambda *a, **k: None)
+
+    tokenizer, eos_id, streams = load_data(model_args, data_args, training_args, command, say)
     model = build_model(model_args, data_args, len(tokenizer), eos_id)
-    if model.config.vocab_size < len(tokenizer):
-        raise SystemExit(
-            f"The model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)})."
-        )
-    tokenizer.model_max_length = example_length(model, data_args)
-    is_decoder = model.config.model_type == "hfst_decoder"
-    masked = is_masked_lm(model)
-    length = example_length(model, data_args)
-    try:
-        train_dataset = training_dataset(model, streams["train"], data_args, training_args.seed)
-        eval_dataset = None
-        if "validation" in streams:
-            val = streams["validation"][: data_args.periodic_eval_targets + length]
-            eval_dataset = training_dataset(model, val, data_args, training_args.seed)
-    except ValueError as err:
-        flag = "--block_size" if is_decoder else "--context_length / --target_length"
-        raise SystemExit(
-            f"Cannot make training examples: {err} (--train_file, or the validation file for the periodic evaluation, "
-            f"is shorter than one example of {length} tokens: pass more text or a smaller {flag}.)"
-        ) from None
-    # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push() uploads the final
-    # folder instead, safetensors, JSON, code and text only.
+    tokenizer.model_max_length = length = example_length(model, data_args.block_size)
+    train_dataset, eval_dataset = training_datasets(model, streams, data_args, training_args.seed)
+    # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push_folder_to_hub uploads
+    # the final folder instead, safetensors, JSON, code and text only.
     push_requested, training_args.push_to_hub = training_args.push_to_hub, False
-    per_step = training_args.per_device_train_batch_size * training_args.world_size
-    per_step *= training_args.gradient_accumulation_steps * length
     if data_args.train_token_budget:
-        training_args.max_steps = max(1, data_args.train_token_budget // per_step)
-    parameters = sum(p.numel() for p in model.parameters())
+        training_args.max_steps = max(1, data_args.train_token_budget // tokens_per_step(training_args, length))
 
-    resume = resolve_resume(training_args) if training_args.do_train else None
+    resume = resolve_resume(training_args, script="train_lm") if training_args.do_train else None
     if resume:
         check_checkpoint_matches(resume, model)
-    clock = data_args.budget_clock
-    if clock == "auto":
-        clock = "cpu" if training_args.device.type == "cpu" else "wall"
-    timed = TimedEvalCallback(resume_from=resume, clock=clock)
-    callbacks = [CompleteCheckpointCallback(timed), timed]
-    budget = None
-    if data_args.max_train_minutes:
-        budget = TimeBudgetCallback(data_args.max_train_minutes, timed)
-        callbacks.append(budget)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        # masked LM: BERT's masking (80% mask token, 10% random, 10% kept) of --mlm_probability of the tokens
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)
-        if masked
-        else None,
-        callbacks=callbacks,
-    )
-    precision = precision_name(trainer)
+    timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
+                                               training_args.device)
+    masked = is_masked_lm(model)
+    # masked LM: BERT's masking (80% mask token, 10% random, 10% kept) of --mlm_probability of the tokens
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability) if masked else None
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                      processing_class=tokenizer, data_collator=collator, callbacks=callbacks)
+    environment = run_environment(trainer)
     if budget is not None and training_args.do_train:
-        trainer.args.max_steps = steps_for_budget(trainer, data_args, training_args.output_dir, is_main, timed)
-    say(
-        f"[train_lm] {type(model).__name__}: {parameters:,} parameters, {len(train_dataset):,} training examples"
-        f" of {length} tokens, max_steps={trainer.args.max_steps}, {precision}, {torch.get_num_threads()} threads"
-    )
-    results = {
-        "family": model_args.family,
-        "objective": "mlm" if masked else "next_token",
-        "attention": model.config.attention_type,
-        "feature_map": model.config.feature_map,
-        "preset": model_args.preset,
-        "next_token_mode": getattr(model.config, "next_token_mode", None) if not (is_decoder or masked) else None,
-        "adaptive_softmax_cutoffs": model.config.adaptive_softmax_cutoffs,
-        "parameters": parameters,
-        "cpu_model": cpu_model(),
-        "threads_per_process": torch.get_num_threads(),
-        "precision": precision,
-        "torch_compile": bool(training_args.torch_compile),
-    }
+        trainer.args.max_steps = max_steps_for_budget(trainer, budget.minutes, timer, script="train_lm")
+    parameters = sum(p.numel() for p in model.parameters())
+    say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters, {len(train_dataset):,} training examples"
+        f" of {length} tokens, max_steps={trainer.args.max_steps}, {environment['precision']}, "
+        f"{torch.get_num_threads()} threads")
+    results = {**describe_model(model, model_args), "parameters": parameters, **environment}
     if training_args.do_train:
-        results.update(train(trainer, resume, timed, budget, per_step, data_args))
-    results.update(final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder, tokenizer))
+        results.update(train_and_measure(trainer, resume, timer, budget, length))
+    results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))
     results.update(
         wall_time_seconds=time.time() - wall_start,
         device=f"{trainer.accelerator.device} x {training_args.world_size}",
-        eval_protocol=(
-            f"blocks of {length}, {data_args.mlm_probability:.0%} of each block's tokens masked (fixed positions) "
-            "and predicted from the rest"
-            if masked
-            else f"sliding window {length}, stride {data_args.eval_stride or max(length // 2, 1)}"
-            if is_decoder
-            else (
-                f"windows of {length}, the last {model.config.target_length} positions scored"
-                if model.config.next_token_mode == "many"
-                else f"every position, up to {length} preceding tokens"
-            )
-        ),
-        validation_curve=timed.points,
+        eval_protocol=evaluation_protocol(model, data_args.block_size, data_args.eval_stride,
+                                          data_args.mlm_probability),
+        validation_curve=timer.points,
+        replica_checksums=replica_checksums(trainer),  # data-parallel replicas must hold the same weights
     )
-    check_replicas(trainer, results)
     if trainer.is_world_process_zero():
-        write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
-        card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
-        if card:
-            write_model_card(
-                training_args.output_dir, trainer.model, model_args, data_args, training_args, results, command
-            )
-        summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
-        print("[train_lm] " + json.dumps({**summary, "parameters": parameters}, indent=1))
-        wrote = "the model, tokenizer, all_results.json" if training_args.do_train else "all_results.json"
-        print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {training_args.output_dir}"
-              + ("" if card else " (the model card needs a trained model and validation and test results)"))
-        write_text_atomically(Path(training_args.output_dir) / "training_args.json", training_args.to_json_string())
-        if push_requested:
-            push(training_args)
+        write_outputs(trainer, model_args, data_args, results, command, push_requested)
     trainer.accelerator.wait_for_everyone()
     return results
-
-
-def train(trainer, resume, timed, budget, per_step, data_args):
-    """Trains (or resumes), saves the model and returns the training half of the results."""
-    train_start = time.time()
-    resumed_from = checkpoint_step(resume) if resume else 0
-    process_loss = train_unless_finished(trainer, resume)
-    train_seconds = time.time() - train_start
-    save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
-    steps_done = trainer.state.global_step - resumed_from
-    train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
-    # training time of the whole run on the timer's clock, across resumes (None: resumed from a checkpoint that did not
-    # record it); on the "cpu" clock it is CPU-seconds of each process, on "wall" elapsed seconds
-    whole_seconds = timed.elapsed() if timed.before is not None or not resume else None
-    tokens = trainer.state.global_step * per_step
-    trainer.save_state()
-    world = trainer.args.world_size
-    threads = torch.get_num_threads() * world
-    if whole_seconds is None:
-        cpu_minutes = None
-    else:
-        cpu_minutes = whole_seconds / 60 * (world if timed.clock == "cpu" else threads)
-    return dict(
-        train_loss=train_loss,
-        train_perplexity=math.exp(train_loss),
-        train_steps=trainer.state.global_step,
-        max_steps=trainer.args.max_steps,
-        train_tokens=tokens,
-        train_examples=tokens // (per_step // (trainer.args.per_device_train_batch_size * trainer.args.world_size
-                                               * trainer.args.gradient_accumulation_steps)),
-        # this process's rate: tokens per elapsed second
-        train_tokens_per_second=steps_done * per_step / train_seconds if steps_done else None,
-        train_seconds=train_seconds,
-        resumed_from_step=resumed_from or None,
-        budget_clock=timed.clock,
-        train_seconds_whole_run=whole_seconds,
-        train_cpu_minutes=cpu_minutes,
-        max_train_minutes=data_args.max_train_minutes,
-        stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
-    )
-
-
-def final_evaluation(trainer, streams, data_args, training_args, eos_id, is_decoder, tokenizer=None):
-    """Validation (--do_eval) and test (--do_predict) with the protocol, on every process (windows are split)."""
-    results = {}
-    # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
-    # that resumes after its last checkpoint (and so never trains) would not have: the perplexity must not depend on it
-    model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
-    batch = training_args.per_device_eval_batch_size * (1 if is_decoder else 2)
-    is_main = training_args.process_index == 0
-    for split, wanted in (("validation", training_args.do_eval), ("test", training_args.do_predict)):
-        if wanted and split not in streams:
-            raise SystemExit(
-                f"No {split} split: pass --{split}_file or drop --do_{'eval' if split == 'validation' else 'predict'}."
-            )
-        if not wanted:
-            continue
-        stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
-        if is_main and training_args.disable_tqdm:  # no bar: say what the evaluation is doing
-            print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
-        began = time.time()
-        bar = f"[train_lm] {split}" if is_main and not training_args.disable_tqdm else None
-        metrics = evaluate_split(model, stream, data_args, trainer.accelerator, batch, eos_id, bar, tokenizer)
-        metrics["seconds"] = time.time() - began
-        if is_main:
-            print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
-        results.update({f"{split}_{k}": v for k, v in metrics.items()})
-    return results
-
-
-def check_replicas(trainer, results):
-    """Data-parallel replicas must hold the same weights: one checksum per process."""
-    model = trainer.model
-    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
-    results["replica_checksums"] = [float(c) for c in trainer.accelerator.gather(checksum.to(trainer.accelerator.device))]
-    if len(set(results["replica_checksums"])) != 1:
-        raise RuntimeError(f"Data-parallel replicas disagree: weight checksums {results['replica_checksums']}")
-
-
-def push(training_args):
-    """Upload the final folder (weights, config with auto_map, modeling code, tokenizer, model card, results and the
-    training arguments as JSON) to the Hub; nothing that is a pickle."""
-    from huggingface_hub import HfApi
-
-    repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
-    api = HfApi(token=training_args.hub_token)
-    api.create_repo(repo_id, private=bool(training_args.hub_private_repo), exist_ok=True)
-    info = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=training_args.output_dir,
-        commit_message="hf_settransformer: trained model, tokenizer and model card",
-        # no pickles (training_args.bin, optimizer states): training_args.json holds the arguments
-        # nor the run's lock and temporary files
-        ignore_patterns=["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle",
-                         ".hfst_run.lock", ".tmp-*", ".*.tmp-*"],
-    )
-    print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 
 if __name__ == "__main__":

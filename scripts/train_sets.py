@@ -33,34 +33,23 @@ import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
 from hf_settransformer import (
-    DataCollatorForSets,
-    SetTransformerConfig,
-    SetTransformerForMixtureOfGaussians,
-    SetTransformerForSequenceClassification,
-)
-from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
-from hf_settransformer.set_tasks import (
+    PAPER_RESULTS,
     SHAPES,
+    TASK_HEADS,
+    DataCollatorForSets,
     DeepSetsBaseline,
-    MaxRegression,
-    MixtureOfGaussians,
-    PointClouds,
-)
-from hf_settransformer.training import (
-    CompleteCheckpointCallback,
-    TimedEvalCallback,
+    SetTransformerConfig,
     check_checkpoint_matches,
+    evaluate_set_task,
+    l1_loss,
     lock_output_dir,
+    make_set_task,
     resolve_resume,
     save_model_atomically,
+    timed_callbacks,
     train_unless_finished,
     write_text_atomically,
 )
-
-PAPER = {  # Lee et al. 2019, Table 1 (MAE) and Table 3 (LL0 per data point)
-    "max_regression": {"SAB+PMA": 0.2085, "rFF+mean": 2.133, "rFF+sum": 1.902, "rFF+max": 0.1355},
-    "mixture_of_gaussians": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145, "oracle": -1.4726},
-}
 
 
 @dataclass
@@ -139,26 +128,10 @@ MODEL_DEFAULTS = dict(
 )
 # the arguments that describe the model, which a checkpoint's config fixes
 ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_decoder_layers", "initializer_range")
-# task -> (model class, the config values the task needs)
-TASK_MODELS = {
-    "max_regression": (SetTransformerForSequenceClassification, dict(input_size=1, num_labels=1)),
-    "mixture_of_gaussians": (SetTransformerForMixtureOfGaussians, dict(input_size=2, num_seeds=4)),
-    "point_clouds": (SetTransformerForSequenceClassification, dict(input_size=3, num_labels=len(SHAPES))),
-}
-
-
-def datasets(args, seed):
-    size = dict(min_size=args.min_size, max_size=args.max_size)
-    if args.task == "max_regression":
-        make = lambda n, s: MaxRegression(n, s, values=args.max_values, scale=args.value_scale, **size)  # noqa: E731
-    elif args.task == "mixture_of_gaussians":
-        make = lambda n, s: MixtureOfGaussians(n, s, **size)  # noqa: E731
-    else:
-        make = lambda n, s: PointClouds(n, s, **size)  # noqa: E731
-    return make(args.train_sets, seed), make(args.eval_sets, seed + 1_000_000)
 
 
 def build_model(args):
+    """A new model: the task's Set Transformer head from the arguments, or the rFF+pooling baseline of --model."""
     if args.model != "set_transformer":
         out = len(SHAPES) if args.task == "point_clouds" else 1
         dims = 3 if args.task == "point_clouds" else 1
@@ -177,7 +150,7 @@ def build_model(args):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    model_class, needs = TASK_MODELS[args.task]
+    model_class, needs = TASK_HEADS[args.task]
     if args.task == "max_regression":
         common["problem_type"] = "regression"
     return model_class(SetTransformerConfig(**needs, **common))
@@ -191,7 +164,7 @@ def load_model(args):
     given = [f"--{key}" for key in ARCHITECTURE if getattr(args, key) is not None]
     if given:
         raise SystemExit(f"{', '.join(given)}: the model comes from --model_name_or_path, whose config sets these.")
-    model_class, needs = TASK_MODELS[args.task]
+    model_class, needs = TASK_HEADS[args.task]
     config = SetTransformerConfig.from_pretrained(args.model_name_or_path)
     wrong = {key: getattr(config, key, None) for key, value in needs.items() if getattr(config, key, None) != value}
     if wrong or model_class.__name__ not in (config.architectures or []):
@@ -205,53 +178,10 @@ def load_model(args):
     return model
 
 
-def l1_loss(outputs, labels, num_items_in_batch=None):
-    """The paper's max-regression loss, |prediction - max| (the Trainer's `compute_loss_func`)."""
-    logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-    return (logits.squeeze(-1).float() - labels.float()).abs().mean()
-
-
-@torch.no_grad()
-def evaluate(model, args, eval_dataset, batch_size, device):
-    model.eval()
-    collate = DataCollatorForSets()
-    totals = {"n": 0, "abs_error": 0.0, "correct": 0, "ll": 0.0, "oracle": 0.0, "points": 0}
-    for start in range(0, len(eval_dataset), batch_size):
-        items = [eval_dataset[i] for i in range(start, min(start + batch_size, len(eval_dataset)))]
-        batch = {k: v.to(device) for k, v in collate(items).items()}
-        if args.task == "mixture_of_gaussians":
-            out = model(input_features=batch["input_features"], attention_mask=batch["attention_mask"])
-            mask = batch["attention_mask"].float()
-            ll = mixture_log_likelihood(batch["input_features"], out.mixture_logits, out.means, out.stds)
-            totals["ll"] += float((ll * mask).sum())
-            for row, i in enumerate(range(start, start + len(items))):
-                weights, means, stds, _ = eval_dataset.parameters(i)
-                x = batch["input_features"][row : row + 1, : int(mask[row].sum())]
-                oracle = mixture_log_likelihood(
-                    x, weights.log()[None].to(device), means[None].to(device), stds[None].to(device)
-                )
-                totals["oracle"] += float(oracle.sum())
-            totals["points"] += float(mask.sum())
-        else:
-            out = model(input_features=batch["input_features"], attention_mask=batch["attention_mask"])
-            logits = out["logits"] if isinstance(out, dict) else out.logits
-            if args.task == "max_regression":
-                totals["abs_error"] += float((logits.squeeze(-1) - batch["labels"]).abs().sum())
-            else:
-                totals["correct"] += int((logits.argmax(-1) == batch["labels"]).sum())
-        totals["n"] += len(items)
-    if args.task == "max_regression":
-        return {"mae": totals["abs_error"] / totals["n"] * args.value_scale}
-    if args.task == "mixture_of_gaussians":
-        return {
-            "log_likelihood_per_point": totals["ll"] / totals["points"],
-            "oracle_log_likelihood_per_point": totals["oracle"] / totals["points"],
-        }
-    return {"accuracy": totals["correct"] / totals["n"]}
-
-
 def check_arguments(args):
     """Refuses values that would train or evaluate something meaningless, naming the flag."""
+    if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
+        raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
     if not (math.isfinite(args.value_scale) and args.value_scale > 0):
         raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
     for name in ("eval_sets", "train_sets"):
@@ -265,11 +195,42 @@ def check_arguments(args):
         raise SystemExit(f"--min_size ({args.min_size}) must not exceed --max_size ({args.max_size}).")
 
 
+def datasets(args, seed):
+    """The training sets (a large index range) and the fresh evaluation sets (another seed)."""
+    options = dict(min_size=args.min_size, max_size=args.max_size)
+    if args.task == "max_regression":
+        options.update(values=args.max_values, scale=args.value_scale)
+    return (make_set_task(args.task, args.train_sets, seed, **options),
+            make_set_task(args.task, args.eval_sets, seed + 1_000_000, **options))
+
+
+def describe_model(args):
+    """The model's name in the results: "ISAB(16)+PMA, linear elu", "SAB+PMA, softmax, init 0.05", "deepsets_max"."""
+    if args.model != "set_transformer":
+        return args.model
+    return (
+        f"{'ISAB(%d)' % args.num_inducing_points if args.num_inducing_points else 'SAB'}+PMA, {args.attention_type}"
+        + (f" {args.feature_map}" if args.attention_type == "linear" else "")
+        + (f", {args.norm_type}" if args.norm_type != "scalenorm" else "")
+        + (f", init {args.initializer_range:g}" if args.initializer_range != 0.02 else "")
+    )
+
+
+def continued_run(args):
+    """The steps and training seconds of the run --model_name_or_path continues, when its results are at hand."""
+    if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
+        return {}
+    parent = json.loads((Path(args.model_name_or_path) / "all_results.json").read_text())
+    seconds, earlier = parent.get("train_seconds"), parent.get("train_seconds_before", 0.0)
+    return {
+        "steps_before": parent["steps"] + parent.get("steps_before", 0),
+        "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+    }
+
+
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, TrainingArguments))
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
-        raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
     check_arguments(args)
     lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")  # noqa: F841 (held)
     set_seed(training_args.seed)
@@ -279,17 +240,7 @@ def main(argv=None):
             setattr(args, key, value)
     train_dataset, eval_dataset = datasets(args, training_args.seed)
     model = model or build_model(args)
-    parameters = sum(p.numel() for p in model.parameters())
-    name = (
-        args.model
-        if args.model != "set_transformer"
-        else (
-            f"{'ISAB(%d)' % args.num_inducing_points if args.num_inducing_points else 'SAB'}+PMA, {args.attention_type}"
-            + (f" {args.feature_map}" if args.attention_type == "linear" else "")
-            + (f", {args.norm_type}" if args.norm_type != "scalenorm" else "")
-            + (f", init {args.initializer_range:g}" if args.initializer_range != 0.02 else "")
-        )
-    )
+    parameters, name = sum(p.numel() for p in model.parameters()), describe_model(args)
     print(f"[train_sets] {args.task}: {name}, {parameters:,} parameters")
     training_args.remove_unused_columns = False
     if args.task == "mixture_of_gaussians":
@@ -299,28 +250,21 @@ def main(argv=None):
     resume = resolve_resume(training_args, script="train_sets")
     if resume:
         check_checkpoint_matches(resume, model)
-    timed = TimedEvalCallback(resume_from=resume)
+    timed, _, callbacks = timed_callbacks(resume)
     trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
         data_collator=DataCollatorForSets(),
         compute_loss_func=l1_loss if args.task == "max_regression" and args.model == "set_transformer" else None,
-        callbacks=[CompleteCheckpointCallback(timed), timed],
+        callbacks=callbacks,
     )
     start = time.time()
     train_unless_finished(trainer, resume)
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
     train_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
-    before = {}  # the run this one continued (--model_name_or_path), when its results are at hand
-    if args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file():
-        parent = json.loads((Path(args.model_name_or_path) / "all_results.json").read_text())
-        seconds, earlier = parent.get("train_seconds"), parent.get("train_seconds_before", 0.0)
-        before = {
-            "steps_before": parent["steps"] + parent.get("steps_before", 0),
-            "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
-        }
+    before = continued_run(args)  # the run this one continued (--model_name_or_path)
     save_model_atomically(trainer)
     trainer.save_state()
     results = {
@@ -338,16 +282,11 @@ def main(argv=None):
         **before,
     }
     if args.model == "set_transformer":  # the depth, for the results table
-        results.update(
-            hidden_size=args.hidden_size,
-            num_hidden_layers=args.num_hidden_layers,
-            num_decoder_layers=args.num_decoder_layers,
-            initializer_range=args.initializer_range,
-        )
-    results.update(
-        evaluate(trainer.model, args, eval_dataset, training_args.per_device_eval_batch_size, trainer.args.device)
-    )
-    results["paper"] = PAPER.get(args.task, {})
+        results.update({key: getattr(args, key) for key in
+                        ("hidden_size", "num_hidden_layers", "num_decoder_layers", "initializer_range")})
+    eval_batch = training_args.per_device_eval_batch_size
+    results.update(evaluate_set_task(trainer.model, args.task, eval_dataset, eval_batch, args.value_scale))
+    results["paper"] = PAPER_RESULTS.get(args.task, {})
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         print("[train_sets] " + json.dumps(results, indent=1))

@@ -1,11 +1,10 @@
 """Bad configs, bad inputs, bad flags, races and kills (issue 18): every case gives a clear error naming the field,
 flag or file, or the correct result. The scripts' `main` runs in this process (a flag error is a `SystemExit` whose
-message is checked), except where a second process or a kill is the point."""
+message is checked), except where a second process or a kill is the point. The output-folder lock and the kill
+during the final save are tested with the training utilities (test_training.py)."""
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import hf_settransformer as hfst
 from conftest import family_classes
 
-from hf_settransformer.training import LOCK_FILE, OutputDirLock, OutputDirLockedError
+import hf_settransformer as hfst
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -272,29 +269,6 @@ def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words
 
 # ------------------------------------------------------------------------------------------------------ races, kills
 
-HOLD = """
-import sys, time
-from hf_settransformer.training import OutputDirLock
-lock = OutputDirLock(sys.argv[1], command="holder").acquire()
-print("held", flush=True)
-time.sleep(120)
-"""
-
-
-def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(OutputDirLockedError, match=f"in use by process {holder.pid} on "):
-            OutputDirLock(tmp_path).acquire()
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=30)
-    lock = OutputDirLock(tmp_path, command="second").acquire()  # the kernel dropped the dead holder's lock
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
-    lock.release()
-
-
 def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, texts):
     """Run A trains; run B on the same folder with --resume_from_checkpoint true must stop with A named before it
     touches anything (it used to move A's newest checkpoint aside as "incomplete" while A was writing it)."""
@@ -318,51 +292,3 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
         output = first.communicate(timeout=300)[0]
     assert first.returncode == 0, output[-3000:]
     assert json.loads((out / "all_results.json").read_text())["train_steps"] == 400
-
-
-KILLED_SAVE = """
-import os, signal, sys, torch
-import transformers.modeling_utils as modeling_utils
-from transformers import Trainer, TrainingArguments
-import hf_settransformer as hfst
-
-out, mode = sys.argv[1], sys.argv[2]
-torch.manual_seed(0)
-config = hfst.TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
-model = hfst.TransformerDecoderForCausalLM(config)
-trainer = Trainer(model=model, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True))
-hfst.save_model_atomically(trainer)  # a complete first save
-with torch.no_grad():
-    for p in model.parameters():
-        p.add_(1.0)
-real = modeling_utils.safe_save_file
-
-
-def dying(tensors, filename, metadata=None):  # the kill lands in the middle of writing the weights
-    real(tensors, filename, metadata=metadata)
-    with open(filename, "r+b") as f:
-        f.truncate(os.path.getsize(filename) // 2)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-modeling_utils.safe_save_file = dying
-hfst.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
-"""
-
-
-@pytest.mark.parametrize("mode", ["atomic", "in place"])
-def test_sigkill_during_the_final_save_leaves_a_loadable_model(tmp_path, mode):
-    """save_model_atomically: a kill while the weights are written leaves the previous complete model. The Trainer's
-    own in-place save, killed the same way, leaves a truncated file (so the test can tell the two apart)."""
-    result = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path), mode], capture_output=True,
-                            text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
-    if mode == "atomic":
-        model = hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)
-        torch.manual_seed(0)
-        fresh = hfst.TransformerDecoderForCausalLM(model.config)
-        for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
-            assert torch.equal(a, b), name  # the first save's weights, whole
-    else:
-        with pytest.raises(Exception):
-            hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)

@@ -1,5 +1,7 @@
 """hf_settransformer.language_modeling: the word-level tokenizer, the training datasets and the evaluation protocol
-(every token scored once, by causal LMs, many-target heads and one-target heads)."""
+(every token scored once, by causal LMs, many-target heads and one-target heads; fixed masked positions for masked
+LMs), and the pieces that pick them for any head: lm_training_dataset, evaluate_perplexity, evaluation_protocol and
+the model card's fields."""
 
 import math
 from pathlib import Path
@@ -14,6 +16,7 @@ from hf_settransformer.language_modeling import (
     build_word_tokenizer,
     decoder_windows,
     evaluate_stream,
+    masked_positions,
     target_windows,
     token_stream,
 )
@@ -152,3 +155,121 @@ def test_many_target_protocol_equals_scoring_each_token_with_its_own_window():
                 logits = model(input_ids=window[None], prefix_length=end - begin - count).logits[0, -1]
                 nll -= torch.log_softmax(logits, -1)[full[token]].item()
     assert metrics["tokens"] == 17 and metrics["nll"] == pytest.approx(nll, rel=1e-5)
+
+
+def test_masked_protocol_masks_the_same_non_special_positions_on_every_call():
+    """evaluate_masked_stream: 15% of each block's non-special positions, drawn once per seed (the same on every
+    call, so runs compare); a model whose output ignores its input scores log(vocab) per masked token."""
+    vocab = 40
+    config = hfst.TransformerEncoderConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, context_length=8, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = hfst.TransformerEncoderForMaskedLM(config)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    stream = torch.randint(2, vocab - 1, (64,))
+    stream[::5] = 1  # <eos>, special: never masked
+    first = hfst.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
+    assert first == hfst.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
+    expected = sum(max(1, round(0.15 * int((block != 1).sum()))) for block in stream.view(-1, 8))
+    assert first["tokens_scored"] == expected
+    assert first["perplexity"] == pytest.approx(vocab, rel=1e-5)
+    mask = masked_positions(20, 0.5, torch.Generator().manual_seed(1), torch.arange(20) < 10)
+    assert mask.sum() == 5 and not mask[:10].any()
+
+
+# ------------------------------------------------------------------------------------------------ any head
+
+
+def masked_head(vocab=50):
+    config = hfst.TransformerEncoderConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, context_length=6)
+    torch.manual_seed(0)
+    return hfst.TransformerEncoderForMaskedLM(config).eval()
+
+
+def test_lm_training_dataset_is_the_one_each_head_trains_on():
+    stream = torch.arange(60)
+    blocks = hfst.lm_training_dataset(head("decoder"), stream, block_size=8)
+    assert isinstance(blocks, BlockDataset) and len(blocks) == 7 and torch.equal(blocks[0]["labels"], torch.arange(8))
+    masked = hfst.lm_training_dataset(masked_head(), stream)
+    assert isinstance(masked, BlockDataset) and set(masked[0]) == {"input_ids"} and len(masked[0]["input_ids"]) == 6
+    many = hfst.lm_training_dataset(head("encoder", "many"), stream)
+    assert isinstance(many, TargetWindowDataset) and many[0]["input_ids"].shape == (6,)
+    one = hfst.lm_training_dataset(head("encoder", "window"), stream, num_targets=10, seed=3)
+    assert isinstance(one, hfst.WindowDataset) and len(one) == 10 and one[0]["labels"].shape == ()
+    assert torch.equal(one.positions, hfst.WindowDataset(stream, 6, 10, seed=3).positions)
+    assert hfst.example_length(head("encoder")) == 6 and hfst.example_length(head("decoder"), 8) == 8
+    with pytest.raises(ValueError, match="pass block_size"):
+        hfst.example_length(head("decoder"))
+    assert hfst.is_masked_lm(masked_head()) and not hfst.is_masked_lm(head("encoder"))
+
+
+class SplitAccelerator:
+    """What evaluate_perplexity asks of an `accelerate.Accelerator`: this process's rank; `reduce` hands the sums back
+    unreduced, so the test can add the ranks' up itself."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, rank, world_size):
+        self.process_index, self.num_processes = rank, world_size
+
+    def reduce(self, tensor, reduction="sum"):
+        return tensor
+
+
+@pytest.mark.parametrize("kind", ["decoder", "many", "window", "masked"])
+def test_evaluate_perplexity_is_the_heads_protocol_and_splits_between_processes(kind):
+    tokenizer = build_word_tokenizer([" ".join(f"w{i}" for i in range(45))])  # 48 ids: <unk>, <eos>, words, <mask>
+    vocab = len(tokenizer)
+    family = {"decoder": "decoder", "masked": None}.get(kind, "encoder")
+    model = masked_head(vocab) if family is None else head(family, kind, vocab)
+    stream = torch.randint(2, vocab - 1, (41,))
+    whole = hfst.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4)
+    if kind == "masked":
+        reference = hfst.evaluate_masked_stream(model, stream, 6, tokenizer.mask_token_id, batch_size=4,
+                                                special_ids=tokenizer.all_special_ids)
+        assert whole["nll"] == pytest.approx(reference["loss_sum"])
+        assert whole["tokens_scored"] == reference["tokens_scored"] == 6  # one of 6 positions in each of 6 blocks
+    else:
+        reference = evaluate_stream(model, stream, batch_size=4, block_size=6, stride=4,
+                                    eos_id=tokenizer.eos_token_id)
+        assert whole["nll"] == pytest.approx(reference["nll"]) and whole["tokens_scored"] == len(stream)
+    assert whole["perplexity"] == pytest.approx(reference["perplexity"])
+    assert whole["accuracy"] == pytest.approx(reference["accuracy"])
+    parts = [hfst.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4,
+                                      accelerator=SplitAccelerator(rank, 2)) for rank in (0, 1)]
+    assert parts[0]["tokens_scored"] > 0 and parts[1]["tokens_scored"] > 0
+    assert sum(p["tokens_scored"] for p in parts) == whole["tokens_scored"]
+    assert sum(p["nll"] for p in parts) == pytest.approx(whole["nll"])
+
+
+def test_evaluation_protocol_names_the_windows():
+    assert hfst.evaluation_protocol(head("decoder"), block_size=8) == "sliding window 8, stride 4"
+    assert hfst.evaluation_protocol(head("decoder"), block_size=8, stride=3) == "sliding window 8, stride 3"
+    assert hfst.evaluation_protocol(head("encoder")) == "windows of 6, the last 3 positions scored"
+    assert hfst.evaluation_protocol(head("encoder", "window")) == "every position, up to 6 preceding tokens"
+    assert hfst.evaluation_protocol(masked_head()) == (
+        "blocks of 6, 15% of each block's tokens masked (fixed positions) and predicted from the rest"
+    )
+
+
+RESULTS = dict(parameters=12345, validation_perplexity=101.234, test_perplexity=99.5, validation_accuracy=0.2,
+               test_accuracy=0.25, train_tokens=4096, train_tokens_per_second=512.0, wall_time_seconds=90.0,
+               eval_protocol="the protocol", cpu_model="a CPU", threads_per_process=2, precision="bf16",
+               train_cpu_minutes=None, train_steps=64, device="cpu x 1")
+
+
+@pytest.mark.parametrize("kind", ["decoder", "many", "window", "masked"])
+def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind):
+    model = masked_head() if kind == "masked" else head("decoder" if kind == "decoder" else "encoder", kind)
+    fields = hfst.lm_model_card_fields(model, RESULTS, block_size=8)
+    template = ROOT / "model_cards" / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
+    card = hfst.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py")
+    text = card.read_text()
+    assert "${" not in text.replace("$${", "")  # every field filled
+    assert "me/tiny" in text and "101.23" in text and "12,345" in text and "python train.py" in text
+    assert fields["family"] == ("decoder" if kind == "decoder" else "encoder")
+    assert fields["cpu_minutes"] == "unknown" and fields["context"] == (8 if kind == "decoder" else 6)
+    assert ("Causal LM" in fields["design"]) == (kind == "decoder")
+    assert ("one prediction per window" in fields["design"]) == (kind == "window")
+    assert ("Masked LM" in fields["design"]) == (kind == "masked")

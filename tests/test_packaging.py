@@ -26,31 +26,57 @@ def test_ci_runs_the_readme_commands(label):
     assert f"```bash\n{command}\n```" in README, command
 
 
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+OWN_SCRIPT = "### Use the pieces in your own script"
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_runs_as_written(tmp_path, index):
-    code = python_blocks()[index]
-    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+def python_blocks(section=None):
+    """The README's Python blocks; `section`: only those under that heading (until the next heading)."""
+    text = README
+    if section:
+        text = text[text.index(section) :]
+        text = text[: text.index("\n#", len(section))]
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def run_python(code, folder):
+    env = dict(os.environ, HF_MODULES_CACHE=str(folder / "modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+OTHER_BLOCKS = [code for code in python_blocks() if code not in python_blocks(OWN_SCRIPT)]
+
+
+@pytest.mark.parametrize("index", range(len(OTHER_BLOCKS)))
+def test_readme_python_runs_as_written(tmp_path, index):
+    run_python(OTHER_BLOCKS[index], tmp_path)
+
+
+def test_readme_own_training_script_runs_and_a_second_run_only_loads(tmp_path):
+    """The README's Trainer script of about 30 lines, with the package's windows, evaluation and resumption, run as
+    written on the text it makes itself; run again in the same folder, it resumes from its final checkpoint, trains
+    no further step and measures the same perplexity."""
+    (code,) = python_blocks(OWN_SCRIPT)
+    assert len(code.strip().splitlines()) <= 35
+    first, again = (run_python(code, tmp_path).split("held-out perplexity ")[1] for _ in range(2))
+    assert ", 80 steps," in first and ", 80 steps," in again and (tmp_path / "my-lm" / "checkpoint-80").is_dir()
+    assert first.split(" tokens,")[0] == again.split(" tokens,")[0]  # the same perplexity over the same tokens
 
 
 MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)
 # the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
 # brings along
-TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm"}
+TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm", "huggingface_hub"}
 TOOLKIT = {"language_modeling.py", "training.py", "set_tasks.py", "__init__.py"}
 
 
 def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():
     """What a checkpoint carries (configuration_*/modeling_* and every sibling they import) needs torch, transformers
-    and the standard library only; the toolkit modules may use the standard library and what transformers installs, and no modeling file
-    imports them."""
+    and the standard library only; the toolkit modules may use the standard library and what transformers installs,
+    and no modeling file imports them."""
     package = ROOT / "hf_settransformer"
     assert not [p for p in package.rglob("*.py") if p.parent != package]
     for path in package.glob("*.py"):
@@ -67,3 +93,69 @@ def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():
             else:
                 continue
             assert roots <= allowed, (path.name, roots - allowed)
+
+
+def test_every_public_toolkit_name_is_documented_and_exported():
+    """What the toolkit modules define without a leading underscore is exported from `hf_settransformer` (in
+    `__all__`), and every such class and function says what it does."""
+    import inspect
+
+    import hf_settransformer as hfst
+    from hf_settransformer import data, language_modeling, set_tasks, training
+
+    for module in (training, language_modeling, set_tasks, data):
+        for name, obj in vars(module).items():
+            defined_here = inspect.isclass(obj) or inspect.isfunction(obj)
+            if defined_here:
+                defined_here = obj.__module__ == module.__name__  # not imported from elsewhere
+            if name.startswith("_") or inspect.ismodule(obj) or not (defined_here or name.isupper()):
+                continue
+            assert name in hfst.__all__ and getattr(hfst, name) is obj, f"{module.__name__}.{name} is not exported"
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                assert obj.__doc__ and len(obj.__doc__.split()) >= 5, f"{module.__name__}.{name} has no docstring"
+
+
+CARRIED = """
+import json, sys
+sys.modules["hf_settransformer"] = None  # the code must come with the checkpoint
+from transformers import AutoModelForCausalLM
+for path in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    print("loaded", type(model).__name__)
+"""
+
+
+def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(tmp_path):
+    """save_pretrained copies the modeling file of the model and every sibling it imports: none of them may be a
+    toolkit module (training, language modeling, set tasks, data collator), and what it carries imports torch,
+    transformers, the standard library and the other carried files only. Loaded in a process where
+    hf_settransformer cannot be imported."""
+    from conftest import FAMILIES, tiny_config
+    from transformers import AutoModelForCausalLM
+
+    import hf_settransformer as hfst
+
+    folders = []
+    for family in FAMILIES:
+        config = tiny_config(family)
+        model = hfst.FAMILIES[type(config)][AutoModelForCausalLM](config)
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        carried = {path.name for path in folder.glob("*.py")}
+        assert f"modeling_{family}.py" in carried and f"configuration_{family}.py" in carried, carried
+        assert not carried & (TOOLKIT | {"data.py"}), carried
+        for name in carried:
+            for node in ast.walk(ast.parse((folder / name).read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    assert f"{node.module}.py" in carried, (family, name, node.module)
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                    assert {n.split(".")[0] for n in names} <= MODELING_IMPORTS, (family, name, names)
+        folders.append(str(folder))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", CARRIED, *folders], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("loaded ") == len(FAMILIES)

@@ -1,4 +1,5 @@
-"""The scripts run as their docstrings say (tiny modes: seconds, nothing asserted about speed)."""
+"""The scripts run as their docstrings say (tiny modes: seconds, nothing asserted about speed): the benchmarks, the
+results tables, and train_sets.py end to end (train_lm.py has its own file, test_train_lm.py)."""
 
 import importlib.util
 import os
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from hf_settransformer.training import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,3 +288,124 @@ def test_offline_metrics_load_by_the_names_transformers_example_scripts_use(tmp_
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["0.75", "2.0"]
+
+
+# ------------------------------------------------------------------------------------------------ train_sets.py
+
+
+def train_sets(output_dir, *flags, check=True):
+    """scripts/train_sets.py with `flags`, quiet (no reports, no progress bars), in a subprocess."""
+    args = [sys.executable, str(ROOT / "scripts" / "train_sets.py"), "--output_dir", str(output_dir)]
+    args += ["--report_to", "none", "--disable_tqdm", "true", *map(str, flags)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.mark.parametrize(
+    "task,extra",
+    [
+        ("max_regression", ["--learning_rate", "3e-3"]),
+        ("max_regression", ["--model", "deepsets_max", "--learning_rate", "3e-3"]),
+        ("mixture_of_gaussians", ["--min_size", "40", "--max_size", "80", "--attention_type", "linear"]),
+        (
+            "point_clouds",
+            ["--min_size", "64", "--max_size", "128", "--norm_type", "layernorm", "--initializer_range", "0.03"],
+        ),
+    ],
+)
+def test_train_sets_a_few_steps_lower_the_loss(tmp_path, task, extra):
+    train_sets(tmp_path, "--task", task, "--max_steps", 40, "--per_device_train_batch_size", 16,
+               "--per_device_eval_batch_size", 32, "--eval_sets", 64, "--hidden_size", 32, "--logging_steps", 1,
+               "--save_strategy", "no", "--learning_rate", "2e-3", *extra)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert sum(losses[-5:]) / 5 < losses[0], losses
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    metric = {"max_regression": "mae", "mixture_of_gaussians": "log_likelihood_per_point", "point_clouds": "accuracy"}[
+        task
+    ]
+    assert math.isfinite(results[metric])
+    assert results["lr_scheduler"] == "linear" and results["batch_size"] == 16 and results["steps"] == 40
+    if "--model" not in extra:  # a Set Transformer (the rFF baselines have no config)
+        config = json.loads((tmp_path / "config.json").read_text())
+        norm = extra[extra.index("--norm_type") + 1] if "--norm_type" in extra else "scalenorm"
+        assert config["norm_type"] == norm and (norm in results["model"]) == (norm != "scalenorm")
+        # the init std: given, or the task's default (0.05 for the mixture of Gaussians), named when not 0.02
+        std = float(extra[extra.index("--initializer_range") + 1]) if "--initializer_range" in extra else None
+        std = std or {"max_regression": 0.02, "mixture_of_gaussians": 0.05, "point_clouds": 0.02}[task]
+        assert config["initializer_range"] == results["initializer_range"] == std
+        assert (f"init {std:g}" in results["model"]) == (std != 0.02)
+
+
+def test_train_sets_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
+    def run(max_steps, seed):
+        result = train_sets(tmp_path, "--task", "max_regression", "--max_steps", max_steps,
+                            "--per_device_train_batch_size", 8, "--eval_sets", 16, "--hidden_size", 16,
+                            "--logging_steps", 1, "--save_steps", 3, "--resume_from_checkpoint", "true", "--seed", seed)
+        run.stdout = result.stdout
+        return json.loads((tmp_path / "trainer_state.json").read_text())
+
+    first = run(3, seed=0)  # no checkpoint yet: "true" means start from scratch, not an error
+    assert first["global_step"] == 3 and (tmp_path / "checkpoint-3").is_dir()
+    assert f"[train_sets] no complete checkpoint in {tmp_path}: training starts at step 0" in run.stdout
+    # picks up checkpoint-3: steps 1-3 are the first run's (a fresh start with another seed would log other losses)
+    second = run(6, seed=1)
+    losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
+    assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
+    # the checkpoints carry the package's completion marker; the resumed run reports the whole run's training time
+    assert (tmp_path / "checkpoint-6" / COMPLETE_MARKER).is_file()
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    assert results["train_seconds"] > results["train_seconds_this_process"] > 0
+    # restarted after its last checkpoint: evaluates again without a 7th step
+    third = run(6, seed=1)
+    assert third["global_step"] == 6
+    assert {e["step"]: e["loss"] for e in third["log_history"] if "loss" in e} == losses
+
+
+def run_train_sets(output_dir, *extra, check=True):
+    return train_sets(output_dir, "--per_device_train_batch_size", 4, "--eval_sets", 8, "--min_size", 20,
+                      "--max_size", 40, "--save_strategy", "no", *extra, check=check)
+
+
+def test_train_sets_model_name_or_path_continues_a_saved_model(tmp_path):
+    mog = ["--task", "mixture_of_gaussians"]
+    run_train_sets(tmp_path / "first", *mog, "--max_steps", 5, "--hidden_size", 16, "--num_decoder_layers", 2)
+    first = json.loads((tmp_path / "first" / "all_results.json").read_text())
+    # at learning rate 0 the continued model is the saved one: the same log-likelihood on the same fresh sets
+    run_train_sets(
+        tmp_path / "second", *mog, "--max_steps", 3, "--learning_rate", 0, "--model_name_or_path", tmp_path / "first"
+    )
+    second = json.loads((tmp_path / "second" / "all_results.json").read_text())
+    assert second["log_likelihood_per_point"] == pytest.approx(first["log_likelihood_per_point"], rel=1e-6)
+    assert second["parameters"] == first["parameters"] and second["hidden_size"] == 16
+    assert second["num_decoder_layers"] == 2  # from the checkpoint's config, not the task default (1)
+    assert second["steps"] == 3 and second["steps_before"] == 5
+    assert second["train_seconds_before"] == pytest.approx(first["train_seconds"])
+    # the architecture comes from the checkpoint: giving it too is an error, as is another task's checkpoint
+    clash = run_train_sets(
+        tmp_path / "x",
+        *mog,
+        "--max_steps",
+        1,
+        "--hidden_size",
+        32,
+        "--model_name_or_path",
+        tmp_path / "first",
+        check=False,
+    )
+    assert clash.returncode != 0 and "--hidden_size: the model comes from --model_name_or_path" in clash.stderr
+    other = run_train_sets(
+        tmp_path / "y",
+        "--task",
+        "point_clouds",
+        "--max_steps",
+        1,
+        "--model_name_or_path",
+        tmp_path / "first",
+        check=False,
+    )
+    assert other.returncode != 0
+    assert "the point_clouds task needs a SetTransformerForSequenceClassification" in other.stderr

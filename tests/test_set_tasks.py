@@ -1,9 +1,7 @@
-"""hf_settransformer.set_tasks generators, the mixture-of-Gaussians head, a few Trainer steps per task lowering the loss."""
+"""hf_settransformer.set_tasks: the generators, the loss and evaluation of each task, the mixture-of-Gaussians head
+and a PMA classifier learning point clouds. scripts/train_sets.py end to end: test_scripts.py."""
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,6 @@ import torch
 import hf_settransformer as hfst
 from hf_settransformer import set_tasks
 from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
-from hf_settransformer.training import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,172 +94,60 @@ def test_mixture_head_loss_and_padding():
         hfst.SetTransformerForMixtureOfGaussians(hfst.SetTransformerConfig(vocab_size=10))
 
 
-@pytest.mark.parametrize(
-    "task,extra",
-    [
-        ("max_regression", ["--learning_rate", "3e-3"]),
-        ("max_regression", ["--model", "deepsets_max", "--learning_rate", "3e-3"]),
-        ("mixture_of_gaussians", ["--min_size", "40", "--max_size", "80", "--attention_type", "linear"]),
-        (
-            "point_clouds",
-            ["--min_size", "64", "--max_size", "128", "--norm_type", "layernorm", "--initializer_range", "0.03"],
-        ),
-    ],
-)
-def test_a_few_trainer_steps_lower_the_loss(tmp_path, task, extra):
-    args = [
-        sys.executable,
-        str(ROOT / "scripts" / "train_sets.py"),
-        "--task",
-        task,
-        "--output_dir",
-        str(tmp_path),
-        "--max_steps",
-        "40",
-        "--per_device_train_batch_size",
-        "16",
-        "--per_device_eval_batch_size",
-        "32",
-        "--eval_sets",
-        "64",
-        "--hidden_size",
-        "32",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "true",
-        "--learning_rate",
-        "2e-3",
-        *extra,
-    ]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    state = json.loads((tmp_path / "trainer_state.json").read_text())
-    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
-    assert sum(losses[-5:]) / 5 < losses[0], losses
-    results = json.loads((tmp_path / "all_results.json").read_text())
-    metric = {"max_regression": "mae", "mixture_of_gaussians": "log_likelihood_per_point", "point_clouds": "accuracy"}[
-        task
-    ]
-    assert math.isfinite(results[metric])
-    assert results["lr_scheduler"] == "linear" and results["batch_size"] == 16 and results["steps"] == 40
-    if "--model" not in extra:  # a Set Transformer (the rFF baselines have no config)
-        config = json.loads((tmp_path / "config.json").read_text())
-        norm = extra[extra.index("--norm_type") + 1] if "--norm_type" in extra else "scalenorm"
-        assert config["norm_type"] == norm and (norm in results["model"]) == (norm != "scalenorm")
-        # the init std: given, or the task's default (0.05 for the mixture of Gaussians), named when not 0.02
-        std = float(extra[extra.index("--initializer_range") + 1]) if "--initializer_range" in extra else None
-        std = std or {"max_regression": 0.02, "mixture_of_gaussians": 0.05, "point_clouds": 0.02}[task]
-        assert config["initializer_range"] == results["initializer_range"] == std
-        assert (f"init {std:g}" in results["model"]) == (std != 0.02)
+def test_make_set_task_builds_each_task_with_its_options():
+    data = hfst.make_set_task("max_regression", 5, seed=2, min_size=3, max_size=3, scale=10.0)
+    assert isinstance(data, set_tasks.MaxRegression) and len(data) == 5 and data[0]["input_features"].shape == (3, 1)
+    assert data[0]["input_features"].max() <= 10  # divided by the scale
+    assert torch.equal(data[4]["input_features"], set_tasks.MaxRegression(5, 2, 3, 3, scale=10.0)[4]["input_features"])
+    assert isinstance(hfst.make_set_task("point_clouds", 2, min_size=5, max_size=6), set_tasks.PointClouds)
+    with pytest.raises(ValueError, match="Unknown set task 'sorting'"):
+        hfst.make_set_task("sorting", 3)
 
 
-def test_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
-    def run(max_steps, seed):
-        args = [
-            sys.executable,
-            str(ROOT / "scripts" / "train_sets.py"),
-            "--task",
-            "max_regression",
-            "--output_dir",
-            str(tmp_path),
-            "--max_steps",
-            str(max_steps),
-            "--per_device_train_batch_size",
-            "8",
-            "--eval_sets",
-            "16",
-            "--hidden_size",
-            "16",
-            "--logging_steps",
-            "1",
-            "--save_steps",
-            "3",
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "true",
-            "--resume_from_checkpoint",
-            "true",
-            "--seed",
-            str(seed),
-        ]
-        result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert result.returncode == 0, result.stderr[-3000:]
-        run.stdout = result.stdout
-        return json.loads((tmp_path / "trainer_state.json").read_text())
+class Maximum(torch.nn.Module):
+    """Predicts the largest real element of each set, plus `offset`: logits (b, 1)."""
 
-    first = run(3, seed=0)  # no checkpoint yet: "true" means start from scratch, not an error
-    assert first["global_step"] == 3 and (tmp_path / "checkpoint-3").is_dir()
-    assert f"[train_sets] no complete checkpoint in {tmp_path}: training starts at step 0" in run.stdout
-    # picks up checkpoint-3: steps 1-3 are the first run's (a fresh start with another seed would log other losses)
-    second = run(6, seed=1)
-    losses = {e["step"]: e["loss"] for e in second["log_history"] if "loss" in e}
-    assert second["global_step"] == 6 and sorted(losses) == [1, 2, 3, 4, 5, 6]
-    assert [losses[i] for i in (1, 2, 3)] == [e["loss"] for e in first["log_history"] if "loss" in e]
-    # the checkpoints carry the package's completion marker; the resumed run reports the whole run's training time
-    assert (tmp_path / "checkpoint-6" / COMPLETE_MARKER).is_file()
-    results = json.loads((tmp_path / "all_results.json").read_text())
-    assert results["train_seconds"] > results["train_seconds_this_process"] > 0
-    # restarted after its last checkpoint: evaluates again without a 7th step
-    third = run(6, seed=1)
-    assert third["global_step"] == 6
-    assert {e["step"]: e["loss"] for e in third["log_history"] if "loss" in e} == losses
+    def __init__(self, offset=0.0):
+        super().__init__()
+        self.offset = torch.nn.Parameter(torch.tensor(offset))
+
+    def forward(self, input_features, attention_mask):
+        real = input_features.masked_fill(attention_mask[..., None] == 0, -float("inf"))
+        return {"logits": real.amax(1) + self.offset}
 
 
-def run_train_sets(output_dir, *extra, check=True):
-    args = [sys.executable, str(ROOT / "scripts" / "train_sets.py"), "--output_dir", str(output_dir)]
-    args += ["--per_device_train_batch_size", "4", "--eval_sets", "8", "--min_size", "20", "--max_size", "40"]
-    args += ["--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", *map(str, extra)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def test_max_regression_loss_and_mae_are_the_distance_to_the_maximum():
+    data = hfst.make_set_task("max_regression", 40, seed=0, scale=100.0)
+    assert hfst.evaluate_set_task(Maximum(), "max_regression", data, batch_size=16, value_scale=100.0) == {"mae": 0.0}
+    off = hfst.evaluate_set_task(Maximum(0.01), "max_regression", data, batch_size=7, value_scale=100.0)
+    assert off["mae"] == pytest.approx(1.0, rel=1e-4)  # 0.01 in scaled units is 1 in the data's
+    batch = hfst.DataCollatorForSets()([data[i] for i in range(8)])
+    loss = hfst.l1_loss(Maximum(0.5)(batch["input_features"], batch["attention_mask"]), batch["labels"])
+    assert loss.item() == pytest.approx(0.5, rel=1e-5)
 
 
-def test_model_name_or_path_continues_a_saved_model(tmp_path):
-    mog = ["--task", "mixture_of_gaussians"]
-    run_train_sets(tmp_path / "first", *mog, "--max_steps", 5, "--hidden_size", 16, "--num_decoder_layers", 2)
-    first = json.loads((tmp_path / "first" / "all_results.json").read_text())
-    # at learning rate 0 the continued model is the saved one: the same log-likelihood on the same fresh sets
-    run_train_sets(
-        tmp_path / "second", *mog, "--max_steps", 3, "--learning_rate", 0, "--model_name_or_path", tmp_path / "first"
-    )
-    second = json.loads((tmp_path / "second" / "all_results.json").read_text())
-    assert second["log_likelihood_per_point"] == pytest.approx(first["log_likelihood_per_point"], rel=1e-6)
-    assert second["parameters"] == first["parameters"] and second["hidden_size"] == 16
-    assert second["num_decoder_layers"] == 2  # from the checkpoint's config, not the task default (1)
-    assert second["steps"] == 3 and second["steps_before"] == 5
-    assert second["train_seconds_before"] == pytest.approx(first["train_seconds"])
-    # the architecture comes from the checkpoint: giving it too is an error, as is another task's checkpoint
-    clash = run_train_sets(
-        tmp_path / "x",
-        *mog,
-        "--max_steps",
-        1,
-        "--hidden_size",
-        32,
-        "--model_name_or_path",
-        tmp_path / "first",
-        check=False,
-    )
-    assert clash.returncode != 0 and "--hidden_size: the model comes from --model_name_or_path" in clash.stderr
-    other = run_train_sets(
-        tmp_path / "y",
-        "--task",
-        "point_clouds",
-        "--max_steps",
-        1,
-        "--model_name_or_path",
-        tmp_path / "first",
-        check=False,
-    )
-    assert other.returncode != 0
-    assert "the point_clouds task needs a SetTransformerForSequenceClassification" in other.stderr
+def test_point_cloud_accuracy_and_the_oracle_of_the_mixture():
+    data = hfst.make_set_task("point_clouds", 12, min_size=16, max_size=32)
+
+    class Constant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(2), len(hfst.SHAPES)).float())
+
+        def forward(self, input_features, attention_mask):
+            return {"logits": self.logits.expand(len(input_features), -1)}
+
+    accuracy = hfst.evaluate_set_task(Constant(), "point_clouds", data, batch_size=5)["accuracy"]
+    assert accuracy == sum(int(data[i]["labels"]) == 2 for i in range(12)) / 12
+    # a mixture head whose output is the generating mixture scores the oracle's log-likelihood
+    mixtures = hfst.make_set_task("mixture_of_gaussians", 6, seed=4, min_size=30, max_size=50)
+    config = hfst.SetTransformerConfig(input_size=2, hidden_size=16, num_seeds=4, num_inducing_points=2,
+                                       num_hidden_layers=1, num_attention_heads=2)
+    model = hfst.SetTransformerForMixtureOfGaussians(config)
+    metrics = hfst.evaluate_set_task(model, "mixture_of_gaussians", mixtures, batch_size=4)
+    assert -3.0 < metrics["oracle_log_likelihood_per_point"] < -0.5
+    assert metrics["log_likelihood_per_point"] < metrics["oracle_log_likelihood_per_point"]  # untrained
+    assert set(hfst.TASK_HEADS) == set(hfst.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
 
 
 def test_pma_classifier_learns_point_clouds_from_fresh_sets():

@@ -1,5 +1,6 @@
-"""scripts/train_lm.py: tiny runs for every family, the tokenizer, the evaluation protocol, two-process data
-parallelism with accelerate, and kill-and-resume."""
+"""scripts/train_lm.py end to end (tiny presets): a run for every family and the masked-LM objective, two-process
+data parallelism with accelerate, kill-and-resume, a push to a Hub double, the README's command and bad flags. The
+package pieces it calls are tested in test_language_modeling.py and test_training.py."""
 
 import json
 import math
@@ -92,9 +93,6 @@ def common_args(corpus, output_dir, family="decoder", steps=20, extra=()):
         0,
         *extra,
     ]
-
-
-# ------------------------------------------------------------------------------------------------ tokenizer
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -404,51 +402,6 @@ def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
     assert losses[-1] < losses[0]
     budget = json.loads((tmp_path / "readme" / "time_budget.json").read_text())
     assert budget["max_steps"] == results["max_steps"] and budget["minutes"] == 0.1
-
-
-def test_time_budget_stops_training_and_records_the_steps(tmp_path, corpus):
-    """Once the training time passes the budget the callback stops training, asks for a checkpoint and records the
-    step reached."""
-    from hf_settransformer.training import TimeBudgetCallback, TimedEvalCallback
-
-    timer = TimedEvalCallback()
-    budget = TimeBudgetCallback(0.5 / 60, timer)  # half a second
-
-    class State:
-        global_step = 7
-
-    class Control:
-        should_training_stop = should_save = False
-
-    timer.start = time.time() - 1.0
-    control = Control()
-    budget.on_step_end(None, State, control)
-    assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
-    with pytest.raises(ValueError, match="positive number of minutes"):
-        TimeBudgetCallback(0, timer)
-
-
-def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
-    """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
-    programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
-    from hf_settransformer.training import COMPLETE_MARKER, TimedEvalCallback
-
-    timer = TimedEvalCallback(clock="cpu")
-    timer.on_train_begin(None, None, None)
-    time.sleep(0.4)
-    assert timer.elapsed() < 0.2
-    start = time.process_time()
-    while time.process_time() - start < 0.3:  # 0.3 s of work, however long the shared core makes it take
-        sum(range(1000))
-    assert timer.elapsed() >= 0.3
-    folder = tmp_path / "checkpoint-5"
-    folder.mkdir()
-    (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": 5, "train_seconds": 12.0, "clock": "cpu"}))
-    assert TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
-    with pytest.raises(ValueError, match="'cpu' clock"):
-        TimedEvalCallback(resume_from=folder, clock="wall")
-    with pytest.raises(ValueError, match="clock must be one of"):
-        TimedEvalCallback(clock="gpu")
 
 
 @pytest.mark.parametrize(

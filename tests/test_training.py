@@ -1,0 +1,307 @@
+"""hf_settransformer.training: the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and
+the time budget, the measurements of a run, the model card writer and the upload without pickles."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import quiet_training_args, tiny_config
+from transformers import Trainer
+
+import hf_settransformer as hfst
+from hf_settransformer.training import BUDGET_FILE, COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def decoder_trainer(output_dir, steps=4, **fields):
+    """A tiny decoder's Trainer over 8-token blocks of a repeating stream (it learns it)."""
+    torch.manual_seed(0)
+    model = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
+    stream = torch.arange(400) % 11
+    args = quiet_training_args(output_dir, max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
+                               **fields)
+    return Trainer(model=model, args=args, train_dataset=hfst.BlockDataset(stream, 8))
+
+
+# ------------------------------------------------------------------------------------------------ lock, atomic saves
+
+HOLD = """
+import sys, time
+from hf_settransformer.training import OutputDirLock
+lock = OutputDirLock(sys.argv[1], command="holder").acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirLockedError, match=f"in use by process {holder.pid} on "):
+            OutputDirLock(tmp_path).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    lock = OutputDirLock(tmp_path, command="second").acquire()  # the kernel dropped the dead holder's lock
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+KILLED_SAVE = """
+import os, signal, sys, torch
+import transformers.modeling_utils as modeling_utils
+from transformers import Trainer, TrainingArguments
+import hf_settransformer as hfst
+
+out, mode = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+config = hfst.TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+model = hfst.TransformerDecoderForCausalLM(config)
+trainer = Trainer(model=model, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True))
+hfst.save_model_atomically(trainer)  # a complete first save
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)
+real = modeling_utils.safe_save_file
+
+
+def dying(tensors, filename, metadata=None):  # the kill lands in the middle of writing the weights
+    real(tensors, filename, metadata=metadata)
+    with open(filename, "r+b") as f:
+        f.truncate(os.path.getsize(filename) // 2)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+modeling_utils.safe_save_file = dying
+hfst.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
+"""
+
+
+@pytest.mark.parametrize("mode", ["atomic", "in place"])
+def test_sigkill_during_the_final_save_leaves_a_loadable_model(tmp_path, mode):
+    """save_model_atomically: a kill while the weights are written leaves the previous complete model. The Trainer's
+    own in-place save, killed the same way, leaves a truncated file (so the test can tell the two apart)."""
+    result = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path), mode], capture_output=True,
+                            text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    if mode == "atomic":
+        model = hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)
+        torch.manual_seed(0)
+        fresh = hfst.TransformerDecoderForCausalLM(model.config)
+        for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+            assert torch.equal(a, b), name  # the first save's weights, whole
+    else:
+        with pytest.raises(Exception):
+            hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints, resume
+
+
+def checkpoint(folder, step, marker=True, **fields):
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if marker:
+        (path / COMPLETE_MARKER).write_text(json.dumps({"global_step": step, **fields}))
+    return path
+
+
+def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_rest(tmp_path, capsys):
+    checkpoint(tmp_path, 5)
+    newest = checkpoint(tmp_path, 10)
+    checkpoint(tmp_path, 15, marker=False)  # a killed save
+    args = quiet_training_args(tmp_path, resume_from_checkpoint="true")
+    assert hfst.resolve_resume(args, script="mine") == str(newest)  # 10, not 5 (numeric, not "10" < "5")
+    assert (tmp_path / "incomplete-checkpoint-15").is_dir() and not (tmp_path / "checkpoint-15").exists()
+    assert "[mine] " in capsys.readouterr().out
+    assert hfst.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint="false")) is None
+    assert hfst.resolve_resume(quiet_training_args(tmp_path / "empty", resume_from_checkpoint="true")) is None
+    with pytest.raises(SystemExit, match="not a complete checkpoint"):
+        aside = str(tmp_path / "incomplete-checkpoint-15")
+        hfst.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint=aside))
+
+
+def test_checkpoint_step_reads_the_name_then_the_marker(tmp_path):
+    assert hfst.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
+    renamed = tmp_path / "best"
+    renamed.mkdir()
+    (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": 7}))
+    assert hfst.checkpoint_step(renamed) == 7
+    (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": True}))
+    with pytest.raises(ValueError, match="cannot tell the checkpoint's step"):
+        hfst.checkpoint_step(renamed)
+
+
+def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
+    history = [{"loss": 4.0, "step": 2}, {"loss": 2.0, "step": 6}, {"loss": 9.0, "step": 9}]
+    # resumed at step 6: the logs up to it cover 2 and 4 steps, then this process ran 3 steps at mean loss 1.0
+    assert hfst.whole_run_train_loss(history, 6, 1.0, 3) == pytest.approx((4 * 2 + 2 * 4 + 1 * 3) / 9)
+    assert hfst.whole_run_train_loss([], 0, 1.5, 4) == 1.5
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
+    hfst.TransformerDecoderForCausalLM(tiny_config("decoder")).save_pretrained(tmp_path)
+    hfst.check_checkpoint_matches(tmp_path, hfst.TransformerDecoderForCausalLM(tiny_config("decoder")))  # fits
+    wider = hfst.TransformerDecoderForCausalLM(tiny_config("decoder", hidden_size=64))
+    with pytest.raises(SystemExit, match="hidden_size: checkpoint 32, this run 64"):
+        hfst.check_checkpoint_matches(tmp_path, wider)
+
+
+# ------------------------------------------------------------------------------------------------ timer and budget
+
+
+def test_time_budget_stops_training_and_records_the_steps():
+    """Once the training time passes the budget the callback stops training, asks for a checkpoint and records the
+    step reached."""
+    timer = hfst.TimedEvalCallback()
+    budget = hfst.TimeBudgetCallback(0.5 / 60, timer)  # half a second
+
+    class State:
+        global_step = 7
+
+    class Control:
+        should_training_stop = should_save = False
+
+    timer.start = time.time() - 1.0
+    control = Control()
+    budget.on_step_end(None, State, control)
+    assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
+    assert budget.minutes == 0.5 / 60
+    with pytest.raises(ValueError, match="positive number of minutes"):
+        hfst.TimeBudgetCallback(0, timer)
+
+
+def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
+    """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
+    programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
+    timer = hfst.TimedEvalCallback(clock="cpu")
+    timer.on_train_begin(None, None, None)
+    time.sleep(0.4)
+    assert timer.elapsed() < 0.2
+    start = time.process_time()
+    while time.process_time() - start < 0.3:  # 0.3 s of work, however long the shared core makes it take
+        sum(range(1000))
+    assert timer.elapsed() >= 0.3
+    folder = tmp_path / "checkpoint-5"
+    folder.mkdir()
+    (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": 5, "train_seconds": 12.0, "clock": "cpu"}))
+    assert hfst.TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
+    with pytest.raises(ValueError, match="'cpu' clock"):
+        hfst.TimedEvalCallback(resume_from=folder, clock="wall")
+    with pytest.raises(ValueError, match="clock must be one of"):
+        hfst.TimedEvalCallback(clock="gpu")
+
+
+def test_timed_callbacks_resolve_the_clock_and_add_the_budget_when_asked(tmp_path):
+    timer, budget, callbacks = hfst.timed_callbacks(clock="auto", device=torch.device("cpu"))
+    assert timer.clock == "cpu" and budget is None and len(callbacks) == 2
+    assert isinstance(callbacks[0], hfst.CompleteCheckpointCallback) and callbacks[1] is timer
+    assert hfst.timed_callbacks(clock="auto", device="cuda")[0].clock == "wall"
+    folder = checkpoint(tmp_path, 3, train_seconds=20.0, clock="wall", validation_curve=[{"step": 2}])
+    timer, budget, callbacks = hfst.timed_callbacks(folder, max_minutes=5)
+    assert timer.elapsed() == 20.0 and timer.points == [{"step": 2}]  # continues the checkpoint's
+    assert callbacks[-1] is budget and budget.minutes == 5 and budget.timer is timer
+
+
+def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_path, monkeypatch, capsys):
+    trainer = decoder_trainer(tmp_path)
+    timer = hfst.TimedEvalCallback(clock="cpu")
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    seconds = hfst.probe_seconds_per_step(trainer, timer.now, steps=6)
+    assert 0 < seconds < 10
+    assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
+    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    assert hfst.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.05))
+    assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=228" in capsys.readouterr().out
+    record = json.loads((tmp_path / BUDGET_FILE).read_text())
+    assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "max_steps": 228}
+    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
+    assert hfst.max_steps_for_budget(trainer, 2, timer) == 228  # from the record, no new probe
+    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1.0)
+    assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.05)  # another budget: probed again
+
+
+# ------------------------------------------------------------------------------------------------ a run's measurements
+
+
+def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
+    trainer = decoder_trainer(tmp_path, steps=6, logging_strategy="steps", logging_steps=1, save_strategy="steps",
+                              save_steps=3)
+    timer, budget, callbacks = hfst.timed_callbacks(clock="cpu")
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    first = hfst.train_and_measure(trainer, None, timer, budget, example_length=8)
+    assert first["train_steps"] == 6 and first["train_tokens"] == 6 * 4 * 8 and first["train_examples"] == 24
+    assert first["train_perplexity"] == pytest.approx(math.exp(first["train_loss"]))
+    assert first["resumed_from_step"] is None and first["max_train_minutes"] is None
+    assert not first["stopped_by_time_budget"] and first["budget_clock"] == "cpu"
+    assert first["train_cpu_minutes"] == pytest.approx(first["train_seconds_whole_run"] / 60)
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "trainer_state.json").is_file()
+    assert (tmp_path / "checkpoint-3" / COMPLETE_MARKER).is_file()
+    # resumed from step 3: the same weights, the training loss of the whole run, the time before the checkpoint
+    again = decoder_trainer(tmp_path / "again", steps=6, logging_strategy="steps", logging_steps=1)
+    timer, budget, callbacks = hfst.timed_callbacks(tmp_path / "checkpoint-3", clock="cpu")
+    for callback in callbacks:
+        again.add_callback(callback)
+    resumed = hfst.train_and_measure(again, str(tmp_path / "checkpoint-3"), timer, budget, example_length=8)
+    assert resumed["resumed_from_step"] == 3 and resumed["train_steps"] == 6
+    assert resumed["train_loss"] == pytest.approx(first["train_loss"], rel=1e-5)
+    marker = json.loads((tmp_path / "checkpoint-3" / COMPLETE_MARKER).read_text())
+    assert resumed["train_seconds_whole_run"] > marker["train_seconds"] > 0
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, again.model.state_dict()[name]), name
+
+
+def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
+    trainer = decoder_trainer(tmp_path)
+    environment = hfst.run_environment(trainer)
+    assert environment["precision"] == "fp32" and environment["torch_compile"] is False
+    assert environment["threads_per_process"] == torch.get_num_threads()
+    assert environment["cpu_model"] == hfst.cpu_model_name() and environment["cpu_model"]
+    assert isinstance(hfst.fast_bf16_available(use_cpu=True), bool)
+    total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    assert hfst.replica_checksums(trainer) == [pytest.approx(total)]
+    assert hfst.tokens_per_step(trainer.args, 8) == 4 * 8
+
+
+def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
+    template = tmp_path / "card.md"
+    template.write_text("# ${repo_id}\nperplexity ${ppl}, kept: ${unknown}, $$5\n")
+    (tmp_path / "out").mkdir()
+    path = hfst.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
+    assert path == tmp_path / "out" / "README.md"
+    assert path.read_text() == "# me/model\nperplexity 12.34, kept: ${unknown}, $5\n"
+
+
+PUSH = """
+import sys
+from hf_settransformer import push_folder_to_hub
+info = push_folder_to_hub(sys.argv[1], "user/run", token="hf_test")
+print("pushed", getattr(info, "commit_url", info))
+"""
+
+
+def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
+    from hub_server import LocalHub
+
+    folder = tmp_path / "run"
+    (folder / "checkpoint-4").mkdir(parents=True)
+    for name in ("model.safetensors", "config.json", "README.md", "modeling_decoder.py", "training_args.bin",
+                 "optimizer.pt", LOCK_FILE, "checkpoint-4/model.safetensors", ".tmp-final-model"):
+        (folder / name).write_text("x")
+    with LocalHub(tmp_path / "hub") as hub:
+        result = subprocess.run([sys.executable, "-c", PUSH, str(folder)], env=hub.client_env(tmp_path / "home"),
+                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert result.returncode == 0 and "pushed" in result.stdout, result.stderr[-3000:]
+        repo = hub.repo("model", "user/run")
+        files = set(repo["commits"][repo["branches"]["main"]]["files"]) - {".gitattributes"}
+    assert files == {"model.safetensors", "config.json", "README.md", "modeling_decoder.py"}
