@@ -66,6 +66,17 @@ def make_model(cls, config, seed=0):
     return cls(config).eval()
 
 
+def batch_of_tokens(b=2, n=6):
+    return torch.randint(0, VOCAB, (b, n))
+
+
+def decoder(attention_type, feature_map, **overrides):
+    """A tiny `TransformerDecoderForCausalLM` in eval mode (seed 0)."""
+    return make_model(
+        hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type, feature_map, **overrides)
+    )
+
+
 def main_output(output):
     """The tensor a user reads first: logits for heads, last_hidden_state for base models."""
     return output.logits if "logits" in output else output.last_hidden_state

@@ -8,7 +8,9 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_config
 
+import hf_settransformer as hfst
 from hf_settransformer import TransformerEncoderConfig
 from hf_settransformer.attention import (
     ATTENTION_KERNELS,
@@ -650,3 +652,14 @@ def test_decoder_refuses_a_filled_cache_of_another_kernel():
         filled = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))(ids, use_cache=True)
         with pytest.raises(ValueError, match="keeps its past in a LinearAttentionCache, not a DynamicCache"):
             model(ids, past_key_values=filled.past_key_values, use_cache=True)
+
+
+def test_attention_scales_by_head_dim():
+    """The official Set Transformer scales by sqrt(hidden); here it is sqrt(head_dim) (eager path checked)."""
+    config = tiny_config("encoder")
+    attn = hfst.MultiHeadAttention(config).eval()
+    x = torch.randn(1, 5, 32)
+    _, weights = attn(x, output_attentions=True)
+    q, k, _ = attn.project(x)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    assert torch.allclose(weights, expected, atol=1e-6)
