@@ -289,11 +289,15 @@ def check_checkpoint_matches(folder, model):
 
 def train_unless_finished(trainer, resume):
     """`trainer.train(resume_from_checkpoint=resume)`, except that a checkpoint at or past `max_steps` (a run stopped
-    in its final evaluation, say) is only loaded: Trainer.train would still take one more step (transformers 5.23
-    checks `max_steps` after a step). Returns the mean training loss of the steps this call ran (0.0 for none)."""
+    in its final evaluation, say) is only loaded (and then, with `load_best_model_at_end`, the run's best checkpoint,
+    as Trainer.train ends): Trainer.train would still take one more step (transformers 5.23 checks `max_steps` after a
+    step). Returns the mean training loss of the steps this call ran (0.0 for none)."""
     if resume and checkpoint_step(resume) >= trainer.args.max_steps > 0:
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
         trainer._load_from_checkpoint(resume)
+        best = trainer.state.best_model_checkpoint
+        if trainer.args.load_best_model_at_end and best and Path(best).is_dir():
+            trainer._load_best_model()  # as Trainer.train ends: the run's result is its best checkpoint
         return 0.0
     return trainer.train(resume_from_checkpoint=resume).training_loss
 
@@ -455,7 +459,8 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     (this process's steps over its elapsed seconds), train_seconds (elapsed, this process), resumed_from_step,
     budget_clock, train_seconds_whole_run (on the clock of `timer`, a `TimedEvalCallback`, across resumes; None when
     resumed from a checkpoint that did not record it), train_cpu_minutes (CPU-minutes of all processes),
-    max_train_minutes and stopped_by_time_budget (`budget`, a `TimeBudgetCallback`)."""
+    max_train_minutes and stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint`
+    the model now holds."""
     timer = timer or next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimedEvalCallback))
     per_step = tokens_per_step(trainer.args, example_length)
     train_start = time.time()
@@ -487,7 +492,21 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
         train_cpu_minutes=cpu_minutes,
         max_train_minutes=budget.minutes if budget is not None else None,
         stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
+        **selected_checkpoint(trainer),
     )
+
+
+def selected_checkpoint(trainer):
+    """Which weights a finished run ends with: `selected_step` (the best periodic validation's step with
+    `load_best_model_at_end`, else the last step), `selected_by` ("best eval_loss" or "last step") and
+    `best_periodic_eval_loss`."""
+    state, args = trainer.state, trainer.args
+    if args.load_best_model_at_end and state.best_model_checkpoint:
+        metric = args.metric_for_best_model
+        metric = metric if metric.startswith("eval_") else f"eval_{metric}"  # the Trainer reads "loss" as "eval_loss"
+        return dict(selected_step=checkpoint_step(state.best_model_checkpoint), selected_by=f"best {metric}",
+                    best_periodic_eval_loss=state.best_metric)
+    return dict(selected_step=state.global_step, selected_by="last step", best_periodic_eval_loss=state.best_metric)
 
 
 def cpu_model_name():

@@ -235,7 +235,33 @@ class LMTrainingArguments(TrainingArguments):
     eval_strategy: IntervalStrategy | str = field(default="steps", metadata={"help": "Periodic validation loss."})
     eval_steps: float | None = field(default=250, metadata={"help": "Steps between periodic validations."})
     logging_steps: float = field(default=50, metadata={"help": "Steps between logged training losses."})
-    save_total_limit: int | None = field(default=1, metadata={"help": "Checkpoints kept."})
+    save_steps: float = field(default=250, metadata={"help": "Steps between checkpoints (a periodic validation each)."})
+    save_total_limit: int | None = field(default=1, metadata={"help": "Checkpoints kept (and the best one)."})
+    load_best_model_at_end: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Finish with the checkpoint of the lowest periodic validation loss, not the last one (early "
+            "stopping: at a fixed time budget the faster models overfit for longer). Default: on whenever every "
+            "checkpoint has a validation (same strategy, save steps a multiple of eval steps), else off."
+        },
+    )
+
+    def __post_init__(self):
+        if self.load_best_model_at_end is None:
+            self.load_best_model_at_end = best_checkpoint_possible(self)
+        super().__post_init__()
+
+
+def best_checkpoint_possible(args):
+    """Whether every checkpoint of `args` comes with a periodic validation (what `load_best_model_at_end` needs)."""
+    save = str(getattr(args.save_strategy, "value", args.save_strategy))
+    evaluate = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    if save != evaluate or save == "no":
+        return False
+    if save != "steps":
+        return True
+    steps = args.eval_steps or args.logging_steps  # transformers' fallback for eval_steps
+    return save == "steps" and args.save_steps >= 1 and steps >= 1 and args.save_steps % steps == 0
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -381,6 +407,7 @@ def load_data(model_args, data_args, training_args, command, say):
         say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")
         training_args.do_eval = False
         training_args.eval_strategy = transformers.IntervalStrategy.NO
+        training_args.load_best_model_at_end = False  # no validation to choose a checkpoint by
     if "test" not in streams and training_args.do_predict:
         raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
     if data_args.max_train_tokens:

@@ -421,3 +421,58 @@ def test_bad_flags_are_refused_with_the_flag_named(tmp_path, corpus, extra, mess
         [sys.executable, str(SCRIPT)] + [str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=ROOT
     )
     assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ best checkpoint
+
+
+def train_lm_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hfst_script_train_lm_best", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_best_checkpoint_default_follows_the_save_and_eval_steps(tmp_path):
+    """On by default where every checkpoint has a validation; off where it could not be (an explicit request that
+    cannot hold is transformers' error, naming the flag)."""
+    script = train_lm_module()
+
+    def parsed(*flags):
+        return script.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true", *flags])[2]
+
+    assert parsed().load_best_model_at_end  # save and validate every 250 steps
+    assert parsed("--save_steps", "500").load_best_model_at_end
+    assert not parsed("--save_strategy", "no").load_best_model_at_end
+    assert not parsed("--save_steps", "3").load_best_model_at_end
+    assert not parsed("--eval_strategy", "no").load_best_model_at_end
+    assert not parsed("--load_best_model_at_end", "false").load_best_model_at_end
+    with pytest.raises(ValueError, match="load_best_model_at_end"):
+        parsed("--save_steps", "3", "--load_best_model_at_end", "true")
+
+
+def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
+    """A learning rate too high to stay stable makes later validations worse: the run's result (the saved model, the
+    evaluation, all_results.json) is the checkpoint of the lowest periodic validation loss, and a second run on the
+    finished folder loads that one again."""
+    out = tmp_path / "best"
+    extra = ["--save_strategy", "steps", "--save_steps", 4, "--eval_strategy", "steps", "--eval_steps", 4,
+             "--learning_rate", 0.5, "--lr_scheduler_type", "constant", "--warmup_steps", 0,
+             "--resume_from_checkpoint", "true"]
+    run(common_args(corpus, out, "decoder", steps=24, extra=extra))
+    results = json.loads((out / "all_results.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())
+    evals = [(entry["eval_loss"], entry["step"]) for entry in state["log_history"] if "eval_loss" in entry]
+    best_loss, best_step = min(evals)
+    assert len(evals) == 6 and best_step < 24, evals  # the late steps diverge: the last is not the best
+    assert results["selected_by"] == "best eval_loss" and results["selected_step"] == best_step
+    assert results["best_periodic_eval_loss"] == pytest.approx(best_loss)
+    saved, best = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best_step}" / "model.safetensors")
+    assert saved.keys() == best.keys() and all(torch.equal(saved[k], best[k]) for k in saved)
+
+    run(common_args(corpus, out, "decoder", steps=24, extra=extra))  # finished: only loads, then evaluates
+    again = json.loads((out / "all_results.json").read_text())
+    assert again["selected_step"] == best_step
+    assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
