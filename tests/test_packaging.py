@@ -131,15 +131,13 @@ def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(
     toolkit module (training, language modeling, set tasks, data collator), and what it carries imports torch,
     transformers, the standard library and the other carried files only. Loaded in a process where
     hf_settransformer cannot be imported."""
-    from conftest import FAMILIES, tiny_config
+    from conftest import FAMILIES, family_classes, tiny_config
     from transformers import AutoModelForCausalLM
-
-    import hf_settransformer as hfst
 
     folders = []
     for family in FAMILIES:
         config = tiny_config(family)
-        model = hfst.FAMILIES[type(config)][AutoModelForCausalLM](config)
+        model = family_classes(config)[AutoModelForCausalLM](config)
         folder = tmp_path / family
         model.save_pretrained(folder)
         carried = {path.name for path in folder.glob("*.py")}
