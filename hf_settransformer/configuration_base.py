@@ -11,6 +11,7 @@ import importlib
 import inspect
 import math
 import os
+import sys
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -271,10 +272,16 @@ class HfstConfig(PreTrainedConfig):
         if self._auto_class is not None:
             family = family_for_model_type(self.model_type)
             self.auto_map = {**(getattr(self, "auto_map", None) or {}), **family.auto_map}
-            module_name, class_name = family.models["AutoModel"].split(".")
-            module = importlib.import_module(f"{__package__}.{module_name}")  # lazily: it imports this file
-            os.makedirs(save_directory, exist_ok=True)
-            custom_object_save(getattr(module, class_name), save_directory)  # the modeling file and its siblings
+            model_class = _loaded_class(family.models["AutoModel"])
+            if model_class is not None:
+                os.makedirs(save_directory, exist_ok=True)
+                custom_object_save(model_class, save_directory)  # the modeling file and its siblings
+            else:
+                logger.warning(
+                    f"{type(self).__name__}.save_pretrained: the family's modeling code is not loaded here (a config "
+                    "loaded alone as remote code), so the folder gets the configuration code only; save a model of "
+                    "the family, or save from where hf_settransformer is installed, for a folder that builds models."
+                )
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def check_adaptive_softmax(self):
@@ -297,3 +304,19 @@ class HfstConfig(PreTrainedConfig):
                 "`tie_word_embeddings=True` cannot hold with `adaptive_softmax_cutoffs`: the adaptive output layer has "
                 "no vocabulary x hidden matrix to share with the input embedding (leave it unset or False)."
             )
+
+
+def _loaded_class(path):
+    """`"module.Class"` of this package, or of the same remote-code repository: transformers 5.23 caches each
+    remote-code entry file (the config's, the model's) with its own imports in a folder named by their hash, so when
+    this file was loaded as remote code the modeling file may sit in a sibling folder of the same repository.
+    None where it is not loaded at all."""
+    module_name, class_name = path.split(".")
+    try:
+        return getattr(importlib.import_module(f"{__package__}.{module_name}"), class_name)  # lazily: it imports this
+    except ModuleNotFoundError:
+        repository = __package__.rsplit(".", 1)[0] + "."  # transformers_modules.<repository>.<hash> -> its repository
+        for name, module in list(sys.modules.items()):
+            if name.startswith(repository) and name.endswith(f".{module_name}") and hasattr(module, class_name):
+                return getattr(module, class_name)
+    return None

@@ -504,3 +504,48 @@ def test_a_saved_config_folder_is_enough_to_start_from(tmp_path, family):
     assert result.returncode == 0, result.stderr[-3000:]
     causal = family_classes(config)[AutoModelForCausalLM].__name__
     assert result.stdout.split() == [causal, "True"]
+
+
+RESAVE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_settransformer"] = None  # any import of the package now fails
+    import torch, transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+    source, out = sys.argv[1], sys.argv[2]
+    model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        expected = model(ids).logits
+    model.save_pretrained(out + "/saved")  # what the Trainer's checkpoints and run_clm's save_model call
+    Trainer(model=model, args=TrainingArguments(out + "/trainer", report_to=[], use_cpu=True)).save_model()
+    AutoConfig.from_pretrained(source, trust_remote_code=True).save_pretrained(out + "/config")
+    for folder in ("saved", "trainer"):
+        again = AutoModelForCausalLM.from_pretrained(out + "/" + folder, trust_remote_code=True).eval()
+        with torch.no_grad():
+            assert torch.equal(again(ids).logits, expected), folder
+        print("ok", folder)
+    """
+)
+
+
+@pytest.mark.parametrize("family", ["decoder", "set_transformer"])
+def test_a_remote_code_model_saves_again(tmp_path, family):
+    """A checkpoint loaded as remote code (the package absent) saves again, directly and through the Trainer, and the
+    copy loads to identical outputs. transformers caches the config's and the model's code in separate folders, so the
+    config's save cannot import the modeling file beside itself (every Trainer checkpoint of run_clm/run_mlm/run_glue
+    failed on it)."""
+    model = make_model(family_classes(tiny_config(family))[AutoModelForCausalLM], tiny_config(family))
+    model.save_pretrained(tmp_path / "source")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-c", RESAVE_SCRIPT, str(tmp_path / "source"), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok", "saved", "ok", "trainer"]
+    for folder in ("saved", "trainer"):
+        assert (tmp_path / folder / f"modeling_{family}.py").exists()
+        assert json.loads((tmp_path / folder / "config.json").read_text())["auto_map"] == hfst.FAMILIES[family].auto_map
+    assert (tmp_path / "config" / "config.json").exists()

@@ -29,12 +29,6 @@ if not TESTS_TREE:
     )
 
 from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, tiny_config
-from transformers import (
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSequenceClassification,
-)
 from transformers.models.auto import modeling_auto
 
 import hf_settransformer as hfst
@@ -52,16 +46,16 @@ ModelTesterMixin = common.ModelTesterMixin
 # mapping tables. A model inside transformers is listed there; ours are registered with the Auto classes at import
 # instead, so the test module's own view of those tables gets our names added (transformers' tables are untouched).
 _TABLES = {
-    AutoModel: "MODEL_MAPPING_NAMES",
-    AutoModelForCausalLM: "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    AutoModelForMaskedLM: "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    AutoModelForSequenceClassification: "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModel": "MODEL_MAPPING_NAMES",
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
 }
 for _auto, _table in _TABLES.items():
     _names = dict(getattr(modeling_auto, _table))
-    for _config_class, _models in hfst.FAMILIES.items():
-        if _auto in _models:
-            _names[_config_class.model_type] = _models[_auto].__name__
+    for _family in hfst.FAMILIES.values():
+        if _auto in _family.models:
+            _names[_family.model_type] = _family.models[_auto].split(".")[-1]
     setattr(common, _table, _names)
 
 
