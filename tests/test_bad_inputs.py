@@ -5,6 +5,8 @@ during the final save are tested with the training utilities (test_training.py).
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -283,7 +285,15 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
         while not list(out.glob("checkpoint-*")) and time.time() < deadline and first.poll() is None:
             time.sleep(0.2)
         assert list(out.glob("checkpoint-*")), "run A wrote no checkpoint"
-        second = subprocess.run(common + ["--max_steps", "400"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        # A is paused while B starts, so that A cannot finish first on a busy machine (it did once in the full suite):
+        # a paused process still holds its lock, and its folder is as live as a running one's
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(
+                common + ["--max_steps", "400"], capture_output=True, text=True, timeout=120, cwd=ROOT
+            )
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         assert second.returncode != 0
         assert f"is in use by process {first.pid}" in second.stderr, second.stderr[-2000:]
         assert first.poll() is None, "run A must still be running, so the race was real"
