@@ -512,6 +512,8 @@ class AttentionKernel:
     layer_options: config -> the keyword options fixed when a layer is built.
     config_fields: the config fields `layer_options` reads; setting another kernel's field draws a warning.
     returns_weights: whether `output_attentions=True` can return attention weights.
+    describe: config -> (short tag, words) naming the kernel as configured, for model cards and result tables
+        (`("linear-elu", "linear (elu feature map)")`); default: the `attention_type` twice.
     """
 
     forward: Callable
@@ -520,6 +522,7 @@ class AttentionKernel:
     layer_options: Callable = lambda config: {}
     config_fields: tuple = ()
     returns_weights: bool = False
+    describe: Callable = lambda config: (config.attention_type, config.attention_type)
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
@@ -535,6 +538,7 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
             "chunk_size": config.linear_attention_chunk_size,
         },
         config_fields=("feature_map", "linear_attention_chunk_size"),
+        describe=lambda config: (f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"),
     ),
 }
 

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from .attention import attention_kernel
+
 _CAUSAL_LM_TYPES = ("hfst_decoder",)
 
 
@@ -398,12 +400,12 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     `hf_settransformer.write_model_card(output_dir, template, **fields)`."""
     config, masked = model.config, is_masked_lm(model)
     family = family or config.model_type.removeprefix("hfst_")
+    attention_tag, attention = attention_kernel(config).describe(config)
     return dict(
         family=family,
         model_class=type(model).__name__,
-        attention=config.attention_type
-        + (f" ({config.feature_map} feature map)" if config.attention_type == "linear" else ""),
-        attention_tag=config.attention_type if config.attention_type == "softmax" else f"linear-{config.feature_map}",
+        attention=attention,
+        attention_tag=attention_tag,
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
