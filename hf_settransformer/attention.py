@@ -545,6 +545,13 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
 
 def register_attention_kernel(name: str, kernel: AttentionKernel) -> None:
     """Make `config.attention_type=name` select `kernel` (an existing name is replaced)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"An attention kernel's name must be a non-empty string, got {name!r}.")
+    if not isinstance(kernel, AttentionKernel):
+        raise TypeError(
+            f"register_attention_kernel({name!r}, ...) takes an AttentionKernel (for instance "
+            f"`dataclasses.replace(ATTENTION_KERNELS['softmax'], forward=...)`), got {type(kernel).__name__}."
+        )
     ATTENTION_KERNELS[name] = kernel
 
 

@@ -636,6 +636,23 @@ def test_a_registered_kernel_runs_in_every_family(counting_kernel, family):
         assert any(counting_kernel)  # the kernel was handed its cache layer
 
 
+@pytest.mark.parametrize(
+    "name, kernel, error, match",
+    [
+        ("", None, ValueError, "non-empty string"),
+        (3, None, ValueError, "non-empty string"),
+        ("mine", softmax_kernel, TypeError, "takes an AttentionKernel.*got function"),
+    ],
+)
+def test_register_attention_kernel_refuses_what_is_not_a_kernel(name, kernel, error, match):
+    """A bare forward function or a bad name is refused at registration, not when a model is built later."""
+    kernel = ATTENTION_KERNELS["softmax"] if kernel is None else kernel
+    before = dict(ATTENTION_KERNELS)
+    with pytest.raises(error, match=match):
+        register_attention_kernel(name, kernel)
+    assert ATTENTION_KERNELS == before
+
+
 def test_decoder_refuses_a_filled_cache_of_another_kernel():
     """A linear decoder handed a DynamicCache that already holds keys and values says so; an empty one is replaced by
     the kernel's own cache."""
