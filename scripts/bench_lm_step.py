@@ -22,17 +22,10 @@ from transformers import AutoModelForCausalLM
 
 import hf_settransformer as hfst
 
-CONFIGS = {
-    "decoder": hfst.TransformerDecoderConfig,
-    "encoder": hfst.TransformerEncoderConfig,
-    "set_transformer": hfst.SetTransformerConfig,
-    "perceiver_io": hfst.PerceiverIOConfig,
-}
-
 
 def parse_args():
     p = base_parser(__doc__)
-    p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(CONFIGS))
+    p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(hfst.FAMILIES))
     p.add_argument("--attention_type", default="softmax", choices=["softmax", "linear"])
     p.add_argument("--hidden_size", type=int, default=128)
     p.add_argument("--num_hidden_layers", type=int, default=4)
@@ -70,7 +63,7 @@ def build(family, adaptive, args):
     if family == "set_transformer":
         fields.update(num_inducing_points=16, num_decoder_layers=1)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(CONFIGS[family](**fields)).train()
+    return AutoModelForCausalLM.from_config(hfst.FAMILIES[family].config_class()(**fields)).train()
 
 
 def make_step(model, ids, device, bf16, compiled):

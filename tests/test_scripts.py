@@ -2,14 +2,15 @@
 results tables, and train_sets.py end to end (train_lm.py has its own file, test_train_lm.py)."""
 
 import importlib.util
-import os
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAMILIES
 
 from hf_settransformer.training import COMPLETE_MARKER
 
@@ -242,6 +243,26 @@ def test_bench_training_tiny(tmp_path):
     chunked = rows["hfst decoder (softmax, chunked loss)"]["flops_per_step"]
     assert chunked == rows["hfst decoder (softmax)"]["flops_per_step"]
     assert (tmp_path / "bench_training.png").exists()
+
+
+def test_bench_lm_step_tiny(tmp_path):
+    """Every family's training step with the full and the adaptive output layer, fp32 and bf16 (compile skipped)."""
+    stdout = run_script("bench_lm_step.py", "--tiny", "--families", *FAMILIES, "--output_dir", tmp_path)
+    report = json.loads((tmp_path / "bench_lm_step.json").read_text())
+    assert "| contender | ms/step | tokens/s | vs full fp32 | GFLOP/s | % of peak |" in stdout
+    rows = {r["contender"]: r for r in report["results"]}
+    assert set(rows) == {
+        f"{family} / {head} / {precision}"
+        for family in FAMILIES
+        for head in ("full", "adaptive")
+        for precision in ("fp32", "bf16")
+    }
+    for family in FAMILIES:
+        # the adaptive head counts fewer FLOPs than the full projection: only the clusters a target falls in
+        full, adaptive = rows[f"{family} / full / fp32"], rows[f"{family} / adaptive / fp32"]
+        assert adaptive["flops_per_step"] < full["flops_per_step"]
+    for row in rows.values():
+        assert row["tokens_per_second"] > 0 and 0 < row["achieved_flops"] and row["peak_flops"] > 0
 
 
 PERCEIVER_CONTENDERS = {  # contender -> the package it needs
