@@ -11,6 +11,7 @@
 #   HFST_LAUNCH="taskset -c 1 env OMP_NUM_THREADS=1" bash scripts/wikitext2_grid.sh outputs/wikitext2-90min encoder-softmax ... &
 # A killed run continues from its newest complete checkpoint when started again (--resume_from_checkpoint true; the
 # step count of its budget is kept in time_budget.json); a finished one (all_results.json) is skipped.
+# A variant of the defaults for every run (the budget-length tuning runs): HFST_GRID_ARGS="--config_overrides k=v,...".
 # Then: python scripts/lm_results.py outputs/wikitext2-90min --unigram ../shared/data/wikitext-2 \
 #           --copy_to scripts/results/wikitext2-90min --plot scripts/results/wikitext2-90min.png
 set -euo pipefail
@@ -35,9 +36,10 @@ for run in $runs; do
   [ "$mode" = window ] && extra=(--next_token_mode window --context_length 64)
   out="$root/$run"
   if [ -f "$out/all_results.json" ]; then echo "done already: $out"; continue; fi
+  # shellcheck disable=SC2086  # HFST_LAUNCH and HFST_GRID_ARGS are word lists
   ${HFST_LAUNCH:-} python scripts/train_lm.py --family "$family" --attention_type "$type" --feature_map "$map" \
     "${extra[@]}" --do_train --do_eval --do_predict \
     --train_file "$data/wiki.train.tokens" --validation_file "$data/wiki.valid.tokens" \
     --test_file "$data/wiki.test.tokens" --output_dir "$out" --max_train_minutes "$minutes" \
-    --save_steps 250 --resume_from_checkpoint true --disable_tqdm true
+    --save_steps 250 --resume_from_checkpoint true --disable_tqdm true ${HFST_GRID_ARGS:-}
 done
