@@ -388,6 +388,25 @@ def describe_model(model, model_args):
             "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs}
 
 
+def describe_training(model, training_args, length):
+    """The sizes and hyper-parameters a tuning table compares (all_results.json `hyperparameters`)."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_self_attends_per_block", None)
+    return {
+        "hidden_size": config.hidden_size,
+        "layers": layers,
+        "dropout": config.hidden_dropout_prob,
+        "attention_dropout": config.attention_probs_dropout_prob,
+        "sequence_length": length,
+        "target_length": None if config.model_type == "hfst_decoder" else getattr(config, "target_length", None),
+        "examples_per_step": tokens_per_step(training_args, length) // length,
+        "learning_rate": training_args.learning_rate,
+        "weight_decay": training_args.weight_decay,
+        "warmup_steps": training_args.warmup_steps,
+        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+    }
+
+
 def load_data(model_args, data_args, training_args, command, say):
     """-> (tokenizer, eos id, {split: token stream}); without a validation split the periodic evaluation is turned off
     (an explicit --do_eval is an error), without a test split --do_predict is."""
@@ -593,7 +612,8 @@ def main(argv=None):
     say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters, {len(train_dataset):,} training examples"
         f" of {length} tokens, max_steps={trainer.args.max_steps}, {environment['precision']}, "
         f"{torch.get_num_threads()} threads")
-    results = {**describe_model(model, model_args), "parameters": parameters, **environment}
+    results = {**describe_model(model, model_args), "parameters": parameters, **environment,
+               "hyperparameters": describe_training(model, training_args, length)}
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))

@@ -140,6 +140,11 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
         assert key in results and math.isfinite(results[key]), key
     vocab = json.loads((out / "config.json").read_text())["vocab_size"]
     assert results["validation_perplexity"] < vocab  # better than guessing uniformly
+    # the sizes and hyper-parameters the run trained with, as a tuning table compares them (tiny preset)
+    hyper = results["hyperparameters"]
+    assert (hyper["hidden_size"], hyper["layers"], hyper["sequence_length"]) == (32, 2, 16)
+    assert (hyper["examples_per_step"], hyper["learning_rate"], hyper["dropout"]) == (16, 3e-3, 0.1)
+    assert hyper["target_length"] == (None if family == "decoder" else 8)
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [e["loss"] for e in state["log_history"] if "loss" in e]
     assert sum(losses[-10:]) / 10 < losses[0]  # the first step's loss vs the last ten
