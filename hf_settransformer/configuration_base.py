@@ -144,6 +144,12 @@ class HfstConfig(PreTrainedConfig):
         token ids must be ordered by decreasing frequency. Logits are then log-probabilities, and the output layer
         is not tied to the input embedding.
     adaptive_softmax_div_value (`float`, defaults to 4.0): width divisor of each successive adaptive cluster.
+    adaptive_input_cutoffs (`list[int]`, *optional*): replace the token embedding by an adaptive input (Baevski &
+        Auli 2019) with these cluster boundaries: the ids of cluster i (after the i-th boundary) get vectors of width
+        `hidden_size // adaptive_input_div_value**i`, projected to `hidden_size`, so rare tokens hold few parameters.
+        Token ids must be ordered by decreasing frequency. Not tied to the output layer; usually the same boundaries
+        as `adaptive_softmax_cutoffs`.
+    adaptive_input_div_value (`float`, defaults to 4.0): width divisor of each successive adaptive input cluster.
     initializer_range (`float`, defaults to 0.02): std of the normal initialisation.
     """
 
@@ -172,6 +178,8 @@ class HfstConfig(PreTrainedConfig):
         target_length=None,
         adaptive_softmax_cutoffs=None,
         adaptive_softmax_div_value=4.0,
+        adaptive_input_cutoffs=None,
+        adaptive_input_div_value=4.0,
         initializer_range=0.02,
         pad_token_id=None,
         bos_token_id=None,
@@ -211,8 +219,10 @@ class HfstConfig(PreTrainedConfig):
         ) else target_length
         self.adaptive_softmax_cutoffs = list(adaptive_softmax_cutoffs) if adaptive_softmax_cutoffs else None
         self.adaptive_softmax_div_value = adaptive_softmax_div_value
-        if tie_word_embeddings is None:  # an adaptive output layer has no vocabulary x hidden matrix to tie
-            tie_word_embeddings = self.adaptive_softmax_cutoffs is None
+        self.adaptive_input_cutoffs = list(adaptive_input_cutoffs) if adaptive_input_cutoffs else None
+        self.adaptive_input_div_value = adaptive_input_div_value
+        if tie_word_embeddings is None:  # an adaptive layer has no vocabulary x hidden matrix to tie
+            tie_word_embeddings = self.adaptive_softmax_cutoffs is None and self.adaptive_input_cutoffs is None
         self.initializer_range = initializer_range
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
@@ -250,7 +260,8 @@ class HfstConfig(PreTrainedConfig):
             raise ValueError(
                 f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
             )
-        self.check_adaptive_softmax()
+        self.check_adaptive("adaptive_softmax", "the adaptive output layer")
+        self.check_adaptive("adaptive_input", "the adaptive input")
         # an init std of 0 would train a model of zeros; above 1 (or inf) the first layers already overflow
         check_finite_range("norm_eps", self.norm_eps, 0, 1)
         check_finite_range("initializer_range", self.initializer_range, 0, 1)
@@ -284,25 +295,24 @@ class HfstConfig(PreTrainedConfig):
                 )
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
-    def check_adaptive_softmax(self):
-        cutoffs = self.adaptive_softmax_cutoffs
+    def check_adaptive(self, prefix, layer):
+        """`{prefix}_cutoffs` and `{prefix}_div_value` of an adaptive layer (`layer`, for the messages)."""
+        cutoffs = getattr(self, f"{prefix}_cutoffs")
         if cutoffs is None:
             return
         if not all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs) or any(
             b <= a for a, b in zip([0] + cutoffs, cutoffs)
         ):
-            raise ValueError(f"`adaptive_softmax_cutoffs` must be increasing positive integers, got {cutoffs!r}.")
+            raise ValueError(f"`{prefix}_cutoffs` must be increasing positive integers, got {cutoffs!r}.")
         if self.vocab_size is None or cutoffs[-1] >= self.vocab_size:
-            raise ValueError(
-                f"`adaptive_softmax_cutoffs` must end below `vocab_size` ({self.vocab_size}), got {cutoffs!r}."
-            )
-        value = self.adaptive_softmax_div_value
+            raise ValueError(f"`{prefix}_cutoffs` must end below `vocab_size` ({self.vocab_size}), got {cutoffs!r}.")
+        value = getattr(self, f"{prefix}_div_value")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf"):
-            raise ValueError(f"`adaptive_softmax_div_value` must be a finite number >= 1, got {value!r}.")
+            raise ValueError(f"`{prefix}_div_value` must be a finite number >= 1, got {value!r}.")
         if self.tie_word_embeddings:
             raise ValueError(
-                "`tie_word_embeddings=True` cannot hold with `adaptive_softmax_cutoffs`: the adaptive output layer has "
-                "no vocabulary x hidden matrix to share with the input embedding (leave it unset or False)."
+                f"`tie_word_embeddings=True` cannot hold with `{prefix}_cutoffs`: {layer} has no vocabulary x hidden "
+                "matrix to share (leave it unset or False)."
             )
 
 

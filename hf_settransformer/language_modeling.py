@@ -426,6 +426,11 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
             f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
             if config.adaptive_softmax_cutoffs
             else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
+        ) + (
+            f"; input embedding: adaptive input (Baevski & Auli 2019), clusters {config.adaptive_input_cutoffs}, div "
+            f"value {config.adaptive_input_div_value}"
+            if config.adaptive_input_cutoffs
+            else ""
         ),
         protocol=results["eval_protocol"],
         cpu_model=results["cpu_model"],

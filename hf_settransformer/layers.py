@@ -61,6 +61,64 @@ class ScaledEmbedding(nn.Embedding):
         return f"{super().extra_repr()}, scale={self.scale:g}"
 
 
+class AdaptiveProjection(nn.Linear):
+    """An adaptive input cluster's projection to `hidden_size`. Initialised with fan-in std `1 / sqrt(width)`, so a
+    projected vector has the per-dimension scale of the cluster's embedding entries (`initializer_range`), as the
+    full-width first cluster has; at std `initializer_range` rare tokens would start ~10x-100x smaller."""
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Adaptive input (Baevski & Auli 2019): the vocabulary, ordered by decreasing frequency, is cut at `cutoffs` into
+    clusters; cluster i embeds its ids in `hidden_size // div_value**i` dimensions and projects them to `hidden_size`
+    (the first cluster, at full width, needs no projection). Output times `scale`, as `ScaledEmbedding`.
+
+    Every cluster embeds every position (ids outside it clamped) and `torch.where` keeps the right one: no
+    data-dependent shapes, so it compiles as one graph, and the extra work is a few narrow projections per token."""
+
+    def __init__(self, vocab_size, hidden_size, cutoffs, div_value=4.0, scale=1.0):
+        super().__init__()
+        self.vocab_size, self.hidden_size, self.scale = vocab_size, hidden_size, scale
+        self.bounds = [0, *cutoffs, vocab_size]
+        self.widths = [max(1, int(hidden_size // div_value**i)) for i in range(len(self.bounds) - 1)]
+        self.embeddings = nn.ModuleList(
+            nn.Embedding(high - low, width) for low, high, width in zip(self.bounds, self.bounds[1:], self.widths)
+        )
+        self.projections = nn.ModuleList(
+            nn.Identity() if width == hidden_size else AdaptiveProjection(width, hidden_size, bias=False)
+            for width in self.widths
+        )
+
+    @property
+    def num_embeddings(self):
+        return self.vocab_size
+
+    @property
+    def embedding_dim(self):
+        return self.hidden_size
+
+    @property
+    def weight(self):
+        """The (vocab_size, hidden_size) matrix this layer is equivalent to (`weight[ids] * scale == self(ids)`),
+        computed on access: for generic code that reads an input embedding's `.weight` (run_clm.py reads its
+        shape, PEFT its dtype and device). Not a parameter: training changes the cluster tables, not this."""
+        pairs = zip(self.embeddings, self.projections)
+        return torch.cat([projection(embedding.weight) for embedding, projection in pairs])
+
+    def forward(self, input_ids):
+        out = None
+        for low, high, embedding, projection in zip(self.bounds, self.bounds[1:], self.embeddings, self.projections):
+            vectors = projection(embedding((input_ids - low).clamp(0, high - low - 1)))
+            if out is None:  # cluster 0: ids >= its end are replaced by the later clusters below
+                out = vectors
+            else:
+                out = torch.where((input_ids >= low)[..., None], vectors, out)
+        return out * self.scale
+
+    def extra_repr(self):
+        cutoffs = self.bounds[1:-1]
+        return f"{self.vocab_size}, {self.hidden_size}, cutoffs={cutoffs}, widths={self.widths}, scale={self.scale:g}"
+
+
 def make_norm(config):
     if config.norm_type == "layernorm":
         return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
@@ -106,7 +164,15 @@ class InputEmbeddings(nn.Module):
         self.config = config
         self.hidden_size = config.hidden_size
         scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
-        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, scale) if config.vocab_size else None
+        if not config.vocab_size:
+            self.embed_tokens = None
+        elif config.adaptive_input_cutoffs:
+            self.embed_tokens = AdaptiveEmbedding(
+                config.vocab_size, config.hidden_size, config.adaptive_input_cutoffs,
+                float(config.adaptive_input_div_value), scale,
+            )
+        else:
+            self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, scale)
         self.feature_projection = (
             FeatureProjection(config.input_size, config.hidden_size) if config.input_size else None
         )

@@ -17,7 +17,7 @@ from transformers.utils import ModelOutput, can_return_tuple, logging
 from .attention import AttentionMask, attention_kernel
 from .blocks import PMA, masked_mean
 from .families import family_for_model_type
-from .layers import FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
+from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
 logger = logging.get_logger(__name__)
 
@@ -151,6 +151,8 @@ class HfstPreTrainedModel(PreTrainedModel):
         if isinstance(module, FeatureProjection):
             init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
             init.zeros_(module.bias)
+        elif isinstance(module, AdaptiveProjection):
+            init.normal_(module.weight, mean=0.0, std=module.in_features**-0.5)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -209,6 +211,25 @@ class HfstPreTrainedModel(PreTrainedModel):
             hidden_states = hidden_states.masked_fill(~key_mask[:, past_length:, None], 0.0)
         mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, num_keys=n, prefix_length=prefix_length)
         return hidden_states, position_ids, mask
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, *args, **kwargs):
+        """As transformers', refused with a clear error where an adaptive layer (input or output) would need new
+        clusters: its ids are ordered by frequency, so new tokens have no place (transformers would resize only the
+        input embedding and leave the output layer predicting the old vocabulary)."""
+        size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of:
+            size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+        adaptive = [f"`{name}`" for name in ("adaptive_input_cutoffs", "adaptive_softmax_cutoffs")
+                    if getattr(self.config, name, None)]
+        if adaptive and size != self.config.vocab_size:
+            raise ValueError(
+                f"Cannot resize the vocabulary of {type(self).__name__} from {self.config.vocab_size} to {size}: it "
+                f"has {' and '.join(adaptive)} (adaptive layers cluster ids by frequency; new tokens have no place). "
+                "Train a new model with the new vocabulary instead."
+            )
+        if adaptive:  # the same size: nothing to resize (transformers would rebuild the layer as an nn.Embedding)
+            return self.get_input_embeddings()
+        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, *args, **kwargs)
 
     def get_input_embeddings(self):
         # continuous inputs: the feature projection is the input embedding (a vision model's patch embedding), which

@@ -1,6 +1,7 @@
 """Language-model training throughput of every family at the `small` preset of train_lm.py: tokens/s of one training
-step (zero_grad, forward with labels, backward, AdamW) with the full softmax output layer or the adaptive softmax,
-in fp32 or under bf16 autocast, eager or `torch.compile`d, measured in one run.
+step (zero_grad, forward with labels, backward, AdamW) with the full softmax output layer, the adaptive softmax
+("adaptive"), or the adaptive softmax and an adaptive input embedding ("adaptive-in-out", Baevski & Auli 2019, same
+clusters), in fp32 or under bf16 autocast, eager or `torch.compile`d, measured in one run.
 
 The contenders alternate step by step (a, b, c, ...) on the same fixed random token ids; the first `--warmup` steps
 (which include compilation) are dropped and medians reported. Tokens/s counts the tokens fed to the model (batch x
@@ -23,6 +24,13 @@ from transformers import AutoModelForCausalLM
 import hf_settransformer as hfst
 
 
+HEADS = {  # name -> the adaptive layers it has
+    "full": (),
+    "adaptive": ("adaptive_softmax_cutoffs",),
+    "adaptive-in-out": ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs"),
+}
+
+
 def parse_args():
     p = base_parser(__doc__)
     p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(hfst.FAMILIES))
@@ -32,7 +40,8 @@ def parse_args():
     p.add_argument("--vocab_size", type=int, default=33278)
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--cutoffs", type=int, nargs="+", default=[2000, 10000], help="adaptive softmax clusters")
+    p.add_argument("--cutoffs", type=int, nargs="+", default=[2000, 10000], help="adaptive softmax/input clusters")
+    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS), help="input/output layers")
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile contenders")
     p.add_argument("--no_bf16", action="store_true", help="skip the bf16 contenders")
     args = p.parse_args()
@@ -42,7 +51,7 @@ def parse_args():
     return args
 
 
-def build(family, adaptive, args):
+def build(family, head, args):
     fields = dict(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
@@ -52,7 +61,7 @@ def build(family, adaptive, args):
         attention_probs_dropout_prob=0.0,
         attention_type=args.attention_type,
         max_position_embeddings=max(1024, args.seq_len),
-        adaptive_softmax_cutoffs=args.cutoffs if adaptive else None,
+        **{name: args.cutoffs for name in HEADS[head]},
     )
     if family == "perceiver_io":
         fields.update(num_self_attends_per_block=args.num_hidden_layers, num_latents=args.seq_len // 2)
@@ -100,16 +109,14 @@ def main():
     setup_device(args)
     device = torch.device(args.device)
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device=device)
-    variants = [(adaptive, bf16, compiled) for adaptive in (False, True) for bf16 in (False, True)
-                for compiled in (False, True)]
+    variants = [(head, bf16, compiled) for head in args.heads for bf16 in (False, True) for compiled in (False, True)]
     variants = [v for v in variants if not (args.no_compile and v[2]) and not (args.no_bf16 and v[1])]
-    contenders, flops = {}, {}
+    contenders, flops, parameters = {}, {}, {}
     for family in args.families:
-        for adaptive, bf16, compiled in variants:
-            name = f"{family} / {'adaptive' if adaptive else 'full'} / {'bf16' if bf16 else 'fp32'}" + (
-                " / compile" if compiled else ""
-            )
-            model = build(family, adaptive, args).to(device)
+        for head, bf16, compiled in variants:
+            name = f"{family} / {head} / {'bf16' if bf16 else 'fp32'}" + (" / compile" if compiled else "")
+            model = build(family, head, args).to(device)
+            parameters[name] = sum(p.numel() for p in model.parameters())
             flops[name] = step_flops(model, ids, bf16, device)
             contenders[name] = make_step(model, ids, device, bf16, compiled)
     peaks = {bf16: matmul_peak(device, bf16) for bf16 in {v[1] for v in variants}}
@@ -122,15 +129,17 @@ def main():
         achieved = flops[name] / seconds
         family = name.split(" / ")[0]
         base = timings[f"{family} / full / fp32"]["median_s"] if f"{family} / full / fp32" in timings else seconds
-        rows.append([name, f"{seconds * 1000:.0f}", f"{tokens / seconds:,.0f}", f"{base / seconds:.2f}x",
+        rows.append([name, f"{parameters[name] / 1e6:.2f}M", f"{seconds * 1000:.0f}", f"{tokens / seconds:,.0f}",
+                     f"{base / seconds:.2f}x",
                      f"{achieved / 1e9:.1f}", f"{100 * achieved / peaks[bf16]:.1f}%"])
-        records.append({"contender": name, "median_s": seconds, "tokens_per_second": tokens / seconds,
+        records.append({"contender": name, "parameters": parameters[name], "median_s": seconds,
+                        "tokens_per_second": tokens / seconds,
                         "flops_per_step": flops[name], "achieved_flops": achieved, "peak_flops": peaks[bf16],
                         "samples_s": timing["samples_s"]})
     print(f"{describe_machine(device)}; batch {args.batch_size} x {args.seq_len} tokens, hidden {args.hidden_size}, "
           f"{args.num_hidden_layers} layers, vocabulary {args.vocab_size:,}, {args.attention_type} attention; "
           f"matmul peak fp32 {peaks.get(False, 0) / 1e9:.0f} GFLOP/s, bf16 {peaks.get(True, 0) / 1e9:.0f} GFLOP/s")
-    markdown_table(["contender", "ms/step", "tokens/s", "vs full fp32", "GFLOP/s", "% of peak"], rows)
+    markdown_table(["contender", "parameters", "ms/step", "tokens/s", "vs full fp32", "GFLOP/s", "% of peak"], rows)
     write_json(args, "bench_lm_step", {"machine": describe_machine(device), "args": vars(args), "results": records})
 
 

@@ -308,12 +308,14 @@ def load_splits(data_args):
 
 
 def parse_overrides(text, config_class):
-    """'k=v,k=v' -> dict (JSON values, else strings); a key the config does not have is an error naming the nearest."""
+    """'k=v,k=v' -> dict (JSON values, else strings; commas inside [...] belong to a list value, e.g.
+    adaptive_input_cutoffs=[2000,10000]); a key the config does not have is an error naming the nearest."""
     import difflib
+    import re
 
     known = set(config_class().to_dict())
     overrides = {}
-    for item in filter(None, (text or "").split(",")):
+    for item in filter(None, re.split(r",(?![^\[]*\])", text or "")):
         key, sep, value = (s.strip() for s in item.partition("="))
         if not sep or not key:
             raise SystemExit(f'--config_overrides: expected "key=value", got {item!r}')
@@ -349,7 +351,8 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     preset = dict(PRESETS[model_args.preset])
     preset.pop("context")  # data_args.block_size / context_length already hold it
     targets = preset.pop("targets")
-    cutoffs = preset.pop("adaptive_softmax_cutoffs", None)
+    adaptive = {name: preset.pop(name) for name in ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs")
+                if name in preset}
     fields = dict(
         preset,
         **FAMILY_PRESETS.get(model_args.family, {}),
@@ -360,8 +363,8 @@ def new_config(model_args, data_args, vocab_size, eos_id):
         pad_token_id=eos_id,
         bos_token_id=eos_id,
     )
-    if cutoffs and cutoffs[-1] < vocab_size:  # a tiny vocabulary (tests) keeps the full softmax
-        fields["adaptive_softmax_cutoffs"] = cutoffs
+    # a tiny vocabulary (tests) keeps the full softmax and embedding
+    fields.update({name: cutoffs for name, cutoffs in adaptive.items() if cutoffs[-1] < vocab_size})
     length = data_args.block_size if model_args.family == "decoder" else data_args.context_length
     fields["max_position_embeddings"] = max(length, 1024)
     if model_args.family != "decoder":

@@ -7,7 +7,6 @@ import torch
 from conftest import ATTENTIONS, FAMILIES, family_classes, make_model, tiny_config
 from transformers import AutoModel, AutoModelForCausalLM
 
-import hf_settransformer as hfst
 from hf_settransformer.attention import causal_linear_attention
 
 # every base model (the decoder's is causal: its linear-exp case runs the exp kernel's compiled path), and every family's
@@ -29,6 +28,18 @@ def main_tensor(output):
     return output["logits"] if "logits" in output else output["last_hidden_state"]
 
 
+def assert_compiles_and_exports(model, kwargs):
+    """One dynamo graph (fullgraph) and a torch.export program, both giving eager mode's output."""
+    with torch.no_grad():
+        expected = main_tensor(model(**kwargs))
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(main_tensor(compiled(**kwargs)), expected, atol=1e-5, rtol=1e-5)
+    exported = torch.export.export(model, args=(), kwargs=kwargs)
+    with torch.no_grad():
+        torch.testing.assert_close(main_tensor(exported.module()(**kwargs)), expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "family,attention_type,feature_map,auto",
     CASES,
@@ -40,14 +51,18 @@ def test_compile_fullgraph_and_export_equal_eager(family, attention_type, featur
     kwargs = inputs(config)
     if family == "decoder":
         kwargs["use_cache"] = False  # export: a cache object is no tensor output (generation exports use a static one)
-    with torch.no_grad():
-        expected = main_tensor(model(**kwargs))
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="eager")
-        torch.testing.assert_close(main_tensor(compiled(**kwargs)), expected, atol=1e-5, rtol=1e-5)
-    exported = torch.export.export(model, args=(), kwargs=kwargs)
-    with torch.no_grad():
-        torch.testing.assert_close(main_tensor(exported.module()(**kwargs)), expected, atol=1e-5, rtol=1e-5)
+    assert_compiles_and_exports(model, kwargs)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_adaptive_layers_compile_fullgraph_and_export_equal_eager(family):
+    """Adaptive input and adaptive softmax: one graph (no data-dependent shapes in the cluster lookups)."""
+    config = tiny_config(family, adaptive_input_cutoffs=[4, 16], adaptive_softmax_cutoffs=[4, 16])
+    model = make_model(family_classes(config)[AutoModelForCausalLM], config).eval()
+    kwargs = inputs(config)
+    if family == "decoder":
+        kwargs["use_cache"] = False
+    assert_compiles_and_exports(model, kwargs)
 
 
 def test_compiled_exp_kernel_takes_the_exact_path_in_steep_chunks():

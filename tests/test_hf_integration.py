@@ -164,7 +164,11 @@ def test_remote_code_loads_without_the_package(tmp_path):
     cases = []
     for family in FAMILIES:
         for attention, feature_map in (("softmax", "elu"), ("linear", "exp")):
-            config = tiny_config(family, attention, feature_map)
+            # the linear models with adaptive input and output layers (Baevski & Auli; Grave et al.)
+            adaptive = {}
+            if attention == "linear":
+                adaptive = dict(adaptive_input_cutoffs=[4, 16], adaptive_softmax_cutoffs=[4, 16])
+            config = tiny_config(family, attention, feature_map, **adaptive)
             classes = family_classes(config)
             head_auto = AutoModelForCausalLM
             head = make_model(classes[head_auto], config)
@@ -325,9 +329,11 @@ def test_trainer_lowers_the_loss(tmp_path, family, head_auto):
     assert after < 0.8 * before, (before, after)
 
 
-def lm_training_loss_drop(tmp_path, family, attention_type, feature_map, steps, **training_flags):
+def lm_training_loss_drop(
+    tmp_path, family, attention_type, feature_map, steps, config_overrides=None, **training_flags
+):
     """Loss on a fixed batch before / after `steps` Trainer steps of a tiny LM with the given Trainer flags."""
-    config = tiny_config(family, attention_type, feature_map)
+    config = tiny_config(family, attention_type, feature_map, **(config_overrides or {}))
     model = make_model(family_classes(config)[AutoModelForCausalLM], config)
     data = synthetic_examples(family, AutoModelForCausalLM)
     batch = {k: torch.stack([torch.as_tensor(e[k]) for e in data]) for k in data[0]}
@@ -363,8 +369,10 @@ def test_bf16_autocast_training_lowers_the_loss(tmp_path, family, attention_type
 def test_torch_compile_bf16_training_lowers_the_loss(tmp_path, family, attention_type, feature_map):
     """The Trainer's --torch_compile (inductor) with --bf16 on CPU: one compile per family (each takes tens of
     seconds here), the attention types alternating."""
+    # the decoder with adaptive input and output layers, train_lm.py's `small` preset
+    adaptive = dict(adaptive_input_cutoffs=[4, 16], adaptive_softmax_cutoffs=[4, 16]) if family == "decoder" else None
     before, after, trainer = lm_training_loss_drop(
-        tmp_path, family, attention_type, feature_map, 30, bf16=True, torch_compile=True
+        tmp_path, family, attention_type, feature_map, 30, adaptive, bf16=True, torch_compile=True
     )
     assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule)  # it ran compiled
     assert after < 0.8 * before, (before, after)

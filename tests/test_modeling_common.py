@@ -18,6 +18,7 @@ from conftest import (
     make_model,
     tiny_config,
 )
+from transformers import AutoModel
 
 import hf_settransformer as hfst
 
@@ -316,12 +317,14 @@ def test_many_target_head_rejects_bad_labels_and_prefixes():
         tiny_config("encoder", context_length=4, target_length=5)
 
 
-def adaptive_lm(family, attention_type="softmax", feature_map="elu"):
+def adaptive_lm(family, attention_type="softmax", feature_map="elu", adaptive_input=False):
     from transformers import AutoModelForCausalLM
 
     extra = {} if family == "decoder" else dict(context_length=8, target_length=4)
     if family == "perceiver_io":
         extra["num_latents"] = 4
+    if adaptive_input:
+        extra["adaptive_input_cutoffs"] = [4, 16]
     config = tiny_config(family, attention_type, feature_map, adaptive_softmax_cutoffs=[4, 16], **extra)
     return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
@@ -364,9 +367,10 @@ def test_adaptive_softmax_masked_lm_head(family):
     assert trained.logits is None and torch.allclose(trained.loss, out.loss, atol=1e-5)
 
 
+@pytest.mark.parametrize("adaptive_input", [False, True], ids=["embedding", "adaptive_input"])
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
-def test_adaptive_softmax_cached_generate_equals_argmax_over_full_passes(attention_type, feature_map):
-    model = adaptive_lm("decoder", attention_type, feature_map)
+def test_adaptive_softmax_cached_generate_equals_argmax_over_full_passes(attention_type, feature_map, adaptive_input):
+    model = adaptive_lm("decoder", attention_type, feature_map, adaptive_input)
     prompt = torch.randint(1, VOCAB, (2, 5))  # no pad id (0) in the prompt
     generated = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
     expected = prompt
@@ -383,6 +387,67 @@ def test_adaptive_softmax_rejects_bad_cutoffs():
         tiny_config("decoder", adaptive_softmax_cutoffs=[4, VOCAB])
     with pytest.raises(ValueError, match="cannot hold with `adaptive_softmax_cutoffs`"):
         tiny_config("decoder", adaptive_softmax_cutoffs=[4], tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adaptive_input_embeds_each_cluster_at_its_width(family):
+    """Adaptive input (Baevski & Auli 2019): cluster i's ids are looked up in a table of width hidden // 4**i and
+    projected to hidden; `.weight` is the equivalent dense matrix; inputs_embeds from it reproduce input_ids; far
+    fewer parameters than a full embedding; at initialisation every cluster's vectors have the same scale."""
+    from hf_settransformer.layers import AdaptiveEmbedding
+
+    config = tiny_config(family, adaptive_input_cutoffs=[4, 16])
+    assert not config.tie_word_embeddings
+    model = make_model(family_classes(config)[AutoModel], config)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, AdaptiveEmbedding) and embedding.widths == [32, 8, 2]
+    assert sum(p.numel() for p in embedding.parameters()) == 4 * 32 + 12 * 8 + 8 * 32 + 21 * 2 + 2 * 32
+    ids = torch.tensor([[0, 3, 4, 15, 16, VOCAB - 1]])
+    with torch.no_grad():
+        vectors = embedding(ids)[0]
+        tables = [e.weight for e in embedding.embeddings]
+        by_hand = [tables[0][0], tables[0][3], embedding.projections[1](tables[1][0]),
+                   embedding.projections[1](tables[1][11]), embedding.projections[2](tables[2][0]),
+                   embedding.projections[2](tables[2][VOCAB - 17])]
+        assert torch.allclose(vectors, torch.stack(by_hand) * embedding.scale, atol=1e-6)
+        assert torch.allclose(embedding.weight[ids] * embedding.scale, embedding(ids), atol=1e-6)
+        assert embedding.weight.shape == (VOCAB, 32)
+        scales = [embedding(torch.arange(lo, hi)[None]).std().item() for lo, hi in ((0, 4), (4, 16), (16, VOCAB))]
+        assert max(scales) < 3 * min(scales), scales  # projections init at fan-in std: rare tokens are not ~0
+        batch = batch_of_tokens(2, 8)
+        assert torch.allclose(
+            main_output(model(input_ids=batch)), main_output(model(inputs_embeds=embedding(batch))), atol=ATOL
+        )
+
+
+def test_adaptive_input_gradients_reach_only_the_clusters_used():
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", adaptive_input_cutoffs=[4, 16]))
+    ids = torch.tensor([[5, 6, 7, 9, 6]])  # cluster 1 only (the last token is no input to any prediction)
+    model(input_ids=ids, labels=ids).loss.backward()
+    embedding = model.get_input_embeddings()
+    grads = [e.weight.grad for e in embedding.embeddings]
+    assert grads[0] is None or not grads[0].any()
+    assert grads[2] is None or not grads[2].any()
+    assert grads[1][[1, 2, 3, 5]].abs().sum(-1).gt(0).all() and not grads[1][[0, 4, 6]].any()
+    assert embedding.projections[1].weight.grad.any()
+
+
+def test_adaptive_layers_refuse_resizing_and_bad_cutoffs():
+    model = adaptive_lm("decoder", adaptive_input=True)
+    with pytest.raises(ValueError, match="Cannot resize the vocabulary .* `adaptive_input_cutoffs` and "
+                       "`adaptive_softmax_cutoffs`"):
+        model.resize_token_embeddings(VOCAB + 5)
+    with pytest.raises(ValueError, match="from 37 to 40"):
+        adaptive_lm("decoder").resize_token_embeddings(pad_to_multiple_of=8)  # adaptive softmax alone refuses too
+    model.resize_token_embeddings(VOCAB)  # the same size: nothing to do, allowed
+    with pytest.raises(ValueError, match="`adaptive_input_cutoffs` must be increasing positive integers"):
+        tiny_config("decoder", adaptive_input_cutoffs=[4, 4])
+    with pytest.raises(ValueError, match="`adaptive_input_cutoffs` must end below `vocab_size`"):
+        tiny_config("decoder", adaptive_input_cutoffs=[VOCAB])
+    with pytest.raises(ValueError, match="`adaptive_input_div_value` must be a finite number >= 1"):
+        tiny_config("decoder", adaptive_input_cutoffs=[4], adaptive_input_div_value=0.5)
+    with pytest.raises(ValueError, match="cannot hold with `adaptive_input_cutoffs`"):
+        tiny_config("decoder", adaptive_input_cutoffs=[4], tie_word_embeddings=True)
 
 
 TOKEN_MODELS = [(f, c) for f, c in MODEL_CLASSES if c is not hfst.SetTransformerForMixtureOfGaussians]  # points only

@@ -246,21 +246,24 @@ def test_bench_training_tiny(tmp_path):
 
 
 def test_bench_lm_step_tiny(tmp_path):
-    """Every family's training step with the full and the adaptive output layer, fp32 and bf16 (compile skipped)."""
+    """Every family's training step with the full and the adaptive output layer (and adaptive input), fp32 and bf16
+    (compile skipped)."""
     stdout = run_script("bench_lm_step.py", "--tiny", "--families", *FAMILIES, "--output_dir", tmp_path)
     report = json.loads((tmp_path / "bench_lm_step.json").read_text())
-    assert "| contender | ms/step | tokens/s | vs full fp32 | GFLOP/s | % of peak |" in stdout
+    assert "| contender | parameters | ms/step | tokens/s | vs full fp32 | GFLOP/s | % of peak |" in stdout
     rows = {r["contender"]: r for r in report["results"]}
     assert set(rows) == {
         f"{family} / {head} / {precision}"
         for family in FAMILIES
-        for head in ("full", "adaptive")
+        for head in ("full", "adaptive", "adaptive-in-out")
         for precision in ("fp32", "bf16")
     }
     for family in FAMILIES:
         # the adaptive head counts fewer FLOPs than the full projection: only the clusters a target falls in
         full, adaptive = rows[f"{family} / full / fp32"], rows[f"{family} / adaptive / fp32"]
         assert adaptive["flops_per_step"] < full["flops_per_step"]
+        # the adaptive input holds far fewer parameters than the vocabulary x hidden embedding
+        assert rows[f"{family} / adaptive-in-out / fp32"]["parameters"] < adaptive["parameters"] - 200 * 32 // 2
     for row in rows.values():
         assert row["tokens_per_second"] > 0 and 0 < row["achieved_flops"] and row["peak_flops"] > 0
 

@@ -481,3 +481,14 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     again = json.loads((out / "all_results.json").read_text())
     assert again["selected_step"] == best_step
     assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
+
+
+def test_config_overrides_take_list_values():
+    """A list value keeps its commas (`adaptive_input_cutoffs=[2000,10000]`); the other items split as before."""
+    import hf_settransformer as hfst
+
+    script = train_lm_module()
+    parsed = script.parse_overrides(
+        "adaptive_input_cutoffs=[20, 100],hidden_dropout_prob=0.2,pooling=mean", hfst.TransformerEncoderConfig
+    )
+    assert parsed == {"adaptive_input_cutoffs": [20, 100], "hidden_dropout_prob": 0.2, "pooling": "mean"}
