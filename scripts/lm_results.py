@@ -54,30 +54,48 @@ def cpu_minutes_per_clock_second(r):
 def table(runs, unigram=None):
     lines = [
         "| family | design | attention | parameters | output layer | precision | threads | CPU-min | steps | train tokens "
-        "| tokens/s | validation ppl | test ppl | test acc | eval min (val + test) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens/s | selected step | validation ppl | test ppl | test acc | eval CPU-min (val + test) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         threads = r.get("threads_per_process", 1)
         cpu_minutes = r.get("train_cpu_minutes")
         if cpu_minutes is None and r.get("train_seconds_whole_run"):
             cpu_minutes = r["train_seconds_whole_run"] * cpu_minutes_per_clock_second(r)
-        evaluation = sum(r.get(f"{split}_seconds", 0.0) for split in ("validation", "test")) / 60
         lines.append(
             f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
-            f"{r['parameters'] / 1e6:.2f}M | {'adaptive' if r.get('adaptive_softmax_cutoffs') else 'full'} | "
-            f"{r.get('precision', 'fp32')} | {threads} | "
+            f"{r['parameters'] / 1e6:.2f}M | {output_layer(r)} | {r.get('precision', 'fp32')} | {threads} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
             f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second') or float('nan'):,.0f} | "
-            f"{r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | {r['test_accuracy']:.3f} | "
-            f"{evaluation:.1f} |"
+            f"{selected_step(r)} | {r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | "
+            f"{r['test_accuracy']:.3f} | {evaluation_minutes(r)} |"
         )
     if unigram:
         lines.append(
-            f"| unigram (training-split frequencies) | | | | | | | | | | | {unigram['validation']:.1f} | "
+            f"| unigram (training-split frequencies) | | | | | | | | | | | | {unigram['validation']:.1f} | "
             f"{unigram['test']:.1f} | {unigram['test_accuracy']:.3f} | |"
         )
     return "\n".join(lines)
+
+
+def output_layer(r):
+    """'full', 'adaptive' (adaptive softmax) or 'adaptive in+out' (and adaptive input)."""
+    if not r.get("adaptive_softmax_cutoffs"):
+        return "full" + (", adaptive input" if r.get("adaptive_input_cutoffs") else "")
+    return "adaptive in+out" if r.get("adaptive_input_cutoffs") else "adaptive"
+
+
+def selected_step(r):
+    """The step whose weights the run ended with (its best periodic validation), or 'last' for runs before that."""
+    return f"{r['selected_step']:,}" if r.get("selected_step") is not None else "last"
+
+
+def evaluation_minutes(r):
+    """CPU-minutes of the final validation + test evaluation; runs that recorded only wall time: 'N wall'."""
+    splits = ("validation", "test")
+    if all(f"{split}_cpu_seconds" in r for split in splits):
+        return f"{sum(r[f'{split}_cpu_seconds'] for split in splits) / 60:.1f}"
+    return f"{sum(r.get(f'{split}_seconds', 0.0) for split in splits) / 60:.1f} wall"
 
 
 def unigram_reference(folder):

@@ -388,7 +388,8 @@ def describe_model(model, model_args):
     return {"family": model_args.family, "objective": "mlm" if masked else "next_token",
             "attention": config.attention_type, "feature_map": config.feature_map, "preset": model_args.preset,
             "next_token_mode": getattr(config, "next_token_mode", None) if many else None,
-            "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs}
+            "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs,
+            "adaptive_input_cutoffs": config.adaptive_input_cutoffs}
 
 
 def describe_training(model, training_args, length):
@@ -479,13 +480,14 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
         stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
         if is_main and args.disable_tqdm:  # no bar: say what the evaluation is doing
             print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
-        began = time.time()
+        began, cpu_began = time.time(), time.process_time()
         metrics = evaluate_perplexity(
             model, stream, tokenizer, batch_size=batch, block_size=data_args.block_size, stride=data_args.eval_stride,
             eos_id=eos_id, mlm_probability=data_args.mlm_probability, accelerator=trainer.accelerator,
             progress=f"[train_lm] {split}" if is_main and not args.disable_tqdm else None,
         )
-        metrics["seconds"] = time.time() - began
+        # wall seconds, and CPU seconds of this process (what other work on the cores does not inflate)
+        metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
             print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})

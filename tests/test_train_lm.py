@@ -136,6 +136,8 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
         "wall_time_seconds",
         "validation_accuracy",
         "test_accuracy",
+        "validation_cpu_seconds",
+        "test_cpu_seconds",
     ):
         assert key in results and math.isfinite(results[key]), key
     vocab = json.loads((out / "config.json").read_text())["vocab_size"]
