@@ -230,6 +230,16 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
     assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.05)  # another budget: probed again
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_probe_times_steps_in_the_training_precision(tmp_path, bf16):
+    """A --bf16 run is probed under bf16 autocast, as it trains (a probe in fp32 set too few steps for the budget)."""
+    trainer = decoder_trainer(tmp_path, bf16=bf16, use_cpu=True)
+    seen = []
+    trainer.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    hfst.probe_seconds_per_step(trainer, steps=5)  # the hook travels with the probed copy
+    assert seen == [bf16] * 5
+
+
 # ------------------------------------------------------------------------------------------------ a run's measurements
 
 
