@@ -217,9 +217,9 @@ class HfstConfig(PreTrainedConfig):
         self.target_length = max(context_length // 2, 1) if target_length is None and isinstance(
             context_length, int
         ) else target_length
-        self.adaptive_softmax_cutoffs = list(adaptive_softmax_cutoffs) if adaptive_softmax_cutoffs else None
+        self.adaptive_softmax_cutoffs = _cutoff_list(adaptive_softmax_cutoffs)
         self.adaptive_softmax_div_value = adaptive_softmax_div_value
-        self.adaptive_input_cutoffs = list(adaptive_input_cutoffs) if adaptive_input_cutoffs else None
+        self.adaptive_input_cutoffs = _cutoff_list(adaptive_input_cutoffs)
         self.adaptive_input_div_value = adaptive_input_div_value
         if tie_word_embeddings is None:  # an adaptive layer has no vocabulary x hidden matrix to tie
             tie_word_embeddings = self.adaptive_softmax_cutoffs is None and self.adaptive_input_cutoffs is None
@@ -300,10 +300,9 @@ class HfstConfig(PreTrainedConfig):
         cutoffs = getattr(self, f"{prefix}_cutoffs")
         if cutoffs is None:
             return
-        if not all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs) or any(
-            b <= a for a, b in zip([0] + cutoffs, cutoffs)
-        ):
-            raise ValueError(f"`{prefix}_cutoffs` must be increasing positive integers, got {cutoffs!r}.")
+        integers = isinstance(cutoffs, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs)
+        if not integers or any(b <= a for a, b in zip([0] + cutoffs, cutoffs)):
+            raise ValueError(f"`{prefix}_cutoffs` must be a list of increasing positive integers, got {cutoffs!r}.")
         if self.vocab_size is None or cutoffs[-1] >= self.vocab_size:
             raise ValueError(f"`{prefix}_cutoffs` must end below `vocab_size` ({self.vocab_size}), got {cutoffs!r}.")
         value = getattr(self, f"{prefix}_div_value")
@@ -314,6 +313,14 @@ class HfstConfig(PreTrainedConfig):
                 f"`tie_word_embeddings=True` cannot hold with `{prefix}_cutoffs`: {layer} has no vocabulary x hidden "
                 "matrix to share (leave it unset or False)."
             )
+
+
+def _cutoff_list(value):
+    """Cluster boundaries as a list (a JSON config gives one, Python callers may pass a tuple); None or empty: off.
+    Anything else is kept as given, for `check_adaptive` to refuse by name."""
+    if isinstance(value, (list, tuple)):
+        return list(value) or None
+    return value
 
 
 def _loaded_class(path):

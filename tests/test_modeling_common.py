@@ -440,8 +440,10 @@ def test_adaptive_layers_refuse_resizing_and_bad_cutoffs():
     with pytest.raises(ValueError, match="from 37 to 40"):
         adaptive_lm("decoder").resize_token_embeddings(pad_to_multiple_of=8)  # adaptive softmax alone refuses too
     model.resize_token_embeddings(VOCAB)  # the same size: nothing to do, allowed
-    with pytest.raises(ValueError, match="`adaptive_input_cutoffs` must be increasing positive integers"):
-        tiny_config("decoder", adaptive_input_cutoffs=[4, 4])
+    for bad in ([4, 4], 4, "4,16", [4.0]):
+        with pytest.raises(ValueError, match="`adaptive_input_cutoffs` must be a list of increasing positive integers"):
+            tiny_config("decoder", adaptive_input_cutoffs=bad)
+    assert tiny_config("decoder", adaptive_input_cutoffs=(4, 16)).adaptive_input_cutoffs == [4, 16]
     with pytest.raises(ValueError, match="`adaptive_input_cutoffs` must end below `vocab_size`"):
         tiny_config("decoder", adaptive_input_cutoffs=[VOCAB])
     with pytest.raises(ValueError, match="`adaptive_input_div_value` must be a finite number >= 1"):
