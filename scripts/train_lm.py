@@ -486,7 +486,8 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
             eos_id=eos_id, mlm_probability=data_args.mlm_probability, accelerator=trainer.accelerator,
             progress=f"[train_lm] {split}" if is_main and not args.disable_tqdm else None,
         )
-        # wall seconds, and CPU seconds of this process (what other work on the cores does not inflate)
+        # wall seconds, and CPU seconds of this process (time-sharing the cores does not inflate them; a machine
+        # loaded past its cores still does, through caches and memory bandwidth: README, Time budget)
         metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
             print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
