@@ -94,7 +94,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
 # Named sizes. `small` is the size tuned for a 2-core CPU (README, "Tuning"); `base` is for a GPU. `context` is the
 # decoder's block and the heads' window; the heads predict the last `targets` tokens of each window.
-ADAPTIVE_CUTOFFS = [2000, 10000]  # WikiText-2: the 2,000 most frequent words cover ~80% of the tokens
+# Adaptive softmax and adaptive input (README, "Output layer"); WikiText-2: the 2,000 most frequent words cover ~80% of
+# the tokens. `--config_overrides adaptive_input_cutoffs=null` gives back the dense embedding.
+ADAPTIVE_CUTOFFS = [2000, 10000]
 PRESETS = {
     "tiny": dict(
         hidden_size=32,
@@ -113,6 +115,7 @@ PRESETS = {
         context=128,
         targets=64,
         adaptive_softmax_cutoffs=ADAPTIVE_CUTOFFS,
+        adaptive_input_cutoffs=ADAPTIVE_CUTOFFS,
     ),
     "base": dict(
         hidden_size=512,
@@ -122,6 +125,7 @@ PRESETS = {
         context=256,
         targets=128,
         adaptive_softmax_cutoffs=ADAPTIVE_CUTOFFS,
+        adaptive_input_cutoffs=ADAPTIVE_CUTOFFS,
     ),
 }
 FAMILY_PRESETS = {  # what a family needs besides the shared sizes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's WikiText-2 table: every family x {softmax, linear elu, linear exp} with train_lm.py's defaults (the tuned
-# `small` preset, adaptive softmax, many targets per window for the heads, bf16 where the CPU has it), each trained for
+# `small` preset, adaptive input and softmax, many targets per window for the heads, bf16 where the CPU has it), each trained for
 # the same time budget (default 90 minutes on one thread: 90 CPU-minutes), evaluated on the full validation and test
 # splits; plus the design document's literal one-target head (encoder, softmax) as the baseline.
 #   bash scripts/wikitext2_grid.sh [output root] [run ...]     (default: outputs/wikitext2-90min, every run)
@@ -13,7 +13,7 @@
 # step count of its budget is kept in time_budget.json); a finished one (all_results.json) is skipped.
 # A variant of the defaults for every run (the budget-length tuning runs): HFST_GRID_ARGS="--config_overrides k=v,...".
 # Then: python scripts/lm_results.py outputs/wikitext2-90min --unigram ../shared/data/wikitext-2 \
-#           --copy_to scripts/results/wikitext2-90min --plot scripts/results/wikitext2-90min.png
+#           --copy_to scripts/results/wikitext2-90min-v2 --plot scripts/results/wikitext2-90min-v2.png
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${1:-outputs/wikitext2-90min}

@@ -494,3 +494,25 @@ def test_config_overrides_take_list_values():
         "adaptive_input_cutoffs=[20, 100],hidden_dropout_prob=0.2,pooling=mean", hfst.TransformerEncoderConfig
     )
     assert parsed == {"adaptive_input_cutoffs": [20, 100], "hidden_dropout_prob": 0.2, "pooling": "mean"}
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "set_transformer", "perceiver_io"])
+def test_small_preset_uses_adaptive_input_and_softmax(family):
+    """The tuned `small` preset (README, Tuning) gives a WikiText-2-sized vocabulary adaptive input and softmax; a tiny
+    vocabulary keeps the dense layers; `adaptive_input_cutoffs=null` turns the adaptive input off."""
+    from types import SimpleNamespace
+
+    script = train_lm_module()
+    model_args = SimpleNamespace(preset="small", family=family, attention_type="softmax", feature_map="elu",
+                                 next_token_mode="many", config_overrides=None)
+    data_args = SimpleNamespace(block_size=128, context_length=128, target_length=None)
+    config = script.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
+    assert config.adaptive_input_cutoffs == config.adaptive_softmax_cutoffs == [2000, 10000]
+    assert not config.tie_word_embeddings
+
+    tiny_vocab = script.new_config(model_args, data_args, vocab_size=5000, eos_id=0)
+    assert tiny_vocab.adaptive_input_cutoffs is None and tiny_vocab.adaptive_softmax_cutoffs is None
+
+    model_args.config_overrides = "adaptive_input_cutoffs=null"
+    dense_input = script.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
+    assert dense_input.adaptive_input_cutoffs is None and dense_input.adaptive_softmax_cutoffs == [2000, 10000]
