@@ -54,7 +54,7 @@ def cpu_minutes_per_clock_second(r):
 def table(runs, unigram=None):
     lines = [
         "| family | design | attention | parameters | output layer | precision | threads | CPU-min | steps | train tokens "
-        "| tokens/s | selected step | validation ppl | test ppl | test acc | eval CPU-min (val + test) |",
+        "| tokens / CPU-s | selected step | validation ppl | test ppl | test acc | eval CPU-min (val + test) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -66,7 +66,7 @@ def table(runs, unigram=None):
             f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
             f"{r['parameters'] / 1e6:.2f}M | {output_layer(r)} | {r.get('precision', 'fp32')} | {threads} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
-            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {r.get('train_tokens_per_second') or float('nan'):,.0f} | "
+            f"{r.get('train_tokens', 0) / 1e6:.2f}M | {training_speed(r, cpu_minutes)} | "
             f"{selected_step(r)} | {r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | "
             f"{r['test_accuracy']:.3f} | {evaluation_minutes(r)} |"
         )
@@ -76,6 +76,15 @@ def table(runs, unigram=None):
             f"{unigram['test']:.1f} | {unigram['test_accuracy']:.3f} | |"
         )
     return "\n".join(lines)
+
+
+def training_speed(r, cpu_minutes):
+    """Training tokens per CPU-second over the whole run (resumes included): unlike tokens per wall second, the same
+    whether or not other work shared the core or the run was paused. Runs without a CPU-minute record: 'N wall'
+    (this process's tokens per wall second)."""
+    if cpu_minutes:
+        return f"{r.get('train_tokens', 0) / (cpu_minutes * 60):,.0f}"
+    return f"{r.get('train_tokens_per_second') or float('nan'):,.0f} wall"
 
 
 def output_layer(r):

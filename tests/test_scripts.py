@@ -77,6 +77,11 @@ def test_lm_results_table_and_plot(tmp_path):
                     adaptive_input_cutoffs=[2000, 10000], validation_cpu_seconds=120.0, test_cpu_seconds=180.0)
     (tmp_path / "runs" / "decoder-linear-elu").mkdir()
     (tmp_path / "runs" / "decoder-linear-elu" / "all_results.json").write_text(json.dumps(adaptive))
+    no_clock = {k: v for k, v in result.items() if k != "train_seconds_whole_run"}  # resumed from an old checkpoint
+    (tmp_path / "runs" / "encoder-softmax").mkdir()
+    (tmp_path / "runs" / "encoder-softmax" / "all_results.json").write_text(
+        json.dumps(dict(no_clock, family="encoder", next_token_mode="many"))
+    )
     stdout = run_script(
         "lm_results.py",
         tmp_path / "runs",
@@ -86,14 +91,17 @@ def test_lm_results_table_and_plot(tmp_path):
         tmp_path / "curve.png",
         timeout=120,
     )
-    # a resumed run shows the whole run's training CPU-minutes (28 min x 1 thread), not this process's (25 min); a run
-    # from before the best-checkpoint selection and the evaluation's CPU time says so
-    row = ("| decoder | causal LM | softmax | 5.05M | full | fp32 | 1 | 28.0 | 0 | 3.00M | 1,700 | last | 250.0 | 240.0 "
+    # a resumed run shows the whole run's training CPU-minutes (28 min x 1 thread), not this process's (25 min), and
+    # its tokens per CPU-second over them (3M / 1,680 s), not this process's per wall second (1,700); a run from
+    # before the best-checkpoint selection and the evaluation's CPU time says so
+    row = ("| decoder | causal LM | softmax | 5.05M | full | fp32 | 1 | 28.0 | 0 | 3.00M | 1,786 | last | 250.0 | 240.0 "
            "| 0.200 | 0.0 wall |")
     assert row in stdout
     # a run with the adaptive layers, its selected checkpoint and the evaluation's CPU time
-    assert ("| decoder | causal LM | linear elu | 2.20M | adaptive in+out | bf16 | 1 | 28.0 | 0 | 3.00M | 1,700 | 6,000 "
+    assert ("| decoder | causal LM | linear elu | 2.20M | adaptive in+out | bf16 | 1 | 28.0 | 0 | 3.00M | 1,786 | 6,000 "
             "| 150.0 | 140.0 | 0.200 | 5.0 |") in stdout
+    # no record of the whole run's time: CPU-minutes unknown, tokens per wall second of this process, marked
+    assert "| encoder | many targets | softmax | 5.05M | full | fp32 | 1 | ? | 0 | 3.00M | 1,700 wall | last |" in stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
