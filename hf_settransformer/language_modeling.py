@@ -226,7 +226,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
                 continue
             n = ids.shape[1]
             # only the scored positions' logits: the output layer is most of the cost
-            kwargs = {"logits_to_keep": scored + 1} if causal_lm else {"prefix_length": n - scored}
+            kwargs = {"logits_to_keep": scored + 1, "use_cache": False} if causal_lm else {"prefix_length": n - scored}
             logits = model(input_ids=ids, **kwargs).logits  # (b, scored + 1 or n, vocab)
             if causal_lm:
                 logits, target = logits[:, :-1], ids[:, n - scored :]
@@ -259,7 +259,7 @@ def _score_window(model, full, window, causal_lm, device, score):
     ids = full[begin:end][None].to(device)
     n = end - begin
     if causal_lm:
-        logits = model(input_ids=ids, logits_to_keep=scored + 1).logits[0, :-1]
+        logits = model(input_ids=ids, logits_to_keep=scored + 1, use_cache=False).logits[0, :-1]
         score(logits, full[end - scored : end])
     else:
         logits = model(input_ids=ids, prefix_length=n - scored).logits[0, n - scored :]
@@ -396,8 +396,9 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     `mlm_model_card.md` for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
     all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
     wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
-    device). `family` defaults to the one `model_type` names. `repo_id` and `command` are the caller's to add; then
-    `hf_settransformer.write_model_card(output_dir, template, **fields)`."""
+    device; where present resumed_from_step, selected_step and selected_by). `family` defaults to the one `model_type`
+    names. `repo_id` and `command` are the caller's to add; then `hf_settransformer.write_model_card(output_dir,
+    template, **fields)`."""
     config, masked = model.config, is_masked_lm(model)
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)
@@ -418,8 +419,11 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         val_acc=f"{results['validation_accuracy']:.4f}",
         test_acc=f"{results['test_accuracy']:.4f}",
         train_tokens=f"{results['train_tokens']:,}",
-        tokens_per_second=f"{results['train_tokens_per_second'] or float('nan'):,.0f}",
-        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min",
+        training_speed=_card_training_speed(results),
+        weights=_card_weights(results),
+        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
+            f" (the last process: resumed at step {results['resumed_from_step']:,})"
+            if results.get("resumed_from_step") else ""),
         design=_card_design(config, family, masked),
         output_layer=(
             f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
@@ -443,6 +447,25 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         torch_version=torch.__version__,
         device=results["device"],
     )
+
+
+def _card_training_speed(results):
+    """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
+    (the same whether or not other work shared the cores); else this process's tokens per wall second."""
+    if results.get("train_cpu_minutes"):
+        return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
+    return f"{results['train_tokens_per_second'] or float('nan'):,.0f} tokens per wall second"
+
+
+def _card_weights(results):
+    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`."""
+    step = results.get("selected_step")
+    if step is None:
+        return f"the last step ({results['train_steps']:,})"
+    if str(results.get("selected_by", "")).startswith("best"):
+        return (f"step {step:,} of {results['train_steps']:,}: the checkpoint with the lowest validation loss of the "
+                "periodic evaluations during training")
+    return f"the last step ({step:,})"
 
 
 def _card_design(config, family, masked=False):

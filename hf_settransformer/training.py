@@ -13,6 +13,7 @@ Needs torch and transformers only (no accelerate or datasets); the modeling file
 """
 
 import copy
+import inspect
 import json
 import math
 import os
@@ -126,8 +127,10 @@ def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
 def save_model_atomically(trainer, output_dir=None):
     """`trainer.save_model(output_dir)` written through a temporary folder beside it and moved into place file by file
     (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
-    truncated `model.safetensors`. Every process calls it, as `save_model`."""
+    truncated `model.safetensors`. Every process calls it, as `save_model`. The model's `config.use_cache` gets its
+    class's default back first (`restore_use_cache`): the saved model is for inference."""
     output_dir = Path(output_dir or trainer.args.output_dir)
+    restore_use_cache(trainer.accelerator.unwrap_model(trainer.model).config)
     tmp = output_dir / ".tmp-final-model"  # one run per folder (OutputDirLock): a leftover is a killed save's
     if trainer.args.should_save:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,6 +140,17 @@ def save_model_atomically(trainer, output_dir=None):
     if trainer.args.should_save:
         replace_atomically(tmp, output_dir)
     trainer.accelerator.wait_for_everyone()
+
+
+def restore_use_cache(config):
+    """The Trainer sets `config.use_cache = args.use_cache` (False) for training (transformers 5.23), and a model
+    saved after training would keep it: a decoder loaded from it would return no key/value cache or recurrent state
+    unless asked. Sets it back to the config class's default, or removes it where the class has none."""
+    default = inspect.signature(type(config).__init__).parameters.get("use_cache")
+    if default is not None and default.default is not inspect.Parameter.empty:
+        config.use_cache = default.default
+    elif "use_cache" in vars(config):
+        del config.use_cache
 
 
 def write_text_atomically(path, text):

@@ -6,6 +6,8 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
     python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
 
 `--copy_to` keeps each run's all_results.json (small) where it can be committed; the folder can be read back later.
+`--refresh_cards` first writes each run's model card again with the current templates (train_lm.refresh_model_card),
+for runs made before a change to the card.
 """
 
 import argparse
@@ -177,10 +179,18 @@ def main():
     p.add_argument("--copy_to", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
+    p.add_argument("--refresh_cards", action="store_true",
+                   help="write each run's model card again with the current templates (runs with saved weights)")
     args = p.parse_args()
     runs = load(args.folders)
     if not runs:
         raise SystemExit(f"No all_results.json with evaluation results under {args.folders}.")
+    if args.refresh_cards:
+        from train_lm import refresh_model_card  # torch and transformers: only for this
+
+        for r in runs:
+            if (r["path"].parent / "config.json").is_file():
+                print(f"refreshed {refresh_model_card(r['path'].parent)}")
     print(table(runs, unigram_reference(args.unigram) if args.unigram else None))
     if args.copy_to:
         keep(runs, args.copy_to)

@@ -45,6 +45,7 @@ model card (README.md) to `--output_dir`. What it calls is package API (README, 
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -506,10 +507,8 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
     write_text_atomically(out / "all_results.json", json.dumps(results, indent=2))
     card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
     if card:
-        fields = lm_model_card_fields(trainer.model, results, model_args.family, data_args.block_size,
-                                      data_args.mlm_probability)
-        template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(trainer.model) else "lm_model_card.md")
-        write_model_card(out, template, **fields, repo_id=trainer.args.hub_model_id or out.name, command=command)
+        write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
+                            command)
     summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
     print("[train_lm] " + json.dumps({**summary, "parameters": results["parameters"]}, indent=1))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
@@ -520,6 +519,48 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
         repo_id = trainer.args.hub_model_id or out.name
         info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
         print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
+
+
+def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
+    """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
+    perplexities; the template by objective (`model_cards/`)."""
+    fields = lm_model_card_fields(model, results, results["family"], block_size, results.get("mlm_probability", 0.15))
+    template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
+    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
+
+
+CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
+
+
+def refresh_model_card(run_dir):
+    """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
+    config.json and training_args.json (for runs made before a change to the card; the weights are not read). The
+    command comes from all_results.json, or, for runs that did not record it, from the card it replaces. Returns the
+    card's path."""
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "all_results.json").read_text())
+    missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
+    if missing:
+        raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
+                         "evaluated model.")
+    command = results.get("command")
+    if command is None:
+        old = run_dir / "README.md"
+        found = CARD_COMMAND.search(old.read_text()) if old.is_file() else None
+        if found is None:
+            raise ValueError(f"{run_dir}: the command that made the run is neither in all_results.json nor in a "
+                             "model card (README.md) there.")
+        command = found.group(1)
+    if results.get("objective") == "mlm" and "mlm_probability" not in results:
+        mlm = re.search(r"--mlm_probability[ =](\S+)", command)
+        results["mlm_probability"] = float(mlm.group(1)) if mlm else DataArguments.mlm_probability
+    config = AutoConfig.from_pretrained(run_dir)
+    with torch.device("meta"):  # the card reads the config and the class; no weights needed
+        model = getattr(hfst, config.architectures[0])(config)
+    args_file = run_dir / "training_args.json"
+    repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
+    return write_lm_model_card(run_dir, model, results, results["hyperparameters"]["sequence_length"], repo_id,
+                               command)
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -623,7 +664,9 @@ def main(argv=None):
         f" of {length} tokens, max_steps={trainer.args.max_steps}, {environment['precision']}, "
         f"{torch.get_num_threads()} threads")
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
-               "hyperparameters": describe_training(model, training_args, length)}
+               "hyperparameters": describe_training(model, training_args, length), "command": command}
+    if masked:
+        results["mlm_probability"] = data_args.mlm_probability
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))

@@ -273,3 +273,18 @@ def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind)
     assert ("Causal LM" in fields["design"]) == (kind == "decoder")
     assert ("one prediction per window" in fields["design"]) == (kind == "window")
     assert ("Masked LM" in fields["design"]) == (kind == "masked")
+    # without a CPU-minute record: this process's wall speed; without a checkpoint selection: the last step
+    assert fields["training_speed"] == "512 tokens per wall second" and fields["weights"] == "the last step (64)"
+    assert fields["wall_time"] == "1.5 min"
+
+
+def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
+    """A resumed run with a best-checkpoint selection: the card names the selected step, the speed over the whole run
+    in CPU-seconds (4,096 tokens in 0.5 CPU-minutes) and that the wall time is the last process's."""
+    results = dict(RESULTS, train_cpu_minutes=0.5, resumed_from_step=32, selected_step=48, selected_by="best eval_loss")
+    fields = hfst.lm_model_card_fields(head("decoder"), results, block_size=8)
+    assert fields["training_speed"] == "137 tokens per CPU-second"
+    assert fields["weights"].startswith("step 48 of 64: the checkpoint with the lowest validation loss")
+    assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
+    fields = hfst.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
+    assert fields["weights"] == "the last step (64)"

@@ -180,6 +180,10 @@ def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     assert fill.model.__class__.__name__.endswith("ForMaskedLM")
     answers = fill("the of and <mask> to a")
     assert len(answers) == 5 and all(a["sequence"].split()[3] == a["token_str"].strip() for a in answers)
+    # the card written again from the folder (lm_results.py --refresh_cards) is the one the run wrote
+    assert results["mlm_probability"] == 0.15 and results["command"].startswith("python scripts/train_lm.py")
+    card = (out / "README.md").read_text()
+    assert train_lm_module().refresh_model_card(out).read_text() == card
 
 
 def test_offline_dataset_gives_a_clear_message(tmp_path):
@@ -272,6 +276,8 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5)
     assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]
     assert [p["eval_loss"] for p in rb["validation_curve"]] == [p["eval_loss"] for p in ra["validation_curve"]]
+    # the model card's wall time is the last process's, and says so
+    assert f"(the last process: resumed at step {rb['resumed_from_step']:,})" in (killed / "README.md").read_text()
 
 
 def test_resume_from_the_final_checkpoint_only_evaluates(tmp_path, corpus):
@@ -479,10 +485,39 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     saved, best = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best_step}" / "model.safetensors")
     assert saved.keys() == best.keys() and all(torch.equal(saved[k], best[k]) for k in saved)
 
+    card = (out / "README.md").read_text()
+    assert f"| weights | step {best_step} of 24: the checkpoint with the lowest validation loss" in card
+
     run(common_args(corpus, out, "decoder", steps=24, extra=extra))  # finished: only loads, then evaluates
     again = json.loads((out / "all_results.json").read_text())
     assert again["selected_step"] == best_step
     assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
+
+
+def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corpus):
+    """lm_results.py --refresh_cards: a run that recorded no command (made before all_results.json had it) gets the
+    current card with the command of the card it replaces; a folder without results or command is refused."""
+    out = tmp_path / "old"
+    run(common_args(corpus, out, "decoder", steps=8))
+    results = json.loads((out / "all_results.json").read_text())
+    command = results.pop("command")
+    (out / "all_results.json").write_text(json.dumps(results))
+    (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path), "--refresh_cards"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"refreshed {out / 'README.md'}" in result.stdout
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
+    assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
+
+    script = train_lm_module()
+    (out / "README.md").unlink()
+    with pytest.raises(ValueError, match="the command that made the run"):
+        script.refresh_model_card(out)
+    (out / "all_results.json").write_text(json.dumps({"family": "decoder"}))
+    with pytest.raises(ValueError, match="no validation_perplexity, test_perplexity, train_tokens"):
+        script.refresh_model_card(out)
 
 
 def test_config_overrides_take_list_values():

@@ -104,6 +104,24 @@ def test_sigkill_during_the_final_save_leaves_a_loadable_model(tmp_path, mode):
             hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_the_final_save_gives_use_cache_back(tmp_path, family):
+    """The Trainer turns `config.use_cache` off for training; the saved model has its class's default back: a decoder
+    loaded from it returns its cache (softmax) or recurrent state (linear) unasked, an encoder config has no field."""
+    config = tiny_config(family, "linear" if family == "decoder" else "softmax")
+    model = (hfst.TransformerDecoderForCausalLM if family == "decoder" else hfst.TransformerEncoderModel)(config)
+    trainer = Trainer(model=model, args=quiet_training_args(tmp_path))
+    assert model.config.use_cache is False  # what the Trainer did
+    hfst.save_model_atomically(trainer)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    if family == "decoder":
+        assert saved["use_cache"] is True and model.config.use_cache is True
+        loaded = hfst.TransformerDecoderForCausalLM.from_pretrained(tmp_path)
+        assert loaded(input_ids=torch.tensor([[3, 4, 5]])).past_key_values is not None
+    else:
+        assert "use_cache" not in saved and not hasattr(model.config, "use_cache")
+
+
 # ------------------------------------------------------------------------------------------------ checkpoints, resume
 
 
