@@ -127,10 +127,12 @@ def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
 def save_model_atomically(trainer, output_dir=None):
     """`trainer.save_model(output_dir)` written through a temporary folder beside it and moved into place file by file
     (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
-    truncated `model.safetensors`. Every process calls it, as `save_model`. The model's `config.use_cache` gets its
-    class's default back first (`restore_use_cache`): the saved model is for inference."""
+    truncated `model.safetensors`. Every process calls it, as `save_model`. A model with a config gets its class's
+    `use_cache` default back first (`restore_use_cache`): the saved model is for inference."""
     output_dir = Path(output_dir or trainer.args.output_dir)
-    restore_use_cache(trainer.accelerator.unwrap_model(trainer.model).config)
+    config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)  # None: a plain nn.Module
+    if config is not None:
+        restore_use_cache(config)
     tmp = output_dir / ".tmp-final-model"  # one run per folder (OutputDirLock): a leftover is a killed save's
     if trainer.args.should_save:
         shutil.rmtree(tmp, ignore_errors=True)
