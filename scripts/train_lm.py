@@ -524,7 +524,8 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
 def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
     """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
     perplexities; the template by objective (`model_cards/`)."""
-    fields = lm_model_card_fields(model, results, results["family"], block_size, results.get("mlm_probability", 0.15))
+    mlm_probability = results.get("mlm_probability", DataArguments.mlm_probability)
+    fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
     template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
     return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
 
@@ -559,8 +560,12 @@ def refresh_model_card(run_dir):
         model = getattr(hfst, config.architectures[0])(config)
     args_file = run_dir / "training_args.json"
     repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
-    return write_lm_model_card(run_dir, model, results, results["hyperparameters"]["sequence_length"], repo_id,
-                               command)
+    # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
+    # `hyperparameters`
+    length = results.get("hyperparameters", {}).get("sequence_length")
+    if length is None:
+        length = json.loads((run_dir / "tokenizer_config.json").read_text())["model_max_length"]
+    return write_lm_model_card(run_dir, model, results, length, repo_id, command)
 
 
 # ----------------------------------------------------------------------------------------------------------- main

@@ -501,6 +501,7 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     run(common_args(corpus, out, "decoder", steps=8))
     results = json.loads((out / "all_results.json").read_text())
     command = results.pop("command")
+    del results["hyperparameters"]  # older still: the block size comes from the tokenizer
     (out / "all_results.json").write_text(json.dumps(results))
     (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path), "--refresh_cards"],
@@ -510,6 +511,7 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
     assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
+    assert "| context | 16 tokens |" in card  # the tiny preset's block
 
     script = train_lm_module()
     (out / "README.md").unlink()
