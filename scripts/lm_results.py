@@ -191,6 +191,8 @@ def main():
         for r in runs:
             if (r["path"].parent / "config.json").is_file():
                 print(f"refreshed {refresh_model_card(r['path'].parent)}")
+            else:
+                print(f"not refreshed {r['path'].parent}: no saved model (config.json) there")
     print(table(runs, unigram_reference(args.unigram) if args.unigram else None))
     if args.copy_to:
         keep(runs, args.copy_to)

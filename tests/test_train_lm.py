@@ -504,10 +504,13 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     del results["hyperparameters"]  # older still: the block size comes from the tokenizer
     (out / "all_results.json").write_text(json.dumps(results))
     (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
+    (tmp_path / "copied").mkdir()  # a results folder as --copy_to keeps it
+    (tmp_path / "copied" / "all_results.json").write_text(json.dumps(results))
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path), "--refresh_cards"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"refreshed {out / 'README.md'}" in result.stdout
+    assert f"not refreshed {tmp_path / 'copied'}: no saved model" in result.stdout  # results alone: nothing to read
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
     assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
