@@ -180,7 +180,7 @@ def main():
     p.add_argument("--plot", default=None)
     p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
     p.add_argument("--refresh_cards", action="store_true",
-                   help="write each run's model card again with the current templates (runs whose folder has config.json)")
+                   help="write each run's model card again with the current templates (folders with config.json)")
     args = p.parse_args()
     runs = load(args.folders)
     if not runs:
