@@ -46,6 +46,18 @@ def _no_autocast(tensor):
     return torch.autocast(device_type=tensor.device.type, enabled=False)
 
 
+def _keep(key_mask):
+    """A linear kernel's key mask, (b, m) (every head) or (b, h, m) (per head), as a (b, 1 or h, m, 1) multiplier."""
+    return None if key_mask is None else (key_mask[:, None, :, None] if key_mask.dim() == 2 else key_mask[..., None])
+
+
+def _with_dropped(key_mask, drop):
+    """The key mask (b, m) or None, and key dropout's kept keys (b, h, m) or None -> the keys to use, (b, h, m)."""
+    if drop is None:
+        return key_mask
+    return drop if key_mask is None else drop & key_mask[:, None, :]
+
+
 @dataclass
 class AttentionMask:
     """Which keys each query sees: built once per forward and handed to every attention layer that shares it. Each
@@ -170,7 +182,7 @@ def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
 
 
 def _linear_attention(q, k, v, key_mask, feature_map):
-    keep = None if key_mask is None else key_mask[:, None, :, None]  # (b, 1, m, 1)
+    keep = _keep(key_mask)  # (b, 1 or h, m, 1)
     if feature_map == "elu":
         phi_q = _elu_feature(q)
         phi_k = _elu_feature(k)
@@ -192,7 +204,7 @@ def _linear_attention(q, k, v, key_mask, feature_map):
 
 def _causal_features(q, k, key_mask, feature_map, state):
     """Feature maps of the causal kernels; for `"exp"` also rescales `state` to the new key maxima."""
-    keep = None if key_mask is None else key_mask[:, None, :, None]  # (b, 1, n, 1)
+    keep = _keep(key_mask)  # (b, 1 or h, n, 1)
     if feature_map == "elu":
         phi_q, phi_k = _elu_feature(q), _elu_feature(k)
         if keep is not None:
@@ -246,14 +258,16 @@ def exclusive_prefix_sum(x):
     return torch.cumsum(x, dim=2) - x
 
 
-def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, state=None):
+def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, state=None, drop=None):
     """Causal linear attention in chunks.
 
     q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
-    `state` continues from earlier tokens (chunked prefill, generation).
+    `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
+    keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     """
     with _no_autocast(q):
-        return _causal_linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map, chunk_size, state)
+        q, k, v = q.float(), k.float(), v.float()
+        return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)
 
 
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
@@ -262,7 +276,7 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
 EXP_CHUNK_SPREAD = 40.0
 
 
-def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
+def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None):
     """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
     stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
 
@@ -274,15 +288,19 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
     in the ratio) and are kept out of autograd."""
     b, h, n, d = q.shape
     e = v.shape[-1]
-    keep = None if key_mask is None else key_mask[:, None, :, None]
-    k = k if keep is None else k.masked_fill(~keep, float("-inf"))  # masked keys: exp(-inf) = 0
     c = min(chunk_size, n)
     pad = (-n) % c
+    nk = (n + pad) // c
+    real = None  # the queries whose outputs are used (masked and padded ones do not count in the stability check)
+    if key_mask is not None or pad:
+        real = key_mask if key_mask is not None else torch.ones(b, n, dtype=torch.bool, device=q.device)
+        real = torch.cat([real, real.new_zeros(b, pad)], dim=1).reshape(b, 1, nk, c)
+    keep = _keep(_with_dropped(key_mask, drop))
+    k = k if keep is None else k.masked_fill(~keep, float("-inf"))  # masked and dropped keys: exp(-inf) = 0
     if pad:
         q = F.pad(q, (0, 0, 0, pad))
         k = F.pad(k, (0, 0, 0, pad), value=float("-inf"))
         v = F.pad(v, (0, 0, 0, pad))
-    nk = (n + pad) // c
     q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
     floor = -1e30  # reference while every key so far is masked: any finite value works
     with torch.no_grad():
@@ -319,7 +337,6 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state):
     with torch.no_grad():
         # the running maximum at each position, and how far the chunk's reference lies above it
         at = torch.maximum(torch.cummax(k, dim=3).values, before[:, :, :, None]).clamp_min(floor)
-        real = torch.isfinite(k).any(dim=-1) if keep is not None or pad else None  # masked queries do not count
         spread = (running[:, :, :, None] - at).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
@@ -357,12 +374,12 @@ def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
     return _ratio(num, den.unsqueeze(-1))
 
 
-def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
+def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop=None):
     if feature_map == "exp":
-        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state)
+        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop)
     b, h, n, d = q.shape
     e = v.shape[-1]
-    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
+    phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), feature_map, state)
     c = min(chunk_size, n)
     pad = (-n) % c
     if pad:
@@ -399,10 +416,12 @@ def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state):
     return out, new_state
 
 
-def prefix_causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, prefix_length=0):
+def prefix_causal_linear_attention(
+    q, k, v, key_mask=None, feature_map="elu", chunk_size=64, prefix_length=0, drop=None
+):
     """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
     m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) ->
-    (b,h,n,e) fp32.
+    (b,h,n,e) fp32. `drop` (b,h,m): the keys key dropout keeps, as in `causal_linear_attention`.
 
     The K = m - n + prefix_length leading keys are folded into one state; the first `prefix_length` queries read that
     state alone (the bidirectional prefix), the others continue it causally with `causal_linear_attention`."""
@@ -412,7 +431,7 @@ def prefix_causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", ch
         lead = m - n + prefix_length
         state = None
         if lead:
-            lead_mask = None if key_mask is None else key_mask[:, :lead]
+            lead_mask = _with_dropped(None if key_mask is None else key_mask[:, :lead], _slice(drop, 0, lead))
             _, phi_k, _, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, None)
             kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, :lead])  # (b, h, d, e)
             state = LinearAttentionState(kv=kv, z=phi_k.sum(dim=-2), k_max=k_max)
@@ -424,11 +443,17 @@ def prefix_causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", ch
             outs.append(_ratio(num, den))
         if prefix_length < n:
             rest_mask = None if key_mask is None else key_mask[:, lead:]
+            q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
+            drop_rest = _slice(drop, lead, m)
             out, _ = _causal_linear_attention(
-                q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:], rest_mask, feature_map, chunk_size, state
+                q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
             )
             outs.append(out)
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _slice(drop, start, stop):
+    return None if drop is None else drop[..., start:stop]
 
 
 def _query_features(q, feature_map, k_max):
@@ -477,23 +502,29 @@ def softmax_kernel(q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=Fal
     return out, weights, state
 
 
-def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, **_):
+def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, dropout_p=0.0, **_):
     """Linear attention (Katharopoulos et al. 2020; Shen et al. 2021): shapes as `softmax_kernel`, out in fp32,
     weights always None. Causal masks run chunked (`causal_linear_attention`), with a bidirectional prefix or leading
     keys through `prefix_causal_linear_attention`; `state` (the layer's `RecurrentStateLayer` while generating) is
-    read and advanced, one token at a time by `linear_attention_step`."""
+    read and advanced, one token at a time by `linear_attention_step`.
+
+    `dropout_p` (the layer's attention dropout while training): there is no weight matrix to drop entries of, so each
+    key is dropped, per head, with this probability: left out of every query's sums (numerator and normaliser), as a
+    masked key is. The weights the other keys get are renormalised by the ratio itself; this is DropKey (Li et al.
+    2023) with one mask for all the queries of a head, which keeps the cost linear."""
+    drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
     if not mask.causal:
-        return linear_attention(q, k, v, mask.key_mask, feature_map), None, state
+        return linear_attention(q, k, v, _with_dropped(mask.key_mask, drop), feature_map), None, state
     if state is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
-        out = prefix_causal_linear_attention(q, k, v, mask.key_mask, feature_map, chunk_size, mask.prefix_length)
+        out = prefix_causal_linear_attention(q, k, v, mask.key_mask, feature_map, chunk_size, mask.prefix_length, drop)
         return out, None, None
     n = q.shape[2]
     key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # the new tokens: the past is in the state
     past = None if state is None else state.state
     if n == 1 and past is not None:
-        out, new = linear_attention_step(q, k, v, past, key_mask, feature_map)
+        out, new = linear_attention_step(q, k, v, past, _with_dropped(key_mask, drop), feature_map)
     else:
-        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, past)
+        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, past, drop)
     if state is not None:
         state.set_state(new, n)
     return out, None, state
