@@ -118,8 +118,8 @@ class HfstConfig(PreTrainedConfig):
     intermediate_size (`int`, *optional*): width of the feed-forward layers; defaults to `4 * hidden_size`.
     hidden_act (`str`, defaults to `"relu"`): feed-forward activation (a key of `transformers.activations.ACT2FN`).
     hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and on every residual branch.
-    attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on softmax attention weights (linear
-        attention has no weight matrix and ignores it).
+    attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on softmax attention weights; linear attention,
+        which has no weight matrix, drops each key (per head, for all queries) with this probability instead.
     max_position_embeddings (`int`, defaults to 512): longest sequence for learned positions.
     position_embedding_type (`str`): `"sinusoidal"` (Vaswani et al.), `"learned"` or `"none"` (permutation
         equivariant model).

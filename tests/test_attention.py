@@ -20,6 +20,7 @@ from hf_settransformer.attention import (
     causal_linear_attention,
     linear_attention,
     linear_attention_step,
+    linear_kernel,
     register_attention_kernel,
     softmax_attention_eager,
     softmax_attention_sdpa,
@@ -82,8 +83,8 @@ def ref_causal_exp_logspace(q, k, v, key_mask=None):
 def ref_linear(q, k, v, key_mask, feature_map):
     q, k, v = q.double(), k.double(), v.double()
     keep = torch.ones(k.shape[0], 1, k.shape[-2], 1, dtype=torch.float64)
-    if key_mask is not None:
-        keep = key_mask.double()[:, None, :, None]
+    if key_mask is not None:  # (b, m), or (b, h, m) per head
+        keep = key_mask.double()[:, None, :, None] if key_mask.dim() == 2 else key_mask.double()[..., None]
     if feature_map == "elu":
         phi_q, phi_k = _phi(q, "elu"), _phi(k, "elu") * keep
     else:  # Shen et al.: softmax over features for queries, over the (unmasked) keys for keys
@@ -547,6 +548,101 @@ def test_mha_causal_output_ignores_future(attention_type, feature_map, t):
     torch.testing.assert_close(out2[:, : t + 1], out[:, : t + 1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out2[:, t + 1 :], out[:, t + 1 :], atol=1e-3)  # the future does matter there
     torch.testing.assert_close(out_w, out2, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# key dropout: linear attention has no weight matrix to drop entries of; while training it drops keys, per head
+
+
+def ref_linear_visible(q, k, v, allowed, feature_map):
+    """out_i = sum_j w_ij v_j / sum_j w_ij over the allowed (b, h or 1, n, m) keys, w_ij = phi(q_i).phi(k_j); for
+    "exp" in log space (log w_ij = logsumexp_f (q_if + k_jf)), so that keys hundreds of nats apart stay exact."""
+    q, k, v = q.double(), k.double(), v.double()
+    if feature_map == "elu":
+        return _normalise_rows((_phi(q, "elu") @ _phi(k, "elu").transpose(-1, -2)) * allowed, v)
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize("case", ["noncausal", "causal", "prefix", "leading_keys"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map, case):
+    """`linear_kernel(..., dropout_p=p)` draws one keep mask per (batch, head, key), `torch.rand(b, h, m) >= p`, and
+    its output is the float64 ratio over the kept, unpadded, visible keys: a dropped key is out of the numerator and
+    the normaliser of every query, and a query whose own key is dropped still reads the others. Causal cases use keys
+    with spikes 200 nats high, so the exp kernel's exact per-position path runs on queries whose keys are dropped."""
+    n, p, prefix = 48, 0.3, 0
+    m = n + 6 if case == "leading_keys" else n
+    if case == "noncausal":
+        q, k, v = _qkv(n, m)
+    else:
+        q, k, v = _keys_with("spikes", 200.0, n=n)
+        if case == "leading_keys":  # a causal cross-attention: 6 keys before the queries' own positions
+            _, k_lead, v_lead = _qkv(6, seed=9, d=6)
+            k, v = torch.cat([k_lead, k], dim=2), torch.cat([v_lead, v], dim=2)
+    key_mask = _key_mask("random", B, m)
+    prefix = 10 if case == "prefix" else 0
+    mask = AttentionMask(causal=case != "noncausal", key_mask=key_mask, prefix_length=prefix)
+    torch.manual_seed(3)
+    out, weights, _ = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK, dropout_p=p)
+    torch.manual_seed(3)
+    kept = torch.rand(B, H, m) >= p
+    assert weights is None and not kept.all() and (~kept & key_mask[:, None]).any()
+    if case == "noncausal":
+        expected = ref_linear(q, k, v, kept & key_mask[:, None], feature_map)
+        _check(out, expected)
+        return
+    i = torch.arange(n)[:, None].clamp_min(prefix - 1) + (m - n)  # the last key each query sees
+    visible = torch.arange(m)[None, :] <= i  # (n, m)
+    allowed = visible & kept[:, :, None, :] & key_mask[:, None, None, :]
+    expected = ref_linear_visible(q, k, v, allowed, feature_map)
+    real = key_mask[:, None, -n:, None].expand_as(out)  # outputs at padded positions are never read
+    torch.testing.assert_close(out[real].double(), expected[real], atol=1e-5, rtol=1e-4)
+
+
+def test_causal_exp_key_dropout_keeps_the_exact_path_for_a_query_whose_key_is_dropped():
+    """A key 200 nats up at position 9 makes chunk 8-15 steep for query 8 alone. With key 8 dropped, query 8 still
+    reads keys 0-7 through the carried state and must get them exactly: the steepness check counts the queries that
+    are used (unpadded), not the keys that are kept, else query 8's output underflows."""
+    q, k, v = _qkv(16, seed=11, d=6)
+    k = k.clone()
+    k[:, :, 9, 0] += 200.0
+    drop = torch.ones(B, H, 16, dtype=torch.bool)
+    drop[:, :, 8] = False
+    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
+    allowed = torch.ones(16, 16, dtype=torch.bool).tril() & drop[:, :, None, :]
+    _check(out, ref_linear_visible(q, k, v, allowed, "exp"))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_attention_dropout_acts_only_while_training(feature_map, causal):
+    """`attention_probs_dropout_prob` drops keys of a linear-attention layer in training mode only: two training calls
+    differ (a fresh mask each), evaluation calls are deterministic and equal the layer without dropout, gradients are
+    finite, and a causal layer's outputs up to t ignore tokens after t under the same mask."""
+    n, hidden, t = 40, 32, 17
+    torch.manual_seed(0)
+    config = _config("linear", feature_map)
+    config.attention_probs_dropout_prob = 0.5
+    dropping = MultiHeadAttention(config, causal=causal)
+    plain = MultiHeadAttention(_config("linear", feature_map), causal=causal)
+    plain.load_state_dict(dropping.state_dict())
+    x = torch.randn(2, n, hidden, requires_grad=True)
+    first, second = dropping.train()(x)[0], dropping(x)[0]
+    assert not torch.allclose(first, second, atol=1e-3)
+    first.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.testing.assert_close(dropping.eval()(x)[0], plain.eval()(x)[0], atol=0, rtol=0)
+        torch.testing.assert_close(plain.train()(x)[0], plain.eval()(x)[0], atol=0, rtol=0)
+        if causal:
+            x2 = x.detach().clone()
+            x2[:, t + 1 :] = torch.randn(2, n - t - 1, hidden)
+            torch.manual_seed(1)
+            out = dropping.train()(x)[0]
+            torch.manual_seed(1)
+            out2 = dropping(x2)[0]
+            torch.testing.assert_close(out2[:, : t + 1], out[:, : t + 1], atol=1e-6, rtol=1e-5)
 
 
 def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
