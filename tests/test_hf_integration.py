@@ -368,11 +368,12 @@ def test_bf16_autocast_training_lowers_the_loss(tmp_path, family, attention_type
 )
 def test_torch_compile_bf16_training_lowers_the_loss(tmp_path, family, attention_type, feature_map):
     """The Trainer's --torch_compile (inductor) with --bf16 on CPU: one compile per family (each takes tens of
-    seconds here), the attention types alternating."""
-    # the decoder with adaptive input and output layers, train_lm.py's `small` preset
-    adaptive = dict(adaptive_input_cutoffs=[4, 16], adaptive_softmax_cutoffs=[4, 16]) if family == "decoder" else None
+    seconds here), the attention types alternating, with attention dropout (linear attention: key dropout)."""
+    overrides = {"attention_probs_dropout_prob": 0.1}
+    if family == "decoder":  # with adaptive input and output layers, train_lm.py's `small` preset
+        overrides.update(adaptive_input_cutoffs=[4, 16], adaptive_softmax_cutoffs=[4, 16])
     before, after, trainer = lm_training_loss_drop(
-        tmp_path, family, attention_type, feature_map, 30, adaptive, bf16=True, torch_compile=True
+        tmp_path, family, attention_type, feature_map, 30, overrides, bf16=True, torch_compile=True
     )
     assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule)  # it ran compiled
     assert after < 0.8 * before, (before, after)
