@@ -207,7 +207,7 @@ class DataArguments:
         default="auto",
         metadata={
             "help": "What --max_train_minutes counts: 'cpu' (this process's CPU time, all threads: CPU-minutes, "
-            "not inflated by other programs on the cores), 'wall' (elapsed), or 'auto' (cpu when training on CPU, "
+            "not inflated by time-sharing the cores), 'wall' (elapsed), or 'auto' (cpu when training on CPU, "
             "wall on a GPU).",
             "choices": ["auto", "cpu", "wall"],
         },
