@@ -51,6 +51,15 @@ def _keep(key_mask):
     return None if key_mask is None else (key_mask[:, None, :, None] if key_mask.dim() == 2 else key_mask[..., None])
 
 
+def _check_drop(drop, k):
+    """Key dropout's mask must be a bool (b, h, m) tensor, one entry per head and key of `k` (b, h, m, d)."""
+    if drop is not None and (drop.dtype != torch.bool or drop.shape != k.shape[:3]):
+        raise ValueError(
+            f"`drop` must be a bool tensor of shape {tuple(k.shape[:3])} (batch, heads, keys): the keys key dropout "
+            f"keeps; got {drop.dtype} of shape {tuple(drop.shape)}."
+        )
+
+
 def _with_dropped(key_mask, drop):
     """The key mask (b, m) or None, and key dropout's kept keys (b, h, m) or None -> the keys to use, (b, h, m)."""
     if drop is None:
@@ -265,6 +274,7 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     """
+    _check_drop(drop, k)
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
         return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)
@@ -425,6 +435,7 @@ def prefix_causal_linear_attention(
 
     The K = m - n + prefix_length leading keys are folded into one state; the first `prefix_length` queries read that
     state alone (the bidirectional prefix), the others continue it causally with `causal_linear_attention`."""
+    _check_drop(drop, k)
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
         n, m = q.shape[2], k.shape[2]

@@ -21,6 +21,7 @@ from hf_settransformer.attention import (
     linear_attention,
     linear_attention_step,
     linear_kernel,
+    prefix_causal_linear_attention,
     register_attention_kernel,
     softmax_attention_eager,
     softmax_attention_sdpa,
@@ -612,6 +613,22 @@ def test_causal_exp_key_dropout_keeps_the_exact_path_for_a_query_whose_key_is_dr
     out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
     allowed = torch.ones(16, 16, dtype=torch.bool).tril() & drop[:, :, None, :]
     _check(out, ref_linear_visible(q, k, v, allowed, "exp"))
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [torch.ones(B, 16, dtype=torch.bool), torch.ones(B, H, 16), torch.ones(B, H, 15, dtype=torch.bool)],
+    ids=["no_heads", "float", "too_short"],
+)
+@pytest.mark.parametrize("kernel", ["causal", "prefix"])
+def test_a_key_dropout_mask_of_the_wrong_shape_or_type_is_refused(kernel, drop):
+    """A (b, m) mask would broadcast against (b, h, m) into nonsense; a float one would not mask: both refused."""
+    q, k, v = _qkv(16)
+    with pytest.raises(ValueError, match=r"`drop` must be a bool tensor of shape \(2, 2, 16\)"):
+        if kernel == "causal":
+            causal_linear_attention(q, k, v, None, "elu", CHUNK, drop=drop)
+        else:
+            prefix_causal_linear_attention(q, k, v, None, "elu", CHUNK, prefix_length=4, drop=drop)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
