@@ -533,11 +533,11 @@ def write_lm_model_card(output_dir, model, results, block_size, repo_id, command
 CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
 
 
-def refresh_model_card(run_dir):
+def refresh_model_card(run_dir, repo_id=None):
     """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
-    config.json and training_args.json (for runs made before a change to the card; the weights are not read). The
-    command comes from all_results.json, or, for runs that did not record it, from the card it replaces. Returns the
-    card's path."""
+    config.json and training_args.json (for runs made before a change to the card; the weights are not read), for the
+    Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command comes from
+    all_results.json, or, for runs that did not record it, from the card it replaces. Returns the card's path."""
     run_dir = Path(run_dir)
     results = json.loads((run_dir / "all_results.json").read_text())
     missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
@@ -559,7 +559,8 @@ def refresh_model_card(run_dir):
     with torch.device("meta"):  # the card reads the config and the class; no weights needed
         model = getattr(hfst, config.architectures[0])(config)
     args_file = run_dir / "training_args.json"
-    repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
+    if repo_id is None:
+        repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
     # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
     # `hyperparameters`
     length = results.get("hyperparameters", {}).get("sequence_length")

@@ -353,7 +353,22 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
             timeout=300,
         )
         assert loaded.returncode == 0, loaded.stderr[-5000:]
+        # the same finished folder published again afterwards under another name (scripts/push_run.py)
+        again = subprocess.run([sys.executable, str(ROOT / "scripts" / "push_run.py"), str(out), "user/renamed"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-5000:]
+        assert f"pushed {out} to user/renamed" in again.stdout
+        renamed = hub.repo("model", "user/renamed")
+        renamed_files = renamed["commits"][renamed["branches"]["main"]]["files"]
+        first_files = repo["commits"][repo["branches"]["main"]]["files"]
     remote = json.loads(loaded.stdout.strip().splitlines()[-1])
+    # the same files, the same weights; the card now loads the new name (and names it in its model-index)
+    assert set(renamed_files) == set(first_files)
+    assert renamed_files["model.safetensors"]["sha256"] == first_files["model.safetensors"]["sha256"]
+    card = (out / "README.md").read_text()
+    assert "- name: user/renamed\n" in card and "\n# user/renamed\n" in card
+    assert card.count('from_pretrained("user/renamed", trust_remote_code=True)') == 2
+    assert card.count("user/wt2-tiny") == 1  # only in the training command, which did push there
 
     import hf_settransformer  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -379,6 +394,40 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     assert "training_args.json" in uploaded and "training_args.bin" not in uploaded
     uploaded.discard(".gitattributes")  # the Hub writes it when it creates the repository
     assert {Path(name).suffix for name in uploaded} <= {".safetensors", ".json", ".py", ".md", ".txt"}, uploaded
+
+
+def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
+    """scripts/push_run.py names what a folder lacks, and does not publish a folder a live run holds."""
+    script = [sys.executable, str(ROOT / "scripts" / "push_run.py")]
+
+    def refused(folder, repo_id="user/x"):
+        result = subprocess.run(script + [str(folder), repo_id], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0 and "pushed" not in result.stdout
+        return result.stderr
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"auto_map": {"AutoConfig": "configuration_decoder.X"}}))
+    assert "not a finished train_lm.py run: no all_results.json, model.safetensors, tokenizer.json" in refused(folder)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("x")
+    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9.0}))
+    assert "all_results.json has no test_perplexity, train_tokens" in refused(folder)
+    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9, "test_perplexity": 9,
+                                                         "train_tokens": 9}))
+    assert "auto_map names modeling code that is not there (configuration_decoder.py)" in refused(folder)
+    (folder / "configuration_decoder.py").write_text("")
+    assert "expected namespace/name" in refused(folder, "no-namespace")
+    hold = ("import sys, time; from hf_settransformer import OutputDirLock; "
+            "lock = OutputDirLock(sys.argv[1], 'a live run').acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        message = refused(folder)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"Not publishing {folder}" in message and "a live run" in message
 
 
 def readme_training_command():

@@ -1,0 +1,72 @@
+"""Publish a finished `train_lm.py` run (a grid run, say) to the Hugging Face Hub afterwards, as `--push_to_hub` would
+have at the end of training: the model card is written again for the repository's name (the card's code loads
+`repo_id`), then the folder goes up without checkpoints, pickles or the run's lock (`push_folder_to_hub`).
+
+    python scripts/push_run.py outputs/wikitext2-90min-v2/perceiver_io-linear-exp you/wikitext2-perceiver-io-linear-exp
+    python scripts/push_run.py RUN_DIR REPO_ID --private --token hf_...     (or HF_TOKEN / `hf auth login`)
+
+A folder that is not a finished, evaluated run is refused naming what it lacks, and so is one that a live run holds
+(its lock, `.hfst_run.lock`): the upload would take a half-written state.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# a finished run has these (train_lm.py writes the results last, after the model, tokenizer and card)
+NEEDED = ("all_results.json", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_finished_run(run_dir):
+    """Raises SystemExit naming what `run_dir` lacks to be a finished run with a model card's results."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SystemExit(f"{run_dir} is not a folder.")
+    missing = [name for name in NEEDED if not (run_dir / name).is_file()]
+    if missing:
+        raise SystemExit(f"{run_dir} is not a finished train_lm.py run: no {', '.join(missing)} there.")
+    results = json.loads((run_dir / "all_results.json").read_text())
+    absent = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
+    if absent:
+        raise SystemExit(
+            f"{run_dir}/all_results.json has no {', '.join(absent)}: publish a run trained with "
+            "--do_train --do_eval --do_predict (its card gives those numbers)."
+        )
+    config = json.loads((run_dir / "config.json").read_text())
+    code = sorted({ref.split(".")[0] + ".py" for ref in config.get("auto_map", {}).values()})
+    absent = [name for name in code if not (run_dir / name).is_file()]
+    if not code or absent:
+        raise SystemExit(
+            f"{run_dir}: config.json's auto_map names modeling code that is not there "
+            f"({', '.join(absent) or 'no auto_map'}): it would not load with trust_remote_code=True."
+        )
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path, help="a train_lm.py --output_dir with a finished, evaluated run")
+    p.add_argument("repo_id", help="the Hub repository, namespace/name (created if it does not exist)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--token", default=None, help="a Hub token (default: HF_TOKEN or the stored login)")
+    args = p.parse_args(argv)
+    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
+        raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
+    check_finished_run(args.run_dir)
+
+    from train_lm import refresh_model_card  # torch and transformers: after the cheap checks
+
+    from hf_settransformer import OutputDirLock, OutputDirLockedError, push_folder_to_hub
+
+    try:
+        with OutputDirLock(args.run_dir, " ".join(sys.argv)):
+            card = refresh_model_card(args.run_dir, repo_id=args.repo_id)
+            print(f"[push_run] model card for {args.repo_id}: {card}")
+            info = push_folder_to_hub(args.run_dir, args.repo_id, token=args.token, private=args.private)
+    except (OutputDirLockedError, ValueError) as err:  # a live run holds it; a card cannot be made from it
+        raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
+    print(f"[push_run] pushed {args.run_dir} to {args.repo_id}: {getattr(info, 'commit_url', info)}")
+
+
+if __name__ == "__main__":
+    main()
