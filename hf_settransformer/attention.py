@@ -220,10 +220,13 @@ def _causal_features(q, k, key_mask, feature_map, state):
             phi_k = phi_k * keep
         return phi_q, phi_k, state, None
     k_masked = k if keep is None else k.masked_fill(~keep, float("-inf"))
-    k_max = k_masked.amax(dim=-2)  # (b, h, d)
-    if state is not None and state.k_max is not None:
-        k_max = torch.maximum(k_max, state.k_max)
-    k_max = k_max.clamp_min(-1e30)  # all masked so far: any finite reference works
+    # the key maxima are a stabiliser, a constant of the function (they cancel in the ratio) and out of autograd, as in
+    # the chunked kernel: a state made here (a prefix's) is carried on there, which treats its maxima as constants
+    with torch.no_grad():
+        k_max = k_masked.amax(dim=-2)  # (b, h, d)
+        if state is not None and state.k_max is not None:
+            k_max = torch.maximum(k_max, state.k_max)
+        k_max = k_max.clamp_min(-1e30)  # all masked so far: any finite reference works
     if state is not None:
         scale = torch.exp(state.k_max - k_max) if state.k_max is not None else 1.0  # (b, h, d), <= 1
         state = LinearAttentionState(kv=state.kv * scale[..., None], z=state.z * scale, k_max=k_max)

@@ -601,6 +601,44 @@ def test_linear_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map
     torch.testing.assert_close(out[real].double(), expected[real], atol=1e-5, rtol=1e-4)
 
 
+GRADIENT_CASES = ["noncausal", "causal", "causal_spikes", "prefix", "leading_keys", "prefix_leading_keys"]
+
+
+@pytest.mark.parametrize("case", GRADIENT_CASES)
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_kernel_gradients_match_float64_references(feature_map, case):
+    """Training needs the gradients, not only the outputs, to be those of the math: d(out . g)/d(q, k, v) of every
+    linear path (with key padding) against autograd through the float64 references. The exp kernel's stabilisers
+    (key maxima, per-query shifts) cancel in the ratio, so they must be constants everywhere or nowhere: a prefix's
+    state carried into the chunked kernel, which holds its maxima constant, once kept them in autograd and gave the
+    prefix's largest keys wrong gradients (the Perceiver AR, Set Transformer and encoder language models' leading
+    keys and bidirectional prefixes). "causal_spikes": keys 60 nats apart, the exact per-position path."""
+    n, lead = 24, 5 if case.endswith("leading_keys") else 0
+    prefix = 7 if case.startswith("prefix") else 0
+    if case == "causal_spikes":
+        q, k, v = _keys_with("spikes", 60.0, n=n)
+    else:
+        q, k, v = _qkv(n, n + lead, d=6, seed=4)
+    key_mask = _key_mask("random", B, n + lead)
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    g = torch.randn(B, H, n, E, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    mask = AttentionMask(causal=case != "noncausal", key_mask=key_mask, prefix_length=prefix)
+    out, _, _ = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK)
+    if case == "noncausal":
+        expected = ref_linear(q, k, v, key_mask, feature_map)
+        real = torch.ones_like(out, dtype=torch.bool)
+    else:
+        i = torch.arange(n)[:, None].clamp_min(prefix - 1) + lead  # the last key each query sees
+        allowed = (torch.arange(n + lead)[None, :] <= i) & key_mask[:, None, None, :]
+        expected = ref_linear_visible(q, k, v, allowed, feature_map)
+        real = key_mask[:, None, lead:, None].expand_as(out)  # outputs at padded positions are never read
+    got = torch.autograd.grad((out.double() * g * real).sum(), (q, k, v))
+    want = torch.autograd.grad((expected * g * real).sum(), (q, k, v))
+    for name, a, b in zip("qkv", got, want):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-3, msg=lambda m, name=name: f"d/d{name}: {m}")
+
+
 def test_causal_exp_key_dropout_keeps_the_exact_path_for_a_query_whose_key_is_dropped():
     """A key 200 nats up at position 9 makes chunk 8-15 steep for query 8 alone. With key 8 dropped, query 8 still
     reads keys 0-7 through the carried state and must get them exactly: the steepness check counts the queries that
