@@ -34,7 +34,8 @@ def check_finished_run(run_dir):
             "--do_train --do_eval --do_predict (its card gives those numbers)."
         )
     config = json.loads((run_dir / "config.json").read_text())
-    code = sorted({ref.split(".")[0] + ".py" for ref in config.get("auto_map", {}).values()})
+    refs = [r for v in config.get("auto_map", {}).values() for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
+    code = sorted({ref.split("--")[-1].split(".")[0] + ".py" for ref in refs})  # "repo--module.Class" or "module.Class"
     absent = [name for name in code if not (run_dir / name).is_file()]
     if not code or absent:
         raise SystemExit(
