@@ -438,15 +438,45 @@ def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
     return times[len(times) // 2]
 
 
+def probe_seconds_per_evaluation(trainer, clock=time.perf_counter):
+    """Seconds (on `clock`) of one of `trainer`'s periodic evaluations: a pass of its model over its eval dataloader
+    (this process's share), without gradients, under the mixed precision the Trainer trains with. 0.0 when the
+    Trainer does not evaluate while training (`eval_strategy="no"` or no eval dataset). The model is left as it was."""
+    if trainer.eval_dataset is None or trainer.args.eval_strategy == "no":
+        return 0.0
+    model, device, was_training = trainer.model, trainer.args.device, trainer.model.training
+    model.eval()
+    try:
+        start = clock()
+        with torch.no_grad(), trainer.accelerator.autocast():
+            for batch in trainer.get_eval_dataloader():
+                model(**{k: v.to(device) for k, v in batch.items()})
+        return clock() - start
+    finally:
+        model.train(was_training)
+
+
+def _evaluations_every(args, trainer):
+    """Training steps between two periodic evaluations (None: a fixed number of them, `eval_steps` < 1 being a
+    fraction of the run; 0: none)."""
+    if args.eval_strategy == "steps":
+        return args.eval_steps if args.eval_steps >= 1 else None
+    if args.eval_strategy == "epoch":
+        return max(len(trainer.get_train_dataloader()) // args.gradient_accumulation_steps, 1)
+    return 0
+
+
 BUDGET_FILE = "time_budget.json"  # in the output folder: the max_steps of a time budget, for a resumed run
 
 
 def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train"):
-    """`max_steps` that fit `minutes` of training on the clock of `timer` (a `TimedEvalCallback`), from
-    `probe_seconds_per_step` plus 5% for evaluations, logging and checkpoints, so that the learning-rate schedule
-    ends on time. Recorded in `output_dir/time_budget.json` (default `trainer.args.output_dir`): a resumed run with
-    the same budget and clock keeps the steps instead of probing again. `script` names the caller in what it
-    prints."""
+    """`max_steps` that fit `minutes` of training on the clock of `timer` (a `TimedEvalCallback`), so that the
+    learning-rate schedule ends on time: the budget counts the periodic evaluations too, so it is
+    `probe_seconds_per_step` plus 2% for logging and checkpoints, plus `probe_seconds_per_evaluation` for every
+    evaluation the run's `eval_strategy` will make (one window per target makes the literal one-target heads'
+    validations a sixth of their time, where they are ~3% elsewhere). Recorded in `output_dir/time_budget.json`
+    (default `trainer.args.output_dir`): a resumed run with the same budget and clock keeps the steps instead of
+    probing again. `script` names the caller in what it prints."""
     output_dir = Path(output_dir or trainer.args.output_dir)
     path = output_dir / BUDGET_FILE
     if path.is_file():
@@ -454,14 +484,26 @@ def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train
         if record.get("minutes") == minutes and record.get("clock", "wall") == timer.clock:
             return record["max_steps"]
     seconds = probe_seconds_per_step(trainer, timer.now)
-    max_steps = max(1, int(minutes * 60 / (seconds * 1.05)))
+    every = _evaluations_every(trainer.args, trainer)
+    evaluation = probe_seconds_per_evaluation(trainer, timer.now) if every != 0 else 0.0
+    budget, per_step = minutes * 60, seconds * 1.02
+    if every is None:  # a fixed number of evaluations, whatever the steps
+        budget -= evaluation * int(1 / trainer.args.eval_steps)
+    elif every:
+        per_step += evaluation / every
+    max_steps = max(1, int(budget / per_step))
     if trainer.args.process_index == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"minutes": minutes, "clock": timer.clock, "seconds_per_step": seconds,
+                                   "seconds_per_evaluation": evaluation, "evaluation_every": every,
                                    "max_steps": max_steps}))
         os.replace(tmp, path)
-        print(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step -> max_steps={max_steps}")
+        evaluated = (f" + {evaluation:.2f} s per evaluation, every {every} steps" if every
+                     else f" + {int(1 / trainer.args.eval_steps)} evaluations of {evaluation:.2f} s" if every is None
+                     else "")
+        print(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step{evaluated} "
+              f"-> max_steps={max_steps}")
     return max_steps
 
 

@@ -464,6 +464,7 @@ def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
     assert losses[-1] < losses[0]
     budget = json.loads((tmp_path / "readme" / "time_budget.json").read_text())
     assert budget["max_steps"] == results["max_steps"] and budget["minutes"] == 0.1
+    assert budget["evaluation_every"] == 5 and budget["seconds_per_evaluation"] > 0  # validations are planned for
 
 
 @pytest.mark.parametrize(

@@ -21,14 +21,14 @@ from hf_settransformer.training import BUDGET_FILE, COMPLETE_MARKER, LOCK_FILE, 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def decoder_trainer(output_dir, steps=4, **fields):
+def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
     """A tiny decoder's Trainer over 8-token blocks of a repeating stream (it learns it)."""
     torch.manual_seed(0)
     model = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
     stream = torch.arange(400) % 11
     args = quiet_training_args(output_dir, max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
                                **fields)
-    return Trainer(model=model, args=args, train_dataset=hfst.BlockDataset(stream, 8))
+    return Trainer(model=model, args=args, train_dataset=hfst.BlockDataset(stream, 8), eval_dataset=eval_dataset)
 
 
 # ------------------------------------------------------------------------------------------------ lock, atomic saves
@@ -238,14 +238,64 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
     assert 0 < seconds < 10
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
     monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
-    assert hfst.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.05))
-    assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=228" in capsys.readouterr().out
+    assert hfst.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
+    assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in capsys.readouterr().out
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
-    assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "max_steps": 228}
+    assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "seconds_per_evaluation": 0.0,
+                      "evaluation_every": 0, "max_steps": 235}  # this Trainer does not evaluate while training
     monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
-    assert hfst.max_steps_for_budget(trainer, 2, timer) == 228  # from the record, no new probe
+    assert hfst.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
     monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1.0)
-    assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.05)  # another budget: probed again
+    assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
+
+
+def _evaluating_trainer(output_dir, **fields):
+    return decoder_trainer(output_dir, eval_dataset=hfst.BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_evaluation_probe_times_one_pass_over_the_eval_data_and_leaves_the_model(tmp_path, bf16):
+    """What the budget sets aside for a periodic evaluation is one pass over the Trainer's eval dataloader, in the
+    training precision, with no gradients and no change to the model; nothing when the Trainer does not evaluate."""
+    trainer = _evaluating_trainer(tmp_path, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                                  bf16=bf16)
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    seen = []
+    trainer.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[0], torch.is_grad_enabled(),
+                                                  torch.is_autocast_enabled("cpu"), module.training)),
+        with_kwargs=True)
+    trainer.model.train()
+    assert hfst.probe_seconds_per_evaluation(trainer, time.process_time) > 0
+    assert seen == [(8, False, bf16, False)] * 3 + [(1, False, bf16, False)]
+    assert trainer.model.training and all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())
+    trainer.args.eval_strategy = "no"
+    assert hfst.probe_seconds_per_evaluation(trainer) == 0.0 and len(seen) == 4
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"eval_strategy": "steps", "eval_steps": 4}, int(120 / (0.5 * 1.02 + 3.0 / 4))),  # 3 s every 4 steps
+        ({"eval_strategy": "steps", "eval_steps": 0.25}, int((120 - 4 * 3.0) / (0.5 * 1.02))),  # 4 evaluations
+        ({"eval_strategy": "epoch"}, int(120 / (0.5 * 1.02 + 3.0 / 13))),  # 50 blocks of 8: 13 batches of 4
+        ({"eval_strategy": "no"}, int(120 / (0.5 * 1.02))),
+    ],
+    ids=["every-4-steps", "fraction-of-the-run", "every-epoch", "none"],
+)
+def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, fields, expected, capsys):
+    """The budget counts the periodic evaluations (TimedEvalCallback's clock runs through them), so `max_steps` is
+    planned with them: otherwise a run whose evaluations are slow (one window per target) stops on its budget with
+    its learning rate far from the end of the schedule."""
+    trainer = _evaluating_trainer(tmp_path, **fields)
+    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
+    assert hfst.max_steps_for_budget(trainer, 2, hfst.TimedEvalCallback(clock="cpu")) == expected
+    record = json.loads((tmp_path / BUDGET_FILE).read_text())
+    evaluations = fields["eval_strategy"] != "no"
+    assert record["seconds_per_evaluation"] == (3.0 if evaluations else 0.0)
+    out = capsys.readouterr().out
+    assert ("per evaluation" in out or "evaluations of" in out) == evaluations
 
 
 @pytest.mark.parametrize("bf16", [False, True])
