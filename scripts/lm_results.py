@@ -140,6 +140,17 @@ def training_time(r):
     return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
 
 
+def curve_label_and_style(r):
+    """Legend label and line style of a run's curve: colour is the family, the style the attention, and the literal
+    one-target head, which shares family and attention with a many-target run, gets a style and a label of its own."""
+    attention = ATTENTION[(r["attention"], r["feature_map"])]
+    literal = design(r) == "one target / window"
+    label = f"{r['family']}, {attention}" + (", one target / window" if literal else "")
+    if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
+        label += f" (from step {r['resumed_from_step']}: time after resuming)"
+    return label, "-." if literal else {"softmax": "-", "linear elu": "--", "linear exp": ":"}[attention]
+
+
 def plot(runs, path):
     import matplotlib
 
@@ -147,20 +158,17 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"softmax": "-", "linear elu": "--", "linear exp": ":"}  # line style: attention; colour: family
     families = list(dict.fromkeys(r["family"] for r in runs))
     colors = {family: f"C{i % 10}" for i, family in enumerate(families)}
     for r in runs:
         curve = r.get("validation_curve") or []
         if not curve:
             continue
-        label = f"{r['family']}, {ATTENTION[(r['attention'], r['feature_map'])]}"
-        if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
-            label += f" (from step {r['resumed_from_step']}: time after resuming)"
+        label, style = curve_label_and_style(r)
         ax.plot(
             [p["seconds"] * cpu_minutes_per_clock_second(r) for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
-            styles[ATTENTION[(r["attention"], r["feature_map"])]],
+            style,
             color=colors[r["family"]],
             label=label,
         )

@@ -106,6 +106,19 @@ def test_lm_results_table_and_plot(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from lm_results import curve_label_and_style
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    run = {"family": "encoder", "attention": "softmax", "feature_map": "elu"}
+    assert curve_label_and_style(dict(run, next_token_mode="many")) == ("encoder, softmax", "-")
+    assert curve_label_and_style(dict(run, next_token_mode="window")) == ("encoder, softmax, one target / window", "-.")
+    assert curve_label_and_style(dict(run, family="decoder", attention="linear", feature_map="exp")) == (
+        "decoder, linear exp", ":")
+
+
 def test_set_results_table(tmp_path):
     runs = {
         "mog": {
