@@ -486,11 +486,14 @@ def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train
     seconds = probe_seconds_per_step(trainer, timer.now)
     every = _evaluations_every(trainer.args, trainer)
     evaluation = probe_seconds_per_evaluation(trainer, timer.now) if every != 0 else 0.0
-    budget, per_step = minutes * 60, seconds * 1.02
+    budget, per_step, evaluated = minutes * 60, seconds * 1.02, ""
     if every is None:  # a fixed number of evaluations, whatever the steps
-        budget -= evaluation * int(1 / trainer.args.eval_steps)
+        count = int(1 / trainer.args.eval_steps)
+        budget -= evaluation * count
+        evaluated = f" + {count} evaluations of {evaluation:.2f} s"
     elif every:
         per_step += evaluation / every
+        evaluated = f" + {evaluation:.2f} s per evaluation, every {every} steps"
     max_steps = max(1, int(budget / per_step))
     if trainer.args.process_index == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -499,9 +502,6 @@ def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train
                                    "seconds_per_evaluation": evaluation, "evaluation_every": every,
                                    "max_steps": max_steps}))
         os.replace(tmp, path)
-        evaluated = (f" + {evaluation:.2f} s per evaluation, every {every} steps" if every
-                     else f" + {int(1 / trainer.args.eval_steps)} evaluations of {evaluation:.2f} s" if every is None
-                     else "")
         print(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step{evaluated} "
               f"-> max_steps={max_steps}")
     return max_steps
