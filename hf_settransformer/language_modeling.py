@@ -478,7 +478,11 @@ def _card_design(config, family, masked=False):
         return "Causal LM: the decoder predicts every next token of its block."
     if config.next_token_mode == "window":
         return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
-                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token.")
+                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token. This is the "
+                "design document's literal head, kept as a baseline: a pass learns from one target, where the "
+                "many-target head (`next_token_mode=\"many\"`) learns from many at about the same cost, so at equal "
+                "training time it sees far fewer targets and its evaluation takes one pass per scored token. Prefer a "
+                "many-target checkpoint for use.")
     return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
             f"next token at each of its last {config.target_length} positions in one pass; the positions before "
             "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "

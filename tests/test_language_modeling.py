@@ -272,6 +272,7 @@ def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind)
     assert fields["cpu_minutes"] == "unknown" and fields["context"] == (8 if kind == "decoder" else 6)
     assert ("Causal LM" in fields["design"]) == (kind == "decoder")
     assert ("one prediction per window" in fields["design"]) == (kind == "window")
+    assert ("kept as a baseline" in fields["design"]) == (kind == "window")  # the literal head says it is one
     assert ("Masked LM" in fields["design"]) == (kind == "masked")
     # without a CPU-minute record: this process's wall speed; without a checkpoint selection: the last step
     assert fields["training_speed"] == "512 tokens per wall second" and fields["weights"] == "the last step (64)"
