@@ -5,18 +5,10 @@ Auto classes and for `save_pretrained`'s remote-code export."""
 import transformers
 from transformers import AutoConfig
 
-from .attention import (
-    ATTENTION_KERNELS,
-    AttentionKernel,
-    AttentionMask,
-    LinearAttentionState,
-    MultiHeadAttention,
-    attention_kernel,
-    causal_linear_attention,
-    linear_attention,
-    linear_attention_step,
-    register_attention_kernel,
-)
+from .attention import ATTENTION_KERNELS, AttentionKernel, MultiHeadAttention, attention_kernel, register_attention_kernel
+from .cache import LinearAttentionState
+from .linear_ops import causal_linear_attention, linear_attention, linear_attention_step
+from .masks import AttentionMask
 from .blocks import ISAB, MAB, PMA
 from .configuration_base import HfstConfig
 from .configuration_decoder import TransformerDecoderConfig

@@ -1,500 +1,49 @@
-"""Multi-head attention and its kernels.
+"""The attention kernel registry and `MultiHeadAttention`.
 
-Shape legend: b batch, n queries, m keys, h heads, d query/key head dim, e value head dim, c chunk length,
-k number of chunks.
+Shape legend: b batch, n queries, m keys, h heads, d query/key head dim, e value head dim.
 
 Two questions are kept apart:
 - *what* is computed, `config.attention_type`: `"softmax"` (Vaswani et al. 2017) or `"linear"` with
   `config.feature_map` `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021);
-- *how* softmax is computed, transformers' `config._attn_implementation`: `"sdpa"`
-  (`torch.nn.functional.scaled_dot_product_attention`) or `"eager"` (explicit weights, returned on request).
+- *how* softmax is computed, transformers' `config._attn_implementation`: `"sdpa"` or `"eager"`.
 
-Linear attention is `phi(Q) (phi(K)^T V) / (phi(Q) (phi(K)^T 1))`:
-- non-causal `"exp"` is Shen et al.'s efficient attention: softmax over the feature dim for queries and over the
-  sequence for keys (the denominator is then exactly 1);
-- causal `"exp"` cannot normalise keys over the sequence (that would read the future), so it is the ratio above
-  with phi = exp, stabilised by subtracting per-feature maxima of the keys (folded into the queries, so the ratio
-  is unchanged) and the per-query maximum of the queries;
-- causal attention is computed in chunks (quadratic inside a chunk of `c` tokens, a d x e state carried between
-  chunks by a cumulative sum over the k chunk states); no n x d x e tensor is built. The same state advances one
-  token at a time in `linear_attention_step` (the RNN view of Katharopoulos et al.).
-All sums over the sequence run in float32, also under fp16/bf16 autocast.
-
-`ATTENTION_KERNELS` maps each `attention_type` to an `AttentionKernel` entry (its forward, its cache, whether it has
-weights); `MultiHeadAttention` takes its kernel from there when it is built. A new kernel is one entry
-(`register_attention_kernel`).
+The ops live one concern a file: `masks.py` (`AttentionMask`), `softmax_ops.py`, `linear_ops.py` (with their naive
+references in `linear_naive.py`). `ATTENTION_KERNELS` maps each `attention_type` to an `AttentionKernel` entry (its
+forward, its cache, whether it has weights); `MultiHeadAttention` takes its kernel from there when it is built. A new
+kernel is one entry (`register_attention_kernel`).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer, cache_layer
-
-
-def _ratio(num, den):
-    """num / den, and 0 where den is 0 (a query that sees no real key); no floor that would bias tiny denominators."""
-    return num / torch.where(den > 0, den, torch.ones_like(den))
-
-
-def _no_autocast(tensor):
-    """The linear kernels run in float32 whatever autocast says: their sums over the sequence overflow in fp16."""
-    return torch.autocast(device_type=tensor.device.type, enabled=False)
-
-
-def _keep(key_mask):
-    """A linear kernel's key mask, (b, m) (every head) or (b, h, m) (per head), as a (b, 1 or h, m, 1) multiplier."""
-    return None if key_mask is None else (key_mask[:, None, :, None] if key_mask.dim() == 2 else key_mask[..., None])
-
-
-def _check_drop(drop, k):
-    """Key dropout's mask must be a bool (b, h, m) tensor, one entry per head and key of `k` (b, h, m, d)."""
-    if drop is not None and (drop.dtype != torch.bool or drop.shape != k.shape[:3]):
-        raise ValueError(
-            f"`drop` must be a bool tensor of shape {tuple(k.shape[:3])} (batch, heads, keys): the keys key dropout "
-            f"keeps; got {drop.dtype} of shape {tuple(drop.shape)}."
-        )
-
-
-def _with_dropped(key_mask, drop):
-    """The key mask (b, m) or None, and key dropout's kept keys (b, h, m) or None -> the keys to use, (b, h, m)."""
-    if drop is None:
-        return key_mask
-    return drop if key_mask is None else drop & key_mask[:, None, :]
-
-
-@dataclass
-class AttentionMask:
-    """Which keys each query sees: built once per forward and handed to every attention layer that shares it. Each
-    kernel reads the form it needs: the linear kernels `key_mask` and `causal`, the softmax kernels `dense` and
-    `has_keys`, which are made from them on first use (so no mask is "for" one kind of kernel).
-
-    key_mask: (b, m) bool, True for real keys, or None when every key is real.
-    causal: query i sees keys j <= i + (m - n): the n queries are the last n of the m key positions (self-attention
-        has n = m; a causal cross-attention, as Perceiver AR's, sees the m - n leading keys from every query).
-    prefix_length: with `causal`, the first `prefix_length` queries form a bidirectional prefix: they see the keys of
-        the prefix (and the m - n leading keys), every later query sees the whole prefix and its own past.
-    num_queries, num_keys: n and m, needed for a causal `dense` (m defaults to `key_mask`'s length).
-    dense: (b or 1, 1, n or 1, m) bool, or None (no mask, or plain causal: the kernel's own causal path).
-    has_keys: (b or 1, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0), or None.
-    """
-
-    key_mask: torch.Tensor | None = None
-    causal: bool = False
-    prefix_length: int = 0
-    num_queries: int | None = None
-    num_keys: int | None = None
-
-    @classmethod
-    def build(cls, key_mask, causal=False, num_queries=None, num_keys=None, prefix_length=0):
-        """`key_mask` (b, m), 1/True for real keys. `num_queries` is needed when `causal`; `num_keys` when `causal`
-        and there is no `key_mask` but a prefix or a causal cross-attention needs a dense mask."""
-        if prefix_length and not causal:
-            raise ValueError("`prefix_length` needs a causal mask (a bidirectional prefix, causal after it).")
-        if key_mask is not None:
-            key_mask = key_mask.bool()
-            if not torch.compiler.is_compiling() and bool(key_mask.all()):
-                key_mask = None  # all real: take the unmasked fast paths
-        return cls(key_mask, causal, prefix_length, num_queries, num_keys)
-
-    @property
-    def dense(self):
-        return self._dense_form()[0]
-
-    @property
-    def has_keys(self):
-        return self._dense_form()[1]
-
-    def _dense_form(self):
-        form = self.__dict__.get("_dense")
-        if form is None:
-            form = self.__dict__["_dense"] = self._make_dense()
-        return form
-
-    def _make_dense(self):
-        key_mask = self.key_mask
-        if key_mask is None and not self.prefix_length:
-            return None, None
-        dense = key_mask[:, None, None, :] if key_mask is not None else None  # (b, 1, 1, m)
-        if self.causal:
-            m = key_mask.shape[-1] if key_mask is not None else self.num_keys
-            if self.num_queries is None or m is None:
-                raise ValueError("A causal AttentionMask with padding or a prefix needs `num_queries` and `num_keys`.")
-            device = key_mask.device if key_mask is not None else None
-            tri = causal_pattern(self.num_queries, m, self.prefix_length, device)  # (n, m)
-            dense = tri[None, None] if dense is None else dense & tri  # (b or 1, 1, n, m)
-        has_keys = dense.any(-1, keepdim=True)  # (b, 1, n or 1, 1)
-        # Rows without any key would give NaN in softmax: let them attend to everything, then zero them.
-        return dense | ~has_keys, has_keys
-
-
-def causal_pattern(n, m, prefix_length=0, device=None):
-    """(n, m) bool: query i sees key j <= i + m - n; the first `prefix_length` queries see the keys before
-    m - n + prefix_length (a bidirectional prefix)."""
-    allowed = torch.ones(n, m, dtype=torch.bool, device=device).tril(m - n)
-    if prefix_length:
-        allowed[:prefix_length, : m - n + prefix_length] = True
-    return allowed
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# softmax kernels: (q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask, dropout_p) -> (out (b,h,n,e), weights | None)
-
-
-def softmax_attention_sdpa(q, k, v, mask: AttentionMask, dropout_p=0.0):
-    attn_mask, is_causal = mask.dense, mask.causal and mask.dense is None
-    n, m = q.shape[-2], k.shape[-2]
-    if is_causal and n == 1:  # one new token sees every cached key
-        is_causal = False
-    elif is_causal and n != m:  # SDPA's is_causal aligns top-left; queries here are the last n of m positions
-        attn_mask, is_causal = causal_pattern(n, m, device=q.device), False
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
-    if mask.has_keys is not None:
-        out = out * mask.has_keys
-    return out, None
-
-
-def softmax_attention_eager(q, k, v, mask: AttentionMask, dropout_p=0.0):
-    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (b, h, n, m)
-    allowed = mask.dense
-    if allowed is None and mask.causal:
-        n, m = scores.shape[-2:]
-        allowed = causal_pattern(n, m, device=q.device)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    if mask.has_keys is not None:
-        weights = weights * mask.has_keys
-    weights = F.dropout(weights, p=dropout_p, training=dropout_p > 0)
-    return torch.matmul(weights, v), weights
-
-
-SOFTMAX_KERNELS = {"sdpa": softmax_attention_sdpa, "eager": softmax_attention_eager}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# linear kernels, all in float32
-
-
-def _elu_feature(x):
-    return F.elu(x) + 1.0
-
-
-def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
-    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) -> (b,h,n,e) fp32."""
-    with _no_autocast(q):
-        return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map)
-
-
-def _linear_attention(q, k, v, key_mask, feature_map):
-    keep = _keep(key_mask)  # (b, 1 or h, m, 1)
-    if feature_map == "elu":
-        phi_q = _elu_feature(q)
-        phi_k = _elu_feature(k)
-        if keep is not None:
-            phi_k = phi_k * keep
-    else:  # Shen et al.: softmax over features for queries, over the sequence for keys
-        phi_q = torch.softmax(q, dim=-1)
-        if keep is not None:
-            k = k.masked_fill(~keep, float("-inf"))
-        k_max = k.amax(dim=-2, keepdim=True).clamp_min(torch.finfo(k.dtype).min)  # (b, h, 1, d), finite
-        phi_k = torch.exp(k - k_max)  # masked keys -> exp(-inf) = 0
-        phi_k = _ratio(phi_k, phi_k.sum(dim=-2, keepdim=True))
-    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
-    z = phi_k.sum(dim=-2)  # (b, h, d)
-    num = torch.matmul(phi_q, kv)  # (b, h, n, e)
-    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, n, 1)
-    return _ratio(num, den)
-
-
-def _causal_features(q, k, key_mask, feature_map, state):
-    """Feature maps of the causal kernels; for `"exp"` also rescales `state` to the new key maxima."""
-    keep = _keep(key_mask)  # (b, 1 or h, n, 1)
-    if feature_map == "elu":
-        phi_q, phi_k = _elu_feature(q), _elu_feature(k)
-        if keep is not None:
-            phi_k = phi_k * keep
-        return phi_q, phi_k, state, None
-    k_masked = k if keep is None else k.masked_fill(~keep, float("-inf"))
-    # the key maxima are a stabiliser, a constant of the function (they cancel in the ratio) and out of autograd, as in
-    # the chunked kernel: a state made here (a prefix's) is carried on there, which treats its maxima as constants
-    with torch.no_grad():
-        k_max = k_masked.amax(dim=-2)  # (b, h, d)
-        if state is not None and state.k_max is not None:
-            k_max = torch.maximum(k_max, state.k_max)
-        k_max = k_max.clamp_min(-1e30)  # all masked so far: any finite reference works
-    if state is not None:
-        scale = torch.exp(state.k_max - k_max) if state.k_max is not None else 1.0  # (b, h, d), <= 1
-        state = LinearAttentionState(kv=state.kv * scale[..., None], z=state.z * scale, k_max=k_max)
-    phi_k = torch.exp(k_masked - k_max[:, :, None, :])  # (b, h, n, d), <= 1, 0 where masked
-    # exp(q_f) * exp(k_f) = exp(q_f + k_max_f) * exp(k_f - k_max_f): fold the key maxima into the queries
-    q_fold = q + k_max[:, :, None, :]
-    phi_q = torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))  # per-query shift cancels in the ratio
-    return phi_q, phi_k, state, k_max
-
-
-class _ExclusivePrefixSumLoop(torch.autograd.Function):
-    """out[:, :, i] = x[:, :, :i].sum(2), as k in-place additions of one chunk state each (k = x.shape[2])."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return _prefix_loop(x, reverse=False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _prefix_loop(grad, reverse=True)  # d out[j] / d x[i] = 1 for j > i: the reversed exclusive sum
-
-
-def _prefix_loop(x, reverse):
-    out = torch.empty_like(x)
-    running = torch.zeros_like(x[:, :, 0])
-    for i in reversed(range(x.shape[2])) if reverse else range(x.shape[2]):
-        out[:, :, i] = running
-        running += x[:, :, i]
-    return out
-
-
-def exclusive_prefix_sum(x):
-    """Exclusive prefix sum over dim 2 of the chunk states (b, h, k, ...): the state before each chunk.
-
-    On CPU, torch.cumsum over this non-innermost dim (plus the flips of its backward) measured slower than k in-place
-    additions of whole chunk states, each a large contiguous block (forward+backward of the chunked kernel at
-    n = 16384, 8 heads of 64, chunk 64: 1125 ms with cumsum, 936 ms with the loop; scripts/bench_attention.py). On
-    other devices, where each addition is a kernel launch, cumsum."""
-    if x.device.type == "cpu":
-        return _ExclusivePrefixSumLoop.apply(x)
-    return torch.cumsum(x, dim=2) - x
-
-
-def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, state=None, drop=None):
-    """Causal linear attention in chunks.
-
-    q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
-    `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
-    keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
-    """
-    _check_drop(drop, k)
-    with _no_autocast(q):
-        q, k, v = q.float(), k.float(), v.float()
-        return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)
-
-
-# Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
-# rises by more than this many nats after a query's position, the query's terms would be scaled by a later key (fp32
-# keeps ~87 nats of exponent below 1): such chunks are recomputed with each position's own running maximum.
-EXP_CHUNK_SPREAD = 40.0
-
-
-def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None):
-    """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
-    stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
-
-    Chunk c scales its keys by R_c, the running per-feature key maximum through its end; the state carried into it is
-    rescaled from R_{c-1} to R_c (as `linear_attention_step` does per token), and its queries fold R_c in. A chunk
-    where R_c exceeds the running maximum at some real query's position by more than `EXP_CHUNK_SPREAD` nats is
-    recomputed for that query with its own running maximum M_i: w_ij = sum_f exp(q_if + k_jf - s_i),
-    s_i = max_f (q_if + M_if), an explicit (c x c x d) sum. The stabilisers are constants of the function (they cancel
-    in the ratio) and are kept out of autograd."""
-    b, h, n, d = q.shape
-    e = v.shape[-1]
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    nk = (n + pad) // c
-    real = None  # the queries whose outputs are used (masked and padded ones do not count in the stability check)
-    if key_mask is not None or pad:
-        real = key_mask if key_mask is not None else torch.ones(b, n, dtype=torch.bool, device=q.device)
-        real = torch.cat([real, real.new_zeros(b, pad)], dim=1).reshape(b, 1, nk, c)
-    keep = _keep(_with_dropped(key_mask, drop))
-    k = k if keep is None else k.masked_fill(~keep, float("-inf"))  # masked and dropped keys: exp(-inf) = 0
-    if pad:
-        q = F.pad(q, (0, 0, 0, pad))
-        k = F.pad(k, (0, 0, 0, pad), value=float("-inf"))
-        v = F.pad(v, (0, 0, 0, pad))
-    q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
-    floor = -1e30  # reference while every key so far is masked: any finite value works
-    with torch.no_grad():
-        start = (state.k_max if state is not None else k.new_full((b, h, d), float("-inf"))).clamp_min(floor)
-        running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
-        running = running.clamp_min(floor)
-        before = torch.cat([start[:, :, None], running[:, :, :-1]], dim=2)  # R_{c-1}: the carried state's reference
-        shift = (q + running[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
-    phi_k = torch.exp(k - running[:, :, :, None])  # (b, h, k, c, d), <= 1
-    phi_q = torch.exp(q + running[:, :, :, None] - shift)  # <= 1
-    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
-
-    # the carried state, a scan over chunks that rescales it to each chunk's reference before adding the chunk
-    kv_run = state.kv if state is not None else q.new_zeros(b, h, d, e)
-    z_run = state.z if state is not None else q.new_zeros(b, h, d)
-    carried_kv, carried_z, rescaled_kv, rescaled_z = [], [], [], []
-    for i in range(nk):
-        carried_kv.append(kv_run)  # in reference R_{c-1}, for the exact path
-        carried_z.append(z_run)
-        scale = torch.exp(before[:, :, i] - running[:, :, i])  # (b, h, d), <= 1
-        kv_run, z_run = kv_run * scale[..., None], z_run * scale
-        rescaled_kv.append(kv_run)
-        rescaled_z.append(z_run)
-        kv_run, z_run = kv_run + kv_chunks[:, :, i], z_run + z_chunks[:, :, i]
-    kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
-
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
-    num = torch.matmul(scores, v) + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1) + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = _ratio(num, den.unsqueeze(-1))
-
-    with torch.no_grad():
-        # the running maximum at each position, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(k, dim=3).values, before[:, :, :, None]).clamp_min(floor)
-        spread = (running[:, :, :, None] - at).amax(dim=-1)  # (b, h, k, c)
-        if real is not None:
-            spread = spread.masked_fill(~real, 0.0)
-        steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
-    if torch.compiler.is_compiling():
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b,h,k,d,e), (b,h,k,d)
-        # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
-        # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
-        # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
-        # ("strides of the two branches' output doesn't match")
-        exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
-        out = torch.where(steep[..., None, None], exact, out)
-    elif steep.any():  # rare: the stacked carried states are only built here
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
-        idx = steep.nonzero(as_tuple=True)
-        exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
-        out = out.index_put(idx, exact)
-    out = out.reshape(b, h, nk * c, e)[:, :, :n]
-    return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=running[:, :, -1])
-
-
-def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
-    """The exp kernel's exact path for chunks (any leading dims ...): q, k (..., c, d), v (..., c, e), `at` (..., c, d)
-    each position's running key maximum, `before` (..., d) the carried state's reference, carried_kv (..., d, e) and
-    carried_z (..., d) the state before the chunk -> (..., c, e). w_ij = sum_f exp(q_if + k_jf - s_i), j <= i in the
-    chunk, with s_i = max_f (q_if + at_if): every exponent <= 0, none from a later key."""
-    c = q.shape[-2]
-    own = (q + at).amax(dim=-1, keepdim=True).detach()  # (..., c, 1)
-    logits = q[..., :, None, :] + k[..., None, :, :] - own[..., None]  # (..., c, c, d), <= 0 where j <= i
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    w = torch.exp(logits.masked_fill(~causal[:, :, None], float("-inf"))).sum(dim=-1)  # (..., c, c)
-    phi_q = torch.exp(q + before[..., None, :] - own)  # the carried state is in `before` <= at_i
-    num = torch.matmul(w, v) + torch.matmul(phi_q, carried_kv)
-    den = w.sum(dim=-1) + torch.matmul(phi_q, carried_z.unsqueeze(-1)).squeeze(-1)
-    return _ratio(num, den.unsqueeze(-1))
-
-
-def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop=None):
-    if feature_map == "exp":
-        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop)
-    b, h, n, d = q.shape
-    e = v.shape[-1]
-    phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), feature_map, state)
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    if pad:
-        phi_q = F.pad(phi_q, (0, 0, 0, pad))
-        phi_k = F.pad(phi_k, (0, 0, 0, pad))
-        v = F.pad(v, (0, 0, 0, pad))
-    nk = (n + pad) // c
-    phi_q = phi_q.reshape(b, h, nk, c, d)
-    phi_k = phi_k.reshape(b, h, nk, c, d)
-    v = v.reshape(b, h, nk, c, e)
-
-    # inside each chunk: masked quadratic form
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
-    scores = scores * torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    num = torch.matmul(scores, v)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1)  # (b, h, k, c)
-
-    # across chunks: the state before each chunk is an exclusive cumulative sum of the chunk states
-    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
-    kv_before = exclusive_prefix_sum(kv_chunks)
-    z_before = exclusive_prefix_sum(z_chunks)
-    if state is not None:
-        kv_before = kv_before + state.kv[:, :, None]
-        z_before = z_before + state.z[:, :, None]
-    num = num + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
-    den = den + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = _ratio(num, den.unsqueeze(-1))
-    out = out.reshape(b, h, nk * c, e)[:, :, :n]
-
-    new_state = LinearAttentionState(
-        kv=kv_before[:, :, -1] + kv_chunks[:, :, -1], z=z_before[:, :, -1] + z_chunks[:, :, -1], k_max=k_max
-    )
-    return out, new_state
-
-
-def prefix_causal_linear_attention(
-    q, k, v, key_mask=None, feature_map="elu", chunk_size=64, prefix_length=0, drop=None
-):
-    """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
-    m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) ->
-    (b,h,n,e) fp32. `drop` (b,h,m): the keys key dropout keeps, as in `causal_linear_attention`.
-
-    The K = m - n + prefix_length leading keys are folded into one state; the first `prefix_length` queries read that
-    state alone (the bidirectional prefix), the others continue it causally with `causal_linear_attention`."""
-    _check_drop(drop, k)
-    with _no_autocast(q):
-        q, k, v = q.float(), k.float(), v.float()
-        n, m = q.shape[2], k.shape[2]
-        lead = m - n + prefix_length
-        state = None
-        if lead:
-            lead_mask = _with_dropped(None if key_mask is None else key_mask[:, :lead], _slice(drop, 0, lead))
-            _, phi_k, _, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, None)
-            kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, :lead])  # (b, h, d, e)
-            state = LinearAttentionState(kv=kv, z=phi_k.sum(dim=-2), k_max=k_max)
-        outs = []
-        if prefix_length:
-            phi_q = _query_features(q[:, :, :prefix_length], feature_map, state.k_max)
-            num = torch.matmul(phi_q, state.kv)  # (b, h, prefix, e)
-            den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
-            outs.append(_ratio(num, den))
-        if prefix_length < n:
-            rest_mask = None if key_mask is None else key_mask[:, lead:]
-            q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
-            drop_rest = _slice(drop, lead, m)
-            out, _ = _causal_linear_attention(
-                q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
-            )
-            outs.append(out)
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-
-
-def _slice(drop, start, stop):
-    return None if drop is None else drop[..., start:stop]
-
-
-def _query_features(q, feature_map, k_max):
-    if feature_map == "elu":
-        return _elu_feature(q)
-    q_fold = q + k_max[:, :, None, :]  # as in _causal_features
-    return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
-
-
-def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu"):
-    """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e) -> (out (b,h,1,e), new state).
-
-    Cost and memory are independent of the number of tokens already in `state`.
-    """
-    with _no_autocast(q):
-        return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, feature_map)
-
-
-def _linear_attention_step(q, k, v, state, key_mask, feature_map):
-    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
-    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
-    z = phi_k.squeeze(-2)  # (b, h, d)
-    if state is not None:
-        kv, z = kv + state.kv, z + state.z
-    num = torch.matmul(phi_q, kv)  # (b, h, 1, e)
-    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, 1, 1)
-    return _ratio(num, den), LinearAttentionState(kv=kv, z=z, k_max=k_max)
+from .linear_ops import (
+    _with_dropped,
+    causal_linear_attention,
+    linear_attention,
+    linear_attention_step,
+    prefix_causal_linear_attention,
+)
+from .masks import AttentionMask, causal_pattern
+from .softmax_ops import SOFTMAX_KERNELS, softmax_attention_eager, softmax_attention_sdpa
+
+__all__ = [
+    "ATTENTION_KERNELS",
+    "AttentionKernel",
+    "AttentionMask",
+    "LinearAttentionState",
+    "MultiHeadAttention",
+    "attention_kernel",
+    "causal_pattern",
+    "linear_kernel",
+    "register_attention_kernel",
+    "softmax_kernel",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -509,11 +58,20 @@ def softmax_kernel(q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=Fal
     `state`: the layer's `DynamicLayer` while generating: the new keys and values are appended to it and the queries
     attend to all of them. `implementation`: transformers' `config._attn_implementation` (`"sdpa"` or `"eager"`);
     weights need the eager kernel."""
-    if state is not None:
-        k, v = state.update(k, v)  # (b, h, past + n, d)
     kernel = softmax_attention_eager if need_weights else SOFTMAX_KERNELS.get(implementation, softmax_attention_sdpa)
-    out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+    if state is None:
+        out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+        return out, weights, state
+    k, v = state.update(k, v)  # (b, h, past + n, d)
+    # A cached step has a new key length at every call. SDPA's cuDNN backend (preferred on Hopper GPUs) builds an
+    # execution graph per shape, tens to hundreds of ms each (seen with cuDNN attention in pytorch/torchtune#1652,
+    # sgl-project/sglang#4650, ml-explore/mlx#2743): decoding steps use the other backends, which need no planning.
+    with sdpa_kernel(_DECODE_BACKENDS):
+        out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
     return out, weights, state
+
+
+_DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, dropout_p=0.0, **_):

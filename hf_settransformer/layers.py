@@ -184,7 +184,8 @@ class InputEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def embed(self, input_ids=None, input_features=None, inputs_embeds=None):
-        """Validates the inputs and embeds them, without positions: -> (b, n, hidden)."""
+        """Validates the inputs' shapes and embeds them, without positions: -> (b, n, hidden). The ids' values are
+        checked by the model's `embed_inputs` (`check_input_values`), with the mask's, in one read."""
         given = [
             name
             for name, x in (
@@ -206,12 +207,6 @@ class InputEmbeddings(nn.Module):
                     f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(input_ids.shape)} "
                     f"{input_ids.dtype}; pass continuous inputs as `input_features`."
                 )
-            if input_ids.numel() and not torch.compiler.is_compiling():
-                low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
-                if low < 0 or high >= self.config.vocab_size:
-                    raise ValueError(
-                        f"`input_ids` hold ids in [{low}, {high}], outside the vocabulary [0, {self.config.vocab_size - 1}]."
-                    )
             return self.embed_tokens(input_ids)
         if input_features is not None:
             if self.feature_projection is None:
@@ -230,19 +225,13 @@ class InputEmbeddings(nn.Module):
         return inputs_embeds
 
     def positions(self, position_ids, dtype):
-        """(b, n) ids -> (b, n, hidden), or None without position embeddings."""
+        """(b, n) ids -> (b, n, hidden), or None without position embeddings. The ids' range is checked by the model's
+        `embed_inputs`, without a read where it derived them."""
         kind = self.config.position_embedding_type
         if kind == "none":
             return None
         if kind == "sinusoidal":
             return sinusoidal_positions(position_ids, self.hidden_size, dtype)
-        if not torch.compiler.is_compiling() and position_ids.numel():
-            longest = int(position_ids.max()) + 1
-            if longest > self.config.max_position_embeddings:
-                raise ValueError(
-                    f"Sequence needs {longest} positions but `max_position_embeddings` is "
-                    f"{self.config.max_position_embeddings} (learned position embeddings cannot extrapolate)."
-                )
         return self.position_embeddings(position_ids)
 
     def forward(self, input_ids=None, input_features=None, inputs_embeds=None, position_ids=None):

@@ -57,7 +57,8 @@ class PerceiverIOModelOutput(ModelOutput):
 
 
 def check_attention_mask(attention_mask, batch_size, length, name="attention_mask"):
-    """(b, n) mask of 1 (real) / 0 (padding) -> bool (b, n), or None."""
+    """(b, n) mask, 1 / True for real elements and 0 / False for padding -> bool (b, n), or None. Checks the shape and
+    reads no values: the base model's `embed_inputs` checks them, once per batch (`check_input_values`)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch_size, length):
@@ -66,6 +67,62 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
             f"got {tuple(attention_mask.shape)}."
         )
     return attention_mask.bool()
+
+
+def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None):
+    """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
+    the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
+    would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
+    NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
+    kernels take their unmasked paths).
+
+    Under `torch.compile` nothing is read (no graph break, no check) and a mask is kept as given."""
+    if torch.compiler.is_compiling():
+        return attention_mask is None
+    checks = []
+    if position_ids is not None and position_ids.numel():
+        checks.append(position_ids.max())
+    if input_ids is not None and (
+        not vocab_size or not input_ids.numel() or input_ids.is_floating_point() or input_ids.dim() != 2
+    ):
+        input_ids = None  # nothing to read, or refused by its shape or type when it is embedded
+    if input_ids is not None:
+        checks += list(torch.aminmax(input_ids))
+    if attention_mask is not None:
+        if attention_mask.is_complex():
+            raise ValueError(f"`attention_mask` must hold 0 (padding) and 1 (real), got a {attention_mask.dtype} tensor.")
+        real = attention_mask == 1
+        checks += [(real | (attention_mask == 0)).all(), real.all()]
+    if not checks:
+        return attention_mask is None
+    values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
+    if position_ids is not None and position_ids.numel():
+        (last,), values = values[:1], values[1:]
+        check_position_count(int(last) + 1, max_positions)
+    if input_ids is not None:
+        (low, high), values = values[:2], values[2:]
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"`input_ids` hold ids in [{int(low)}, {int(high)}], outside the vocabulary [0, {vocab_size - 1}]."
+            )
+    if attention_mask is None:
+        return True
+    binary, all_real = values
+    if not binary:
+        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)].unique()[:5].tolist()
+        raise ValueError(
+            f"`attention_mask` must hold only 0 (padding) and 1 (real element), as bool, integer or float; got other "
+            f"values such as {bad}."
+        )
+    return bool(all_real)
+
+
+def check_position_count(count, max_positions):
+    if max_positions is not None and count > max_positions:
+        raise ValueError(
+            f"Sequence needs {count} positions but `max_position_embeddings` is {max_positions} (learned position "
+            "embeddings cannot extrapolate)."
+        )
 
 
 def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
@@ -197,11 +254,18 @@ class HfstPreTrainedModel(PreTrainedModel):
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
         b, n = input_shape(input_ids, input_features, inputs_embeds)
         key_mask = check_attention_mask(attention_mask, b, past_length + n)
+        learned = self.config.position_embedding_type == "learned"
+        max_positions = self.config.max_position_embeddings if learned else None
+        user_positions = position_ids if learned else None
+        if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions):
+            key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
+            check_position_count(past_length + n, max_positions)  # derived positions: known without a read
             if key_mask is not None:
                 position_ids = position_ids_from_mask(key_mask, n)
             else:
-                position_ids = torch.arange(past_length, past_length + n, device=self.device).expand(b, -1)
+                source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
+                position_ids = torch.arange(past_length, past_length + n, device=source.device).expand(b, -1)
         if inputs_embeds is not None and inputs_embeds.is_floating_point() and inputs_embeds.dtype != self.dtype:
             inputs_embeds = inputs_embeds.to(self.dtype)  # as `input_features` are: float64 in, the model's dtype out
         hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
@@ -280,8 +344,7 @@ class PooledHeadMixin:
             **inputs,
         )
         b, n = input_shape(inputs.get("input_ids"), inputs.get("input_features"), inputs.get("inputs_embeds"))
-        key_mask = check_attention_mask(attention_mask, b, n)
-        return outputs, self.pool_outputs(outputs, key_mask)
+        return outputs, self.pool_outputs(outputs, check_attention_mask(attention_mask, b, n))
 
 
 class LMHeadMixin:
@@ -317,16 +380,20 @@ class LMHeadMixin:
 
     def lm_loss(self, hidden_states, targets, divisor=None):
         """Summed cross-entropy of `targets` (-100 ignored) from (..., hidden) states, / `divisor` (default: the
-        number of counted targets). The adaptive softmax computes only the clusters the targets fall in."""
+        number of counted targets; 0 with a zero gradient when there are none).
+
+        The full output layer reads no values (no host sync). The adaptive softmax computes only the targets' rows and
+        clusters: selecting them is data-dependent (a host sync, as in `nn.AdaptiveLogSoftmaxWithLoss` itself), which
+        is what makes it the choice for a CPU."""
         hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
         targets = targets.reshape(-1).to(hidden.device)
         keep = targets != -100
-        hidden, targets = hidden[keep], targets[keep]
         if self.adaptive_output:
+            hidden, targets = hidden[keep], targets[keep]
             with torch.autocast(device_type=hidden.device.type, enabled=False):  # as in lm_logits
                 total = -self.lm_head(hidden.to(self.lm_head.head.weight.dtype), targets).output.float().sum()
         else:
-            total = F.cross_entropy(self.lm_head(hidden).float(), targets, reduction="sum")
+            total = F.cross_entropy(self.lm_head(hidden).float(), targets, ignore_index=-100, reduction="sum")
         return total / (keep.sum().clamp_min(1) if divisor is None else divisor)
 
     def get_output_embeddings(self):
@@ -497,9 +564,8 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
 
 def mean_loss(logits, targets):
     """Mean cross-entropy over the targets that are not -100 (0 when there are none, not NaN)."""
-    keep = targets != -100
-    total = F.cross_entropy(logits[keep].float(), targets[keep], reduction="sum")
-    return total / keep.sum().clamp_min(1)
+    total = F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")  # no selection: no host sync
+    return total / (targets != -100).sum().clamp_min(1)
 
 
 class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
@@ -629,7 +695,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             **self.target_model_inputs(num_targets, length),
             **inputs,
         )
-        key_mask = check_attention_mask(attention_mask, b, length)
+        key_mask = check_attention_mask(attention_mask, b, length)  # its values were checked by the base model
         states = self.target_states(outputs, num_targets, key_mask)  # (b, t, hidden)
         if labels is not None and not shifted:
             labels = F.pad(labels, (0, 1), value=-100)[:, 1:]  # position i predicts token i + 1

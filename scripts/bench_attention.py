@@ -37,7 +37,7 @@ from bench_common import (
     write_json,
 )
 
-from hf_settransformer.attention import causal_linear_attention, linear_attention
+from hf_settransformer.linear_ops import causal_linear_attention, linear_attention
 
 
 def parse_args():

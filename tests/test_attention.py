@@ -14,19 +14,26 @@ import hf_settransformer as hfst
 from hf_settransformer import TransformerEncoderConfig
 from hf_settransformer.attention import (
     ATTENTION_KERNELS,
-    AttentionMask,
     MultiHeadAttention,
     attention_kernel,
+    linear_kernel,
+    register_attention_kernel,
+    softmax_kernel,
+)
+from hf_settransformer.linear_naive import naive_causal_exp_logspace as ref_causal_exp_logspace
+from hf_settransformer.linear_naive import naive_causal_linear_attention as ref_causal_linear
+from hf_settransformer.linear_naive import naive_linear_attention as ref_linear
+from hf_settransformer.linear_naive import naive_linear_visible as ref_linear_visible
+from hf_settransformer.linear_naive import naive_softmax_attention as ref_softmax
+from hf_settransformer.linear_naive import visible as _allowed
+from hf_settransformer.linear_ops import (
     causal_linear_attention,
     linear_attention,
     linear_attention_step,
-    linear_kernel,
     prefix_causal_linear_attention,
-    register_attention_kernel,
-    softmax_attention_eager,
-    softmax_attention_sdpa,
-    softmax_kernel,
 )
+from hf_settransformer.masks import AttentionMask
+from hf_settransformer.softmax_ops import softmax_attention_eager, softmax_attention_sdpa
 
 FEATURE_MAPS = ["elu", "exp"]
 B, H, D, E = 2, 2, 4, 3
@@ -34,77 +41,7 @@ CHUNK = 8
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# naive float64 references
-
-
-def _phi(x, feature_map):
-    """elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise; or exp(x)."""
-    if feature_map == "elu":
-        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
-    return torch.exp(x)
-
-
-def _normalise_rows(w, v):
-    """out_i = sum_j w_ij v_j / sum_j w_ij, and 0 for rows with sum_j w_ij == 0."""
-    den = w.sum(-1, keepdim=True)
-    out = (w @ v) / torch.where(den > 0, den, torch.ones_like(den))
-    return torch.where(den > 0, out, torch.zeros_like(out))
-
-
-def _allowed(n, m, key_mask, causal):
-    """(b or 1, 1, n, m) bool: key j visible to query i. Causal queries are the last n of m positions."""
-    allowed = torch.ones(1, 1, n, m, dtype=torch.bool)
-    if causal:
-        i = torch.arange(n)[:, None] + (m - n)
-        j = torch.arange(m)[None, :]
-        allowed = allowed & (j <= i)
-    if key_mask is not None:
-        allowed = allowed & key_mask.bool()[:, None, None, :]
-    return allowed
-
-
-def ref_causal_linear(q, k, v, key_mask, feature_map):
-    q, k, v = q.double(), k.double(), v.double()
-    n = q.shape[-2]
-    w = _phi(q, feature_map) @ _phi(k, feature_map).transpose(-1, -2)  # (b, h, n, n)
-    return _normalise_rows(w * _allowed(n, n, key_mask, causal=True), v)
-
-
-def ref_causal_exp_logspace(q, k, v, key_mask=None):
-    """Causal exp linear attention for large inputs: log w_ij = logsumexp_f (q_if + k_jf), then a softmax over j."""
-    q, k, v = q.double(), k.double(), v.double()
-    n = q.shape[-2]
-    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1)  # (b, h, n, n)
-    allowed = _allowed(n, n, key_mask, causal=True)
-    logw = logw.masked_fill(~allowed, float("-inf"))
-    w = torch.softmax(logw, dim=-1).nan_to_num(0.0)
-    return w @ v
-
-
-def ref_linear(q, k, v, key_mask, feature_map):
-    q, k, v = q.double(), k.double(), v.double()
-    keep = torch.ones(k.shape[0], 1, k.shape[-2], 1, dtype=torch.float64)
-    if key_mask is not None:  # (b, m), or (b, h, m) per head
-        keep = key_mask.double()[:, None, :, None] if key_mask.dim() == 2 else key_mask.double()[..., None]
-    if feature_map == "elu":
-        phi_q, phi_k = _phi(q, "elu"), _phi(k, "elu") * keep
-    else:  # Shen et al.: softmax over features for queries, over the (unmasked) keys for keys
-        eq = torch.exp(q)
-        phi_q = eq / eq.sum(-1, keepdim=True)
-        ek = torch.exp(k) * keep
-        sk = ek.sum(-2, keepdim=True)
-        phi_k = ek / torch.where(sk > 0, sk, torch.ones_like(sk))
-    return _normalise_rows(phi_q @ phi_k.transpose(-1, -2), v)
-
-
-def ref_softmax(q, k, v, key_mask, causal):
-    q, k, v = q.double(), k.double(), v.double()
-    n, m = q.shape[-2], k.shape[-2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    allowed = _allowed(n, m, key_mask, causal).expand_as(scores)
-    w = torch.exp(scores - scores.amax(-1, keepdim=True)) * allowed
-    return _normalise_rows(w, v)
-
+# naive float64 references: hf_settransformer/linear_naive.py
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
@@ -555,16 +492,6 @@ def test_mha_causal_output_ignores_future(attention_type, feature_map, t):
 # key dropout: linear attention has no weight matrix to drop entries of; while training it drops keys, per head
 
 
-def ref_linear_visible(q, k, v, allowed, feature_map):
-    """out_i = sum_j w_ij v_j / sum_j w_ij over the allowed (b, h or 1, n, m) keys, w_ij = phi(q_i).phi(k_j); for
-    "exp" in log space (log w_ij = logsumexp_f (q_if + k_jf)), so that keys hundreds of nats apart stay exact."""
-    q, k, v = q.double(), k.double(), v.double()
-    if feature_map == "elu":
-        return _normalise_rows((_phi(q, "elu") @ _phi(k, "elu").transpose(-1, -2)) * allowed, v)
-    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1).masked_fill(~allowed, float("-inf"))
-    return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v
-
-
 @pytest.mark.parametrize("case", ["noncausal", "causal", "prefix", "leading_keys"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_linear_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map, case):
@@ -701,7 +628,7 @@ def test_linear_attention_dropout_acts_only_while_training(feature_map, causal):
 
 
 def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
-    from hf_settransformer.attention import exclusive_prefix_sum
+    from hf_settransformer.linear_ops import exclusive_prefix_sum
 
     x = torch.randn(2, 3, 7, 4, 5, dtype=torch.float64, requires_grad=True)
     expected = torch.cumsum(x, dim=2) - x  # the state before each chunk: everything strictly earlier

@@ -7,7 +7,7 @@ import torch
 from conftest import ATTENTIONS, FAMILIES, family_classes, make_model, tiny_config
 from transformers import AutoModel, AutoModelForCausalLM
 
-from hf_settransformer.attention import causal_linear_attention
+from hf_settransformer.linear_ops import causal_linear_attention
 
 # every base model (the decoder's is causal: its linear-exp case runs the exp kernel's compiled path), and every family's
 # causal-LM head with softmax attention (the heads' own code; linear heads add only tracing time, ~10-30 s each)

@@ -98,8 +98,10 @@ def test_save_load_round_trip(tmp_path, family, cls):
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert {"AutoConfig", "AutoModel"} <= set(auto_map)
     assert cls.__name__ in {v.split(".")[-1] for v in auto_map.values()}
-    for name in ("attention.py", "layers.py", "blocks.py", "modeling_common.py", "configuration_base.py"):
+    shipped = ("attention.py", "masks.py", "softmax_ops.py", "linear_ops.py", "layers.py", "blocks.py")
+    for name in (*shipped, "modeling_common.py", "configuration_base.py"):
         assert (tmp_path / name).exists(), name
+    assert not (tmp_path / "linear_naive.py").exists()  # the references are for tests, never imported by a model
     loaded = cls.from_pretrained(tmp_path).eval()
     assert torch.equal(main_output(loaded(**inputs)), main_output(model(**inputs)))
     auto = next(a for a, c in family_classes(config).items() if c is cls)

@@ -1,0 +1,90 @@
+"""Naive float64 references of the attention ops, written from the math (no chunks, no stabilisers beyond what float64
+needs): what `linear_ops.py` and `softmax_ops.py` are tested against, and what a fused kernel is checked against.
+
+Shape legend: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim. Every function returns
+float64 (b, h, n, e); queries that see no key give 0.
+"""
+
+import math
+
+import torch
+
+
+def phi(x, feature_map):
+    """elu(x) + 1 in its exact form (x + 1 for x > 0, exp(x) otherwise: `elu(x) + 1` cancels to 0 in low precision),
+    or exp(x)."""
+    if feature_map == "elu":
+        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
+    return torch.exp(x)
+
+
+def normalise_rows(w, v):
+    """out_i = sum_j w_ij v_j / sum_j w_ij, and 0 for rows with sum_j w_ij == 0."""
+    den = w.sum(-1, keepdim=True)
+    out = (w @ v) / torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, out, torch.zeros_like(out))
+
+
+def visible(n, m, key_mask=None, causal=False):
+    """(b or 1, 1, n, m) bool: key j visible to query i. Causal queries are the last n of the m positions."""
+    allowed = torch.ones(1, 1, n, m, dtype=torch.bool)
+    if causal:
+        i = torch.arange(n)[:, None] + (m - n)
+        j = torch.arange(m)[None, :]
+        allowed = allowed & (j <= i)
+    if key_mask is not None:
+        allowed = allowed & key_mask.bool()[:, None, None, :]
+    return allowed
+
+
+def naive_causal_linear_attention(q, k, v, key_mask=None, feature_map="elu"):
+    """Causal linear attention, w_ij = phi(q_i) . phi(k_j) for j <= i."""
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[-2]
+    w = phi(q, feature_map) @ phi(k, feature_map).transpose(-1, -2)  # (b, h, n, n)
+    return normalise_rows(w * visible(n, n, key_mask, causal=True), v)
+
+
+def naive_causal_exp_logspace(q, k, v, key_mask=None):
+    """Causal exp linear attention for inputs too large for `exp` even in float64: log w_ij = logsumexp_f (q_if + k_jf),
+    then a softmax over the visible j."""
+    n = q.shape[-2]
+    return naive_linear_visible(q, k, v, visible(n, n, key_mask, causal=True), "exp")
+
+
+def naive_linear_visible(q, k, v, allowed, feature_map):
+    """out_i = sum_j w_ij v_j / sum_j w_ij over the `allowed` (b, h or 1, n, m) keys, w_ij = phi(q_i) . phi(k_j); for
+    "exp" in log space, so that keys hundreds of nats apart stay exact."""
+    q, k, v = q.double(), k.double(), v.double()
+    if feature_map == "elu":
+        return normalise_rows((phi(q, "elu") @ phi(k, "elu").transpose(-1, -2)) * allowed, v)
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v
+
+
+def naive_linear_attention(q, k, v, key_mask=None, feature_map="elu"):
+    """Non-causal linear attention; "exp" is Shen et al.'s efficient attention (softmax over the features for queries,
+    over the unmasked keys for keys). `key_mask` (b, m), or (b, h, m) per head."""
+    q, k, v = q.double(), k.double(), v.double()
+    keep = torch.ones(k.shape[0], 1, k.shape[-2], 1, dtype=torch.float64)
+    if key_mask is not None:
+        keep = key_mask.double()[:, None, :, None] if key_mask.dim() == 2 else key_mask.double()[..., None]
+    if feature_map == "elu":
+        phi_q, phi_k = phi(q, "elu"), phi(k, "elu") * keep
+    else:
+        eq = torch.exp(q)
+        phi_q = eq / eq.sum(-1, keepdim=True)
+        ek = torch.exp(k) * keep
+        sk = ek.sum(-2, keepdim=True)
+        phi_k = ek / torch.where(sk > 0, sk, torch.ones_like(sk))
+    return normalise_rows(phi_q @ phi_k.transpose(-1, -2), v)
+
+
+def naive_softmax_attention(q, k, v, key_mask=None, causal=False):
+    """softmax(q k^T / sqrt(d)) v over the visible keys."""
+    q, k, v = q.double(), k.double(), v.double()
+    n, m = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    allowed = visible(n, m, key_mask, causal).expand_as(scores)
+    w = torch.exp(scores - scores.amax(-1, keepdim=True)) * allowed
+    return normalise_rows(w, v)

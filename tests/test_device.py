@@ -1,0 +1,235 @@
+"""Correct on any device, and no host syncs in a training step, checked on the CPU.
+
+Meta device: the model and its inputs are built on the CPU and called under `with torch.device("meta")`. A tensor that a
+forward makes without taking the inputs' device then lands on "meta" and the call fails, as it fails on CUDA ("Expected
+all tensors to be on the same device"). This caught the encoder's and the Set Transformer's next-token heads building
+their prefix mask on the CPU.
+
+Host syncs: a dispatch mode records every op that reads a tensor's values back to the host (`.item()`, `bool(t)`,
+`nonzero`, boolean indexing) and `Tensor.tolist`, with the package function it came from. A training forward and
+backward reads once per batch: the input check (`check_input_values`: ids in the vocabulary, a 0/1 mask, whether it is
+all ones), in one read. The exp kernel's rare exact-path check is the one other read, in eager mode only (compiled, it
+is a select); `torch.compile` reads nothing (the fullgraph test below).
+"""
+
+import collections
+import contextlib
+import traceback
+
+import pytest
+import torch
+from conftest import ATTENTION_IDS, ATTENTIONS, MODEL_CLASSES, VOCAB, make_model, tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hf_settransformer as hfst
+
+ALL = [(f, c, a, m) for f, c in MODEL_CLASSES for a, m in ATTENTIONS]
+ALL_IDS = [f"{c.__name__}-{i}" for f, c in MODEL_CLASSES for i in ATTENTION_IDS]
+LM_HEADS = [(f, c, a, m) for f, c, a, m in ALL if not c.__name__.endswith(("Model", "Classification"))]
+LM_IDS = [f"{c.__name__}-{'softmax' if a == 'softmax' else 'linear-' + m}" for f, c, a, m in LM_HEADS]
+
+
+def batch(cls, padded, b=2, n=8):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (b, n), generator=g)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(b, n, dtype=torch.long)}
+    if padded:
+        inputs["attention_mask"][1, 6:] = 0
+    if cls.__name__.endswith("Classification"):
+        inputs["labels"] = torch.tensor([0, 1])
+    elif not cls.__name__.endswith("Model"):
+        labels = ids.clone()
+        if padded:
+            labels[1, 6:] = -100
+        inputs["labels"] = labels
+    return inputs
+
+
+def scalar(output):
+    if output.get("loss") is not None:
+        return output.loss
+    return (output.logits if "logits" in output else output.last_hidden_state).float().sum()
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("family,cls,attention_type,feature_map", ALL, ids=ALL_IDS)
+def test_forward_and_backward_make_no_tensor_off_the_inputs_device(family, cls, attention_type, feature_map, padded):
+    """Every family x head x attention type, training mode (dropout and key dropout on), with and without padding."""
+    config = tiny_config(
+        family, attention_type, feature_map, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1
+    )
+    model = make_model(cls, config).train()
+    inputs = batch(cls, padded)
+    with torch.device("meta"):
+        loss = scalar(model(**inputs))
+        loss.backward()
+    assert loss.device.type == "cpu" and torch.isfinite(loss)
+    assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())
+
+
+@pytest.mark.parametrize("family,cls,attention_type,feature_map", LM_HEADS, ids=LM_IDS)
+def test_generate_and_evaluation_make_no_tensor_off_the_inputs_device(family, cls, attention_type, feature_map):
+    """Cached generation (the decoder's cache; the window heads' sliding window) and an evaluation forward with labels
+    (the many-target heads' logits path, the masked-LM head's scored path)."""
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(cls, config)
+    inputs = batch(cls, padded=True)
+    with torch.device("meta"), torch.no_grad():
+        evaluation = model(**inputs)
+        if hasattr(model, "generate"):
+            out = model.generate(
+                input_ids=inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=0,
+            )
+    assert evaluation.loss.device.type == "cpu" and torch.isfinite(evaluation.loss)
+    if hasattr(model, "generate"):
+        assert out.device.type == "cpu" and out.shape == (2, 11)
+
+
+def test_the_meta_device_technique_catches_a_tensor_made_on_the_default_device():
+    """The technique itself: a mask made without the inputs' device is refused under the meta device, as on CUDA; the
+    attention mask built for the same call takes the queries' device."""
+    from hf_settransformer.masks import AttentionMask, causal_pattern
+
+    scores = torch.zeros(1, 1, 3, 3)
+    with torch.device("meta"), pytest.raises(RuntimeError, match="device"):
+        scores.masked_fill(~causal_pattern(3, 3, prefix_length=1), 0.0)
+    with torch.device("meta"):
+        mask = AttentionMask.build(None, causal=True, num_queries=3, num_keys=3, prefix_length=1)
+        dense, _ = mask.dense_form(scores.device)
+        scores.masked_fill(~dense, 0.0)
+    assert dense.device.type == "cpu" and dense[0, 0].tolist() == [[True, False, False], [True, True, False]] + [[True] * 3]
+
+
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::nonzero_static"}
+
+
+def _package_site():
+    """The innermost hf_settransformer function on the stack, as "file:function"."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "hf_settransformer" in frame.filename.replace("\\", "/").split("/site-packages/")[-1]:
+            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
+    return "outside the package"
+
+
+class HostReads(TorchDispatchMode):
+    """Counts, per package function, the ops that read device values back to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        bool_index = name in ("aten::index", "aten::index_put", "aten::index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for a in args
+            if isinstance(a, (list, tuple))
+            for i in a
+        )
+        if name in SYNC_OPS or bool_index:
+            self.sites[_package_site()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def host_reads(monkeypatch):
+    reads = HostReads()
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self):
+        reads.sites[_package_site()] += 1
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    with reads:
+        yield reads.sites
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+
+
+@pytest.mark.parametrize("with_mask", [False, True], ids=["no-mask", "all-ones-mask"])
+@pytest.mark.parametrize("family,cls,attention_type,feature_map", ALL, ids=ALL_IDS)
+def test_training_step_reads_nothing_back_but_the_one_input_check(
+    family, cls, attention_type, feature_map, with_mask, monkeypatch
+):
+    config = tiny_config(family, attention_type, feature_map, attention_probs_dropout_prob=0.1)
+    model = make_model(cls, config).train()
+    inputs = batch(cls, padded=False)
+    if not with_mask:
+        inputs.pop("attention_mask")
+    with host_reads(monkeypatch) as sites:
+        scalar(model(**inputs)).backward()
+    exact_path_checks = sites.pop("linear_ops.py:_causal_exp_linear_attention", 0)
+    assert dict(sites) == {"modeling_common.py:check_input_values": 1}  # ids (and mask) checked in one read
+    if feature_map == "elu" or attention_type == "softmax":
+        assert exact_path_checks == 0
+
+
+def test_the_host_read_counter_sees_item_bool_tolist_and_boolean_indexing(monkeypatch):
+    x = torch.arange(4.0)
+    with host_reads(monkeypatch) as sites:
+        x.sum().item()
+        bool(x.any())
+        x.tolist()
+        x[x > 1].sum()
+    assert sites["outside the package"] == 4
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, float("nan"), 2.0])
+def test_a_mask_that_is_not_zero_or_one_is_refused_by_name(value):
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))
+    mask = torch.ones(2, 8)
+    mask[0, 3] = value
+    with pytest.raises(ValueError, match="attention_mask.*only 0 .padding. and 1"):
+        model(input_ids=torch.randint(1, VOCAB, (2, 8)), attention_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.long, torch.float32])
+def test_binary_masks_of_any_dtype_give_the_same_output(dtype):
+    model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    ids = torch.randint(1, VOCAB, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model(input_ids=ids, attention_mask=mask.to(dtype)).last_hidden_state
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("family,cls,attention_type,feature_map", LM_HEADS, ids=LM_IDS)
+def test_compiled_training_forward_and_loss_equal_eager(family, cls, attention_type, feature_map):
+    """One graph (fullgraph) for the training forward and loss of every LM head, with padding, equal to eager."""
+    config = tiny_config(family, attention_type, feature_map)
+    model = make_model(cls, config).train()  # no dropout in tiny configs: train mode is deterministic
+    inputs = batch(cls, padded=True)
+    expected = model(**inputs).loss
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(**inputs).loss, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_softmax_steps_do_not_use_the_cudnn_attention_backend(monkeypatch):
+    """cuDNN attention builds an execution graph per key length: a cached step (a new length every call) must not
+    reach it; a training forward (one length) may."""
+    from hf_settransformer import softmax_ops
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(softmax_ops.F, "scaled_dot_product_attention", recording)
+    model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder"))
+    ids = torch.randint(1, VOCAB, (1, 5))
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+        assert seen == [True, True] and torch.backends.cuda.cudnn_sdp_enabled()
+        seen.clear()
+        model.generate(input_ids=ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert len(seen) == 2 * 3 and not any(seen)  # 2 layers x (prefill + 2 steps)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored
