@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from .attention import attention_kernel
+from .attention import MultiHeadAttention, attention_kernel
 
 _CAUSAL_LM_TYPES = ("hfst_decoder",)
 
@@ -391,14 +391,37 @@ def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=0.1
     return f"every position, up to {length} preceding tokens"
 
 
+def lm_flops_per_token(model, sequence_length):
+    """Model FLOPs of training on one input token (forward and backward), counted as PaLM does (Chowdhery et al. 2022,
+    appendix B): 6 N + 12 L d K. N: the parameters without the input embedding (a lookup), the output layer counted
+    (tied or not: its matmul runs); L: the attention modules; d: the width; K: the keys a query reads, the
+    `sequence_length` for softmax attention (causal counted as full, as PaLM does), the head dimension for linear
+    attention (a d_head x d_head state per head, read and updated once per token: 4 d d_head forward; a chunked
+    kernel computes more). Exact for the decoder with a dense output layer; an upper bound elsewhere: an adaptive
+    softmax runs its tail clusters for rare tokens only, and the next-token heads run their pooling, output layer,
+    inducing points and latents on fewer rows than input tokens. -> (FLOPs per token, the count in words)."""
+    config = model.config
+    default_head_dim = config.hidden_size // config.num_attention_heads
+    embedding = {id(p) for p in model.get_input_embeddings().parameters()}
+    output = {id(p) for p in getattr(model, "lm_head", torch.nn.Identity()).parameters()}
+    n = sum(p.numel() for p in model.parameters() if id(p) not in embedding or id(p) in output)
+    linear = config.attention_type == "linear"
+    keys = [getattr(m, "head_dim", default_head_dim) if linear else sequence_length
+            for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    attention = sum(12 * config.hidden_size * k for k in keys)
+    words = (f"6N + 12LdK: N={n:,} parameters without the input embedding, L={len(keys)} attention modules, "
+             f"d={config.hidden_size}, K={'the head dimension (linear attention)' if linear else sequence_length}")
+    return 6 * n + attention, words
+
+
 def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=0.15):
     """The `${name}` fields of the language-model card templates (`model_cards/lm_model_card.md`, and
     `mlm_model_card.md` for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
     all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
     wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
-    device; where present resumed_from_step, selected_step and selected_by). `family` defaults to the one `model_type`
-    names. `repo_id` and `command` are the caller's to add; then `hf_settransformer.write_model_card(output_dir,
-    template, **fields)`."""
+    device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
+    `model_flops_utilization`). `family` defaults to the one `model_type` names. `repo_id` and `command` are the
+    caller's to add; then `hf_settransformer.write_model_card(output_dir, template, **fields)`."""
     config, masked = model.config, is_masked_lm(model)
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)
@@ -420,6 +443,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         test_acc=f"{results['test_accuracy']:.4f}",
         train_tokens=f"{results['train_tokens']:,}",
         training_speed=_card_training_speed(results),
+        model_flops=_card_model_flops(results),
         weights=_card_weights(results),
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
             f" (the last process: resumed at step {results['resumed_from_step']:,})"
@@ -438,6 +462,8 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         ),
         protocol=results["eval_protocol"],
         cpu_model=results["cpu_model"],
+        hardware=(f"{results['gpu_name']}, CPU {results['cpu_model']}" if results.get("gpu_name")
+                  else results["cpu_model"]),
         threads=results["threads_per_process"],
         precision=results["precision"],
         cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
@@ -451,10 +477,25 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
 
 def _card_training_speed(results):
     """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
-    (the same whether or not other work shared the cores); else this process's tokens per wall second."""
-    if results.get("train_cpu_minutes"):
+    (the same whether or not other work shared the cores); else, and on a GPU, this process's tokens per wall
+    second."""
+    if results.get("train_cpu_minutes") and not results.get("gpu_name"):
         return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
     return f"{results['train_tokens_per_second'] or float('nan'):,.0f} tokens per wall second"
+
+
+def _card_model_flops(results):
+    """The model FLOPs of training and their utilisation of the device's peak (`model_flops_utilization`)."""
+    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_second")
+    if per_token is None:
+        return "not recorded (a run made before train_lm.py counted them, or one that did not train)"
+    text = f"{per_token / 1e6:,.1f} MFLOP per training token ({results['model_flops_formula']})"
+    if achieved is None:
+        return f"{text}; no training step timed in this process"
+    text += f"; {achieved / 1e12:,.3g} TFLOP/s"
+    if results.get("mfu") is None:
+        return f"{text}; MFU not measured: {results['mfu_note']}"
+    return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"
 
 
 def _card_weights(results):

@@ -1,6 +1,7 @@
 """Training utilities for your own Trainer scripts: checkpoints that are marked complete, safe resumption, the
 training time and validation curve of a run across resumes, a training-time budget (and the `max_steps` that fits
-it), the measurements of a run, the machine it ran on, a model card filled from them, and an upload without pickles.
+it), the measurements of a run, the machine it ran on and its model FLOPs utilisation (a table of GPU peaks), the
+Trainer settings a GPU run expects, a model card filled from them, and an upload without pickles.
 
 Typical use (see the README's "Use the pieces in your own script"):
 
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import time
@@ -597,14 +599,84 @@ def fast_bf16_available(use_cpu=False):
 
 def run_environment(trainer):
     """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
-    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile"}."""
-    mixed = trainer.accelerator.mixed_precision
+    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training
+    device's `torch.cuda.get_device_name`, None off CUDA)}."""
+    mixed, device = trainer.accelerator.mixed_precision, trainer.args.device
     return {
         "cpu_model": cpu_model_name(),
         "threads_per_process": torch.get_num_threads(),
         "precision": "fp32" if mixed in (None, "no") else mixed,
         "torch_compile": bool(trainer.args.torch_compile),
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
+
+
+# What a GPU user expects of the Trainer, where the command does not say (`gpu_training_defaults`). The dataloader
+# settings go together: an explicit --dataloader_num_workers leaves --dataloader_persistent_workers to the user (it
+# needs workers). `dataloader_pin_memory` is already transformers' default (True).
+GPU_TRAINING_DEFAULTS = {
+    "optim": "adamw_torch_fused",  # one kernel per parameter group (transformers 5.23's default already)
+    "dataloader_num_workers": 4,  # batches are made while the GPU runs the step
+    "dataloader_persistent_workers": True,  # not started again for every epoch and periodic evaluation
+    "torch_compile": True,  # the models' training forward has no host sync (fullgraph=True compiles)
+    "per_device_eval_batch_size": 64,  # 64 windows of 512 tokens: the evaluations fill the device, not 32 of 128
+}
+
+
+def gpu_training_defaults(is_cuda, explicit=frozenset()):
+    """The `TrainingArguments` fields a run on CUDA takes from `GPU_TRAINING_DEFAULTS`: {} off CUDA, and none of the
+    fields in `explicit` (the ones the command sets). A pure function of its arguments, so the choice is testable on
+    a machine without a GPU."""
+    if not is_cuda:
+        return {}
+    defaults = {name: value for name, value in GPU_TRAINING_DEFAULTS.items() if name not in explicit}
+    if "dataloader_num_workers" in explicit:
+        defaults.pop("dataloader_persistent_workers", None)
+    return defaults
+
+
+# Dense (no sparsity) peak TFLOP/s of one GPU: (pattern of `torch.cuda.get_device_name()`, bf16/fp16 tensor cores,
+# fp32 without tensor cores). Source: NVIDIA datasheets (H100/H200: SXM; A100: SXM and PCIe alike; Ada whitepaper for
+# the RTX 4090: bf16 with fp32 accumulate). The first pattern that matches wins; NVL variants are not listed (their
+# peaks differ) and so give no MFU rather than a wrong one.
+GPU_PEAK_TFLOPS = [
+    (r"\bH100\b.*PCIe", 756.0, 51.0),
+    (r"\bH100\b(?!.*NVL)", 989.4, 67.0),
+    (r"\bH200\b(?!.*NVL)", 989.4, 67.0),
+    (r"\bA100\b", 312.0, 19.5),
+    (r"\bL40S\b", 362.05, 91.6),
+    (r"\bL4\b", 121.0, 30.3),
+    (r"\bRTX 4090\b", 165.2, 82.6),
+]
+
+
+def peak_flops(device_name, precision="bf16"):
+    """-> (dense peak FLOP/s of one device at `precision` ("bf16", "fp16", "fp32") or None, a note: the entry used, or
+    why there is none). `device_name`: `torch.cuda.get_device_name()`, None for a CPU."""
+    if device_name is None:
+        return None, "no peak table for CPUs"
+    if precision not in ("bf16", "fp16", "fp32"):
+        return None, f"no {precision} peaks in the table (GPU_PEAK_TFLOPS: bf16/fp16 and fp32)"
+    for pattern, half, single in GPU_PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            tflops = single if precision == "fp32" else half
+            kind = "fp32 (no tensor cores)" if precision == "fp32" else f"{precision} dense tensor-core"
+            return tflops * 1e12, f"{device_name}: {tflops:g} TFLOPS {kind} peak (NVIDIA datasheet)"
+    return None, f"no peak for {device_name!r} in the table (hf_settransformer.training.GPU_PEAK_TFLOPS)"
+
+
+def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):
+    """Model FLOPs utilisation (MFU, PaLM appendix B): achieved model FLOP/s over the peak of the `devices` used.
+    `tokens_per_second`: training tokens of all processes per second; `flops_per_token`: model FLOPs of training on
+    one token (forward and backward). -> {"train_model_flops_per_second", "mfu" (a fraction, None without a peak),
+    "mfu_peak_flops_per_device", "mfu_note" (the peak used, or why there is no MFU)}."""
+    achieved = None if tokens_per_second is None or flops_per_token is None else tokens_per_second * flops_per_token
+    peak, note = peak_flops(device_name, precision)
+    if achieved is None:
+        note = "no training steps timed in this process" if tokens_per_second is None else "no model FLOPs count"
+    mfu = None if achieved is None or peak is None else achieved / (peak * devices)
+    return {"train_model_flops_per_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
+            "mfu_note": note + (f", x {devices} devices" if mfu is not None and devices > 1 else "")}
 
 
 def replica_checksums(trainer):

@@ -5,7 +5,14 @@ causal LM over blocks of `--block_size` tokens; the other families use their `*F
 (`--next_token_mode many`) one pass over a window of `context_length` tokens predicts its last `target_length` tokens
 (a bidirectional prefix, then causal targets; Perceiver IO as Perceiver AR), `--next_token_mode window` is the design
 document's literal one-prediction-per-window model. The defaults are the tuned ones (README, "Tuning"): the command
-below, as written, reproduces the README's numbers.
+below, as written, reproduces the README's numbers on a CPU.
+
+Sizes: `--preset auto` (default) is `small` (tuned for a 2-core CPU) when training on a CPU and `gpu` (width 512,
+8 layers, context 512, dense embedding and full softmax, dropout 0.3) on CUDA; `tiny`, `small`, `base`, `gpu` and
+`gpu-small` by name. The GPU presets also carry batch size, learning rate, warm-up and weight decay, used where the
+command does not give the flag. They hold INITIAL VALUES, UNTUNED: no GPU was available to tune them (issue 34, item 4).
+On CUDA the script also uses, where the command does not say otherwise, fused AdamW, 4 persistent dataloader workers
+(pinned memory, transformers' default), `torch_compile` and evaluation batches of 64 (`gpu_training_defaults`).
 
 Run from the repository root. On this project's machines (no Hub access) WikiText-2 comes from local files:
 
@@ -20,10 +27,10 @@ Run from the repository root. On this project's machines (no Hub access) WikiTex
     python scripts/train_lm.py --family encoder --do_train --do_eval --do_predict --output_dir outputs/encoder \\
         --dataset_name wikitext --dataset_config_name wikitext-2-v1
 
-    # data parallel: one process per GPU (--bf16 on GPUs that have it), or several CPU processes (gloo). With
+    # data parallel: one process per GPU (bf16 where the GPU has it), or several CPU processes (gloo). With
     # accelerate 1.15, `--cpu` starts a single process whatever --num_processes says; torchrun-style processes
     # come from --multi_gpu, and the script moves them to the CPU when there is no GPU (or with --use_cpu true):
-    accelerate launch --multi_gpu --num_processes 4 scripts/train_lm.py --preset base --bf16 ... --output_dir out
+    accelerate launch --multi_gpu --num_processes 4 scripts/train_lm.py ... --output_dir out
     accelerate launch --multi_gpu --num_processes 2 scripts/train_lm.py --preset tiny --use_cpu true ... --output_dir out
 
     # continue after a crash: the newest complete checkpoint in --output_dir
@@ -32,6 +39,11 @@ Run from the repository root. On this project's machines (no Hub access) WikiTex
     # publish: weights (safetensors), config with auto_map, modeling code, tokenizer, model card
     python scripts/train_lm.py ... --push_to_hub --hub_model_id you/wikitext2-decoder-linear
 
+With N processes the per-device batch stays (--per_device_train_batch_size), so the global batch is N times it, and
+the learning rate stays for N <= 4 and is multiplied by sqrt(N / 4) beyond (Adam's square-root rule; untuned, no
+multi-GPU run has been made), unless --learning_rate is given. WikiText-2 is small: at the gpu preset and 4 GPUs an
+epoch is 32 steps of 64k tokens, so more GPUs mostly buy overfitting sooner.
+
 Every `TrainingArguments` flag works (defaults below where they differ from transformers'); `--do_train` trains,
 `--do_eval` and `--do_predict` evaluate validation and test perplexity with the protocol of
 `hf_settransformer.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
@@ -39,11 +51,14 @@ autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GP
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
 minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
 and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
-a summary and writes `all_results.json` (with the CPU model, threads and precision), the model, the tokenizer and a
-model card (README.md) to `--output_dir`. What it calls is package API (README, "Use the pieces in your own script").
+a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, the training tokens and
+model FLOPs per second and the model FLOPs utilisation against the GPU's dense peak: `mfu`, null on a CPU or an
+unknown GPU with the reason in `mfu_note`), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+What it calls is package API (README, "Use the pieces in your own script").
 """
 
 import json
+import math
 import os
 import re
 import sys
@@ -74,11 +89,14 @@ from hf_settransformer import (  # importing the package registers the models wi
     evaluation_protocol,
     example_length,
     fast_bf16_available,
+    gpu_training_defaults,
     is_masked_lm,
+    lm_flops_per_token,
     lm_model_card_fields,
     lm_training_dataset,
     lock_output_dir,
     max_steps_for_budget,
+    model_flops_utilization,
     push_folder_to_hub,
     replica_checksums,
     resolve_resume,
@@ -93,8 +111,11 @@ from hf_settransformer import (  # importing the package registers the models wi
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
-# Named sizes. `small` is the size tuned for a 2-core CPU (README, "Tuning"); `base` is for a GPU. `context` is the
-# decoder's block and the heads' window; the heads predict the last `targets` tokens of each window.
+# Named sizes. `small` is the size tuned for a 2-core CPU (README, "Tuning"); `base` was the first guess for a GPU (on
+# an H100 in 3 minutes it overfit from epoch 3.4 and ended at test 229.8 against small's 131). `context` is the
+# decoder's block and the heads' window; the heads predict the last `targets` tokens of each window. Other keys are
+# config fields (`--config_overrides` wins over them), and `training` holds `TrainingArguments` defaults that apply
+# where the command does not set the flag.
 # Adaptive softmax and adaptive input (README, "Output layer"); WikiText-2: the 2,000 most frequent words cover ~80% of
 # the tokens. `--config_overrides adaptive_input_cutoffs=null` gives back the dense embedding.
 ADAPTIVE_CUTOFFS = [2000, 10000]
@@ -128,7 +149,32 @@ PRESETS = {
         adaptive_softmax_cutoffs=ADAPTIVE_CUTOFFS,
         adaptive_input_cutoffs=ADAPTIVE_CUTOFFS,
     ),
+    # The GPU presets: INITIAL VALUES, UNTUNED. No GPU was available to tune them (issue 34, item 4: the 10-GPU-minute
+    # sweep is still to run). Dense embedding and full softmax: the adaptive layers save CPU time on the 33k-word
+    # output layer, and their data-dependent cluster selection syncs with the host. WikiText-2 has 2M training tokens,
+    # so a GPU run is bound by overfitting: more dropout and weight decay than on the CPU.
+    "gpu": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        intermediate_size=2048,
+        context=512,
+        targets=256,
+        hidden_dropout_prob=0.3,
+        training=dict(per_device_train_batch_size=32, learning_rate=1e-3, warmup_steps=0.05, weight_decay=0.1),
+    ),
+    "gpu-small": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        context=512,
+        targets=256,
+        hidden_dropout_prob=0.2,
+        training=dict(per_device_train_batch_size=32, learning_rate=1.5e-3, warmup_steps=0.05, weight_decay=0.1),
+    ),
 }
+UNTUNED_PRESETS = ("gpu", "gpu-small")  # said at the start of a run and in --help
 FAMILY_PRESETS = {  # what a family needs besides the shared sizes
     "set_transformer": {"num_inducing_points": 16, "num_seeds": 1, "num_decoder_layers": 1},
     "perceiver_io": {"num_blocks": 1, "num_cross_attention_heads": 1, "output_query_type": "inputs"},
@@ -145,7 +191,16 @@ class ModelArguments:
     feature_map: str = field(
         default="elu", metadata={"help": "linear attention feature map", "choices": ["elu", "exp"]}
     )
-    preset: str = field(default="small", metadata={"help": "Named model size.", "choices": list(PRESETS)})
+    preset: str = field(
+        default="auto",
+        metadata={
+            "help": "Named model size (a GPU preset also sets batch size, learning rate, warm-up and weight decay "
+            "where those flags are not given, and dropout unless --config_overrides does). auto: small on a CPU "
+            "(tuned), gpu on CUDA. The gpu and gpu-small presets hold initial values, untuned (no GPU was available "
+            "to tune them).",
+            "choices": ["auto", *PRESETS],
+        },
+    )
     next_token_mode: str = field(
         default="many",
         metadata={"help": "Heads: 'many' targets per window, or the literal one-target 'window'.",
@@ -231,12 +286,23 @@ class LMTrainingArguments(TrainingArguments):
     """`TrainingArguments` with the tuned defaults of this script (README, "Tuning"); every flag still works. The
     types are transformers' own, so the flags parse as they do everywhere."""
 
-    learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate."})
+    learning_rate: float = field(
+        default=2e-3,
+        metadata={"help": "Peak AdamW learning rate (the gpu presets' own where not given; with more than 4 processes "
+                  "times sqrt(processes / 4), untuned)."},
+    )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     warmup_steps: float = field(default=0.02, metadata={"help": "Warm-up: steps, or a fraction of max_steps if < 1."})
     lr_scheduler_type: SchedulerType | str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Sequences per step and process."})
-    per_device_eval_batch_size: int = field(default=32, metadata={"help": "Sequences per evaluation batch."})
+    per_device_train_batch_size: int = field(
+        default=16,
+        metadata={"help": "Sequences per step and process: the global batch is this times the processes (the gpu "
+                  "presets' own where not given)."},
+    )
+    per_device_eval_batch_size: int = field(
+        default=32,
+        metadata={"help": "Sequences per evaluation batch, periodic and final (64 on CUDA where not given)."},
+    )
     eval_strategy: IntervalStrategy | str = field(default="steps", metadata={"help": "Periodic validation loss."})
     eval_steps: float | None = field(default=250, metadata={"help": "Steps between periodic validations."})
     logging_steps: float = field(default=50, metadata={"help": "Steps between logged training losses."})
@@ -355,6 +421,7 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     """The config of a new --family model: the preset's sizes, the data's lengths, then --config_overrides."""
     preset = dict(PRESETS[model_args.preset])
     preset.pop("context")  # data_args.block_size / context_length already hold it
+    preset.pop("training", None)  # TrainingArguments defaults, applied by parse_arguments
     targets = preset.pop("targets")
     adaptive = {name: preset.pop(name) for name in ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs")
                 if name in preset}
@@ -473,6 +540,20 @@ def wants_bf16(model_args, training_args):
     return model_args.precision == "auto" and fast_bf16_available(training_args.use_cpu)
 
 
+def model_flops(trainer, model, tokens_per_second, precision, length):
+    """all_results.json's model FLOPs: per training token (`lm_flops_per_token`, examples of `length` tokens), per
+    second and the MFU against the GPU's dense peak at the training `precision` (`model_flops_utilization`; None on a
+    CPU or a GPU the table does not know, with the reason in `mfu_note`). Training time includes the periodic
+    evaluations, checkpoint saves and, with torch_compile, compilation: the MFU of the steps alone is higher."""
+    flops, formula = lm_flops_per_token(model, length)
+    device = trainer.args.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    if precision == "fp32" and name and torch.get_float32_matmul_precision() != "highest":
+        precision = "tf32"  # fp32 matmuls on tensor cores (--tf32): the fp32 peak would not be theirs
+    return {"model_flops_per_token": flops, "model_flops_formula": formula,
+            **model_flops_utilization(tokens_per_second, flops, name, precision, trainer.args.world_size)}
+
+
 def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     """Validation (--do_eval) and test (--do_predict) with the protocol, on every process (windows are split)."""
     args, results = trainer.args, {}
@@ -509,7 +590,8 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
     if card:
         write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
                             command)
-    summary = {k: results[k] for k in results if k.endswith(("perplexity", "accuracy", "per_second", "seconds"))}
+    summary = {k: results[k] for k in results
+               if k.endswith(("perplexity", "accuracy", "per_second", "seconds")) or k in ("mfu", "mfu_note")}
     print("[train_lm] " + json.dumps({**summary, "parameters": results["parameters"]}, indent=1))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
     print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}"
@@ -573,23 +655,87 @@ def refresh_model_card(run_dir, repo_id=None):
 
 
 def parse_arguments(argv):
+    """-> (model_args, data_args, training_args, command) of `argv` (default: sys.argv, or one JSON file of flags), with
+    --preset auto resolved. The command's flags win; where it is silent, `training_defaults` (the preset's training
+    hyper-parameters, a GPU's Trainer settings, the learning rate for the process count) and `wants_bf16` fill in,
+    through the parser: TrainingArguments derives fields in __post_init__ (mixed precision among them), so setting them
+    afterwards would not do."""
     parser = HfArgumentParser((ModelArguments, DataArguments, LMTrainingArguments))
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
     if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        return (*parser.parse_json_file(json_file=os.path.abspath(sys.argv[1])), " ".join(sys.argv[1:]))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = "python scripts/train_lm.py " + " ".join(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        command = f"accelerate launch --multi_gpu --num_processes {os.environ['WORLD_SIZE']} " + command[7:]
-        if not torch.cuda.is_available() and "--use_cpu" not in argv:
-            argv += ["--use_cpu", "true"]  # several processes and no GPU: data parallel on CPUs (gloo)
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+        values = json.loads(Path(sys.argv[1]).read_text())
+        command, explicit = " ".join(sys.argv[1:]), set(values)
+
+        def parse(extra):
+            return parser.parse_dict({**values, **extra})
+    else:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        command = "python scripts/train_lm.py " + " ".join(argv)
+        if processes > 1:
+            command = f"accelerate launch --multi_gpu --num_processes {processes} " + command[7:]
+        explicit = explicit_flags(parser, argv)
+
+        def parse(extra):
+            flags = [(f"--{name}", str(value).lower() if isinstance(value, bool) else str(value))
+                     for name, value in extra.items()]
+            return parser.parse_args_into_dataclasses(args=argv + [text for flag in flags for text in flag])
+    extra = {}
+    if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
+        extra["use_cpu"] = True  # several processes and no GPU: data parallel on CPUs (gloo)
+    model_args, data_args, training_args = parse(extra)
+    is_cuda = torch.cuda.is_available() and not training_args.use_cpu
+    preset = resolve_preset(model_args.preset, is_cuda)
+    extra.update(training_defaults(preset, is_cuda, explicit, processes, training_args.learning_rate))
     if wants_bf16(model_args, training_args):
-        # through the parser: TrainingArguments sets up mixed precision in __post_init__ (setting .bf16 later does not)
-        extra = ["--bf16", "true"]
+        extra["bf16"] = True
         if not torch.cuda.is_available() and not training_args.use_cpu:
-            extra += ["--use_cpu", "true"]  # transformers accepts CPU bf16 (autocast) only with use_cpu
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv + extra)
+            extra["use_cpu"] = True  # transformers accepts CPU bf16 (autocast) only with use_cpu
+    if extra:
+        model_args, data_args, training_args = parse(extra)
+    model_args.preset = preset
     return model_args, data_args, training_args, command
+
+
+def explicit_flags(parser, argv):
+    """The fields `argv` sets: {dest} of every `--name`, `--name=value`, `--name-with-dashes`, `--no_name` and unique
+    prefix (argparse's abbreviations), so that no preset or device default overrides a flag the command gave."""
+    options = parser._option_string_actions  # option string -> argparse action
+    given = set()
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        dests = {options[flag].dest} if flag in options else {a.dest for o, a in options.items() if o.startswith(flag)}
+        if len(dests) == 1:
+            given |= dests
+    return given
+
+
+def resolve_preset(name, is_cuda):
+    """--preset auto -> `gpu` when training on CUDA, else `small` (the tuned CPU preset); a named preset stays."""
+    if name != "auto":
+        return name
+    return "gpu" if is_cuda else "small"
+
+
+def scaled_learning_rate(learning_rate, processes):
+    """The learning rate for `processes` data-parallel processes, each with its own --per_device_train_batch_size (the
+    global batch is `processes` times it): kept up to 4 processes, times sqrt(processes / 4) beyond (the square-root
+    rule for Adam, Malladi et al. 2022; from 4, so that it is continuous). Untuned: no multi-GPU run has been made.
+    Up to 4, the global batch (4 x 32 x 512 tokens at the gpu preset) is still small next to WikiText-2's 2M tokens."""
+    return learning_rate if processes <= 4 else learning_rate * math.sqrt(processes / 4)
+
+
+def training_defaults(preset, is_cuda, explicit=frozenset(), processes=1, learning_rate=None):
+    """{TrainingArguments field: value} that a run takes where its command does not set the flag (`explicit`): the
+    `training` hyper-parameters of its `preset` (a name of PRESETS), `gpu_training_defaults` when training on CUDA,
+    and for more than 4 `processes` the learning rate (the preset's, else `learning_rate`, the parsed one) scaled by
+    `scaled_learning_rate`."""
+    defaults = {name: value for name, value in PRESETS[preset].get("training", {}).items() if name not in explicit}
+    defaults.update(gpu_training_defaults(is_cuda, explicit))
+    if processes > 4 and "learning_rate" not in explicit:
+        defaults["learning_rate"] = scaled_learning_rate(defaults.get("learning_rate", learning_rate), processes)
+    return defaults
 
 
 def check_arguments(model_args, data_args, training_args):
@@ -666,15 +812,23 @@ def main(argv=None):
     if budget is not None and training_args.do_train:
         trainer.args.max_steps = max_steps_for_budget(trainer, budget.minutes, timer, script="train_lm")
     parameters = sum(p.numel() for p in model.parameters())
-    say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters, {len(train_dataset):,} training examples"
-        f" of {length} tokens, max_steps={trainer.args.max_steps}, {environment['precision']}, "
-        f"{torch.get_num_threads()} threads")
+    untuned = " (initial values, untuned: no GPU sweep yet)" if model_args.preset in UNTUNED_PRESETS else ""
+    say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters (preset {model_args.preset}{untuned}), "
+        f"{len(train_dataset):,} training examples of {length} tokens, max_steps={trainer.args.max_steps}, "
+        f"{environment['precision']}, {torch.get_num_threads()} threads")
+    if environment["gpu_name"]:
+        optim = getattr(training_args.optim, "value", training_args.optim)
+        say(f"[train_lm] {environment['gpu_name']} x {training_args.world_size}: optim {optim}, "
+            f"torch_compile {training_args.torch_compile}, {training_args.dataloader_num_workers} dataloader workers, "
+            f"eval batch {training_args.per_device_eval_batch_size}")
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     if masked:
         results["mlm_probability"] = data_args.mlm_probability
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length))
+        results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],
+                                   length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))
     results.update(
         wall_time_seconds=time.time() - wall_start,

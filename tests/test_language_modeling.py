@@ -289,3 +289,38 @@ def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
     assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
     fields = hfst.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
     assert fields["weights"] == "the last step (64)"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+def test_lm_flops_per_token_is_six_n_plus_the_attention(tied, attention_type):
+    """PaLM's count for the decoder: 6 x (parameters without the input embedding, the output layer counted whether or
+    not it is tied to it) + 12 x layers x width x keys (the sequence for softmax, the head dimension for linear)."""
+    config = hfst.TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                           tie_word_embeddings=tied, attention_type=attention_type)
+    model = hfst.TransformerDecoderForCausalLM(config)
+    total = sum(p.numel() for p in model.parameters())
+    n = total if tied else total - 50 * 16  # tied: the one 50 x 16 matrix is the output layer
+    keys = 128 if attention_type == "softmax" else 8
+    flops, words = hfst.lm_flops_per_token(model, 128)
+    assert flops == 6 * n + 12 * 2 * 16 * keys
+    assert f"N={n:,} parameters" in words and "L=2 attention modules" in words and "d=16" in words
+
+
+def test_the_model_card_reports_model_flops_and_mfu():
+    """On a GPU: the FLOPs per token, the achieved TFLOP/s and the MFU against the GPU's peak, the GPU named beside the
+    CPU, and the speed in tokens per wall second (CPU-seconds do not measure a GPU run). On a CPU: no MFU, and why."""
+    flops = dict(model_flops_per_token=1e9, model_flops_formula="6N + 12LdK: the count")
+    gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_second=4e5, **flops,
+               **hfst.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
+    fields = hfst.lm_model_card_fields(head("decoder"), gpu, block_size=8)
+    assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP/s, **MFU "
+                                     "40.4%** of NVIDIA H100 80GB HBM3: 989.4 TFLOPS bf16 dense tensor-core peak "
+                                     "(NVIDIA datasheet)")
+    assert fields["hardware"] == "NVIDIA H100 80GB HBM3, CPU a CPU"
+    assert fields["training_speed"] == "400,000 tokens per wall second"
+    cpu = dict(RESULTS, **flops, **hfst.model_flops_utilization(512.0, 1e9, None, "bf16"))
+    fields = hfst.lm_model_card_fields(head("decoder"), cpu, block_size=8)
+    assert fields["model_flops"].endswith("; 0.512 TFLOP/s; MFU not measured: no peak table for CPUs")
+    assert fields["hardware"] == "a CPU"
+    assert hfst.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
+import hf_settransformer  # noqa: E402
 from hf_settransformer.training import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
@@ -155,6 +156,15 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     assert f"{results['test_perplexity']:.2f}" in card and "scripts/train_lm.py" in card
     assert (out / "tokenizer.json").exists() and (out / "model.safetensors").exists()
     assert [point["step"] for point in results["validation_curve"]] == [30, 60]
+    # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
+    from transformers import AutoModelForCausalLM
+
+    flops, formula = hf_settransformer.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
+    assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
+    assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
+    assert results["gpu_name"] is None and results["preset"] == "tiny"
+    assert "| model FLOPs |" in card and "MFU not measured: no peak table for CPUs" in card
     # with --disable_tqdm (no progress bars) the final evaluation says what it is doing and prints as it goes
     assert "[train_lm] evaluating validation:" in result.stdout and "[train_lm] evaluating test:" in result.stdout
     assert f"[train_lm] test perplexity {results['test_perplexity']:.2f}" in result.stdout
@@ -576,6 +586,73 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     (out / "all_results.json").write_text(json.dumps({"family": "decoder"}))
     with pytest.raises(ValueError, match="no validation_perplexity, test_perplexity, train_tokens"):
         script.refresh_model_card(out)
+
+
+def test_the_preset_follows_the_device_and_a_given_flag_beats_the_preset(tmp_path):
+    """--preset auto is `small` on a CPU, with today's tuned hyper-parameters and no GPU settings; a GPU preset by
+    name brings its own hyper-parameters (not the GPU's Trainer settings on a CPU), and a flag the command gives wins
+    over it, in every spelling argparse accepts."""
+    script = train_lm_module()
+
+    def parsed(*flags):
+        model_args, _, args, _ = script.parse_arguments(["--output_dir", str(tmp_path), *flags])
+        return (model_args.preset, args.learning_rate, args.per_device_train_batch_size, args.warmup_steps,
+                args.weight_decay, args.torch_compile, args.dataloader_num_workers, args.per_device_eval_batch_size)
+
+    assert parsed() == ("small", 2e-3, 16, 0.02, 0.01, False, 0, 32)
+    assert parsed("--preset", "gpu") == ("gpu", 1e-3, 32, 0.05, 0.1, False, 0, 32)
+    assert parsed("--preset", "gpu", "--learning_rate", "5e-4") == ("gpu", 5e-4, 32, 0.05, 0.1, False, 0, 32)
+    assert parsed("--preset=gpu-small", "--learning-rate=5e-4", "--per_device_train", "8")[:3] == ("gpu-small", 5e-4, 8)
+    assert script.resolve_preset("auto", is_cuda=True) == "gpu" and script.resolve_preset("auto", False) == "small"
+    assert script.resolve_preset("tiny", is_cuda=True) == "tiny"
+
+
+def test_a_json_command_gets_the_preset_and_keeps_its_values(tmp_path, monkeypatch):
+    """`train_lm.py args.json`: its keys are the given flags, the preset fills the rest."""
+    values = {"output_dir": str(tmp_path), "preset": "gpu", "learning_rate": 5e-4, "use_cpu": True}
+    (tmp_path / "args.json").write_text(json.dumps(values))
+    monkeypatch.setattr(sys, "argv", ["train_lm.py", str(tmp_path / "args.json")])
+    model_args, _, args, command = train_lm_module().parse_arguments(None)
+    assert (model_args.preset, args.learning_rate, args.per_device_train_batch_size) == ("gpu", 5e-4, 32)
+    assert command == str(tmp_path / "args.json")
+
+
+def test_training_defaults_on_cuda_and_for_several_processes():
+    """What a run takes where the command is silent: the preset's hyper-parameters, the GPU's Trainer settings on
+    CUDA only, and beyond 4 processes the learning rate times sqrt(processes / 4); nothing the command gave."""
+    script = train_lm_module()
+    assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
+    gpu = script.training_defaults("gpu", is_cuda=True)
+    assert gpu == {**script.PRESETS["gpu"]["training"], **hf_settransformer.gpu_training_defaults(True)}
+    assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
+    given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
+    assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32
+    assert script.training_defaults("gpu", True, processes=4)["learning_rate"] == 1e-3  # kept up to 4
+    assert script.training_defaults("gpu", True, processes=16)["learning_rate"] == pytest.approx(2e-3)
+    assert script.training_defaults("small", False, processes=9, learning_rate=2e-3) == {"learning_rate": 3e-3}
+    assert script.scaled_learning_rate(1e-3, 1) == 1e-3
+    assert script.scaled_learning_rate(1e-3, 8) == pytest.approx(1e-3 * 2**0.5)
+    # every field is one LMTrainingArguments has, with a value it accepts
+    args = script.LMTrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **gpu)
+    assert args.optim == "adamw_torch_fused" and args.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("preset", ["gpu", "gpu-small"])
+def test_gpu_presets_use_a_dense_output_layer_and_more_dropout(preset):
+    """The GPU presets (untuned) keep the full softmax and dense embedding at WikiText-2's vocabulary, tied, with the
+    dropout of the preset; --config_overrides still wins."""
+    from types import SimpleNamespace
+
+    script = train_lm_module()
+    model_args = SimpleNamespace(preset=preset, family="decoder", attention_type="softmax", feature_map="elu",
+                                 next_token_mode="many", config_overrides=None)
+    data_args = SimpleNamespace(block_size=512, context_length=512, target_length=None)
+    config = script.new_config(model_args, data_args, vocab_size=33279, eos_id=0)
+    assert config.adaptive_softmax_cutoffs is None and config.adaptive_input_cutoffs is None
+    assert config.tie_word_embeddings and config.hidden_dropout_prob == script.PRESETS[preset]["hidden_dropout_prob"]
+    assert config.hidden_size == script.PRESETS[preset]["hidden_size"] and preset in script.UNTUNED_PRESETS
+    model_args.config_overrides = "hidden_dropout_prob=0.1"
+    assert script.new_config(model_args, data_args, vocab_size=33279, eos_id=0).hidden_dropout_prob == 0.1
 
 
 def test_config_overrides_take_list_values():

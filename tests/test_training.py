@@ -345,10 +345,71 @@ def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     assert environment["precision"] == "fp32" and environment["torch_compile"] is False
     assert environment["threads_per_process"] == torch.get_num_threads()
     assert environment["cpu_model"] == hfst.cpu_model_name() and environment["cpu_model"]
+    assert environment["gpu_name"] is None  # trained on the CPU
     assert isinstance(hfst.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     assert hfst.replica_checksums(trainer) == [pytest.approx(total)]
     assert hfst.tokens_per_step(trainer.args, 8) == 4 * 8
+
+
+def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tmp_path):
+    """Off CUDA nothing changes; on CUDA fused AdamW, persistent dataloader workers, torch.compile and larger evaluation
+    batches, each unless the command set it; an explicit worker count leaves persistence alone (it needs workers).
+    The fields are real TrainingArguments fields with values it accepts."""
+    from transformers import TrainingArguments
+
+    assert hfst.gpu_training_defaults(False) == {} == hfst.gpu_training_defaults(False, {"optim"})
+    on_cuda = hfst.gpu_training_defaults(True)
+    assert on_cuda == {"optim": "adamw_torch_fused", "dataloader_num_workers": 4,
+                       "dataloader_persistent_workers": True, "torch_compile": True, "per_device_eval_batch_size": 64}
+    given = hfst.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
+    assert "torch_compile" not in given and "per_device_eval_batch_size" not in given and given["optim"]
+    workers = hfst.gpu_training_defaults(True, {"dataloader_num_workers"})
+    assert "dataloader_num_workers" not in workers and "dataloader_persistent_workers" not in workers
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **on_cuda)
+    assert args.torch_compile and args.dataloader_persistent_workers and args.per_device_eval_batch_size == 64
+
+
+@pytest.mark.parametrize(
+    "name,precision,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H100 NVL", "bf16", None),  # another peak, not in the table: no MFU rather than a wrong one
+        ("NVIDIA H200", "fp16", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA L40S", "bf16", 362.05),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40", "bf16", None),  # neither the L4 nor the L40S
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("Tesla T4", "bf16", None),
+        ("NVIDIA H100 80GB HBM3", "tf32", None),
+    ],
+)
+def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precision, tflops):
+    peak, note = hfst.peak_flops(name, precision)
+    if tflops is None:
+        assert peak is None and note.startswith("no ")
+    else:
+        assert peak == pytest.approx(tflops * 1e12) and note.startswith(f"{name}: {tflops:g} TFLOPS")
+
+
+def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
+    """MFU = tokens/s x FLOPs per token / (peak x devices); None with the reason on a CPU, an unknown GPU, or without a
+    timed step."""
+    h100 = hfst.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
+    assert h100["train_model_flops_per_second"] == pytest.approx(1e14)
+    assert h100["mfu"] == pytest.approx(1e14 / (2 * 989.4e12)) and h100["mfu_peak_flops_per_device"] == 989.4e12
+    assert h100["mfu_note"].endswith("x 2 devices")
+    cpu = hfst.model_flops_utilization(1e5, 1e9, None, "bf16")
+    assert cpu["train_model_flops_per_second"] == pytest.approx(1e14)
+    assert cpu["mfu"] is None and cpu["mfu_note"] == "no peak table for CPUs"
+    unknown = hfst.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
+    assert unknown["mfu"] is None and "'Tesla T4'" in unknown["mfu_note"]
+    untimed = hfst.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
+    assert untimed["mfu"] is None and untimed["train_model_flops_per_second"] is None
+    assert untimed["mfu_note"] == "no training steps timed in this process"
 
 
 def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
