@@ -94,6 +94,20 @@ class OutputDirLock:
         self.release()
 
 
+def from_main_process(value):
+    """`value` as the main process has it, on every process (a picklable object; itself without several processes).
+    What every rank must agree on (a lock's owner, a time budget's max_steps) is decided on rank 0 and sent from there:
+    each rank deciding alone (its own timing probe) can disagree, and a rank that stops first leaves the others waiting
+    in their next collective."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    if torch.distributed.get_world_size() == 1:
+        return value
+    shared = [value]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
 def lock_output_dir(training_args, command="", script="train"):
     """Takes the `OutputDirLock` of `training_args.output_dir` on the main process and returns it; under several
     processes every rank learns whether it was taken, and all exit with the holder named if it was not."""
@@ -104,10 +118,7 @@ def lock_output_dir(training_args, command="", script="train"):
             lock.acquire()
         except OutputDirLockedError as err:
             error = str(err)
-    if training_args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        shared = [error]
-        torch.distributed.broadcast_object_list(shared, src=0)
-        error = shared[0]
+    error = from_main_process(error)
     if error:
         raise SystemExit(f"[{script}] {error}")
     return lock
@@ -478,13 +489,22 @@ def max_steps_for_budget(trainer, minutes, timer, output_dir=None, script="train
     evaluation the run's `eval_strategy` will make (one window per target makes the literal one-target heads'
     validations a sixth of their time, where they are ~3% elsewhere). Recorded in `output_dir/time_budget.json`
     (default `trainer.args.output_dir`): a resumed run with the same budget and clock keeps the steps instead of
-    probing again. `script` names the caller in what it prints."""
+    probing again. `script` names the caller in what it prints. Under several processes every rank gets the main
+    process's figure (`from_main_process`): ranks that planned different step counts would hang at the end."""
     output_dir = Path(output_dir or trainer.args.output_dir)
     path = output_dir / BUDGET_FILE
-    if path.is_file():
-        record = json.loads(path.read_text())
-        if record.get("minutes") == minutes and record.get("clock", "wall") == timer.clock:
-            return record["max_steps"]
+    record = json.loads(path.read_text()) if trainer.args.process_index == 0 and path.is_file() else None
+    recorded = record and record.get("minutes") == minutes and record.get("clock", "wall") == timer.clock
+    recorded = from_main_process(record["max_steps"] if recorded else None)
+    if recorded is not None:
+        return recorded
+    # every rank probes (the probe's steps run this rank's batches), rank 0's figure is the run's
+    return from_main_process(_budget_steps(trainer, minutes, timer, output_dir, script))
+
+
+def _budget_steps(trainer, minutes, timer, output_dir, script):
+    """This process's `max_steps` for `minutes` (see `max_steps_for_budget`); recorded by the main process."""
+    path = output_dir / BUDGET_FILE
     seconds = probe_seconds_per_step(trainer, timer.now)
     every = _evaluations_every(trainer.args, trainer)
     evaluation = probe_seconds_per_evaluation(trainer, timer.now) if every != 0 else 0.0

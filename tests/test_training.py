@@ -249,6 +249,42 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
     assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
 
 
+RANKS_PLAN = """
+import json, sys
+import torch
+sys.path.insert(0, "tests")
+import hf_settransformer as hfst
+from test_training import decoder_trainer
+
+trainer = decoder_trainer(sys.argv[1], use_cpu=True)
+rank = trainer.args.process_index
+assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
+# ranks that time their steps differently (they always do, a little): 0.5 s on rank 0, 0.7 s on rank 1
+hfst.training.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
+timer = hfst.TimedEvalCallback(clock="cpu")
+first = hfst.max_steps_for_budget(trainer, 2, timer)
+hfst.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
+again = hfst.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
+print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
+"""
+
+
+def test_every_rank_takes_the_main_process_time_budget(tmp_path):
+    """Two gloo processes whose probes disagree plan the same max_steps (rank 0's): ranks that planned different
+    step counts would leave one waiting in a collective at the end of the run."""
+    script = tmp_path / "plan.py"
+    script.write_text(RANKS_PLAN)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         str(script), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    plans = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(p["rank"] for p in plans) == [0, 1]
+    assert all(p["first"] == p["again"] == int(2 * 60 / (0.5 * 1.02)) for p in plans), plans
+
+
 def _evaluating_trainer(output_dir, **fields):
     return decoder_trainer(output_dir, eval_dataset=hfst.BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
 
