@@ -5,11 +5,15 @@ Auto classes and for `save_pretrained`'s remote-code export."""
 import transformers
 from transformers import AutoConfig
 
-from .attention import ATTENTION_KERNELS, AttentionKernel, MultiHeadAttention, attention_kernel, register_attention_kernel
-from .cache import LinearAttentionState
-from .linear_ops import causal_linear_attention, linear_attention, linear_attention_step
-from .masks import AttentionMask
+from .attention import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
+    MultiHeadAttention,
+    attention_kernel,
+    register_attention_kernel,
+)
 from .blocks import ISAB, MAB, PMA
+from .cache import LinearAttentionState
 from .configuration_base import HfstConfig
 from .configuration_decoder import TransformerDecoderConfig
 from .configuration_encoder import TransformerEncoderConfig
@@ -37,6 +41,8 @@ from .language_modeling import (
     token_stream,
 )
 from .layers import ScaleNorm
+from .linear_ops import causal_linear_attention, linear_attention, linear_attention_step
+from .masks import AttentionMask
 from .modeling_decoder import TransformerDecoderForCausalLM, TransformerDecoderModel
 from .modeling_encoder import (
     TransformerEncoderForMaskedLM,
@@ -79,16 +85,21 @@ from .training import (
     GPU_TRAINING_DEFAULTS,
     LOCK_FILE,
     PUSH_IGNORE_PATTERNS,
+    RUN_FILES,
     CompleteCheckpointCallback,
     OutputDirLock,
     OutputDirLockedError,
+    PerplexityLoggingTrainer,
     TimeBudgetCallback,
     TimedEvalCallback,
     check_checkpoint_matches,
+    check_output_dir,
     checkpoint_step,
     cpu_model_name,
     fast_bf16_available,
+    from_main_process,
     gpu_training_defaults,
+    linked_paths,
     lock_output_dir,
     max_steps_for_budget,
     model_flops_utilization,
@@ -129,47 +140,49 @@ for _family in FAMILIES.values():
 
 __all__ = [
     "ATTENTION_KERNELS",
-    "BUDGET_FILE",
-    "CLOCKS",
-    "COMPLETE_MARKER",
-    "FAMILIES",
-    "GPU_PEAK_TFLOPS",
-    "GPU_TRAINING_DEFAULTS",
-    "ISAB",
-    "LOCK_FILE",
-    "MAB",
-    "PAPER_RESULTS",
-    "PMA",
-    "PUSH_IGNORE_PATTERNS",
-    "SET_TASKS",
-    "SHAPES",
-    "TASK_HEADS",
     "AttentionKernel",
     "AttentionMask",
+    "BUDGET_FILE",
     "BlockDataset",
+    "CLOCKS",
+    "COMPLETE_MARKER",
     "CompleteCheckpointCallback",
     "DataCollatorForSets",
     "DeepSetsBaseline",
+    "FAMILIES",
     "Family",
+    "GPU_PEAK_TFLOPS",
+    "GPU_TRAINING_DEFAULTS",
     "HfstConfig",
+    "ISAB",
+    "LOCK_FILE",
     "LinearAttentionState",
+    "MAB",
     "MaxRegression",
     "MixtureOfGaussians",
     "MultiHeadAttention",
     "OutputDirLock",
     "OutputDirLockedError",
+    "PerplexityLoggingTrainer",
+    "PAPER_RESULTS",
+    "PMA",
+    "PUSH_IGNORE_PATTERNS",
     "PerceiverIOConfig",
     "PerceiverIOForMaskedLM",
     "PerceiverIOForNextTokenPrediction",
     "PerceiverIOForSequenceClassification",
     "PerceiverIOModel",
     "PointClouds",
+    "RUN_FILES",
+    "SET_TASKS",
+    "SHAPES",
     "ScaleNorm",
     "SetTransformerConfig",
     "SetTransformerForMixtureOfGaussians",
     "SetTransformerForNextTokenPrediction",
     "SetTransformerForSequenceClassification",
     "SetTransformerModel",
+    "TASK_HEADS",
     "TargetWindowDataset",
     "TimeBudgetCallback",
     "TimedEvalCallback",
@@ -186,6 +199,7 @@ __all__ = [
     "build_word_tokenizer",
     "causal_linear_attention",
     "check_checkpoint_matches",
+    "check_output_dir",
     "checkpoint_step",
     "cpu_model_name",
     "decoder_windows",
@@ -196,11 +210,13 @@ __all__ = [
     "evaluation_protocol",
     "example_length",
     "fast_bf16_available",
+    "from_main_process",
     "gpu_training_defaults",
     "is_masked_lm",
     "l1_loss",
     "linear_attention",
     "linear_attention_step",
+    "linked_paths",
     "lm_flops_per_token",
     "lm_model_card_fields",
     "lm_training_dataset",

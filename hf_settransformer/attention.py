@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer, cache_layer
 from .linear_ops import (
@@ -56,14 +56,16 @@ def softmax_kernel(q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=Fal
     (b,h,n,m) when `need_weights` else None, state).
 
     `state`: the layer's `DynamicLayer` while generating: the new keys and values are appended to it and the queries
-    attend to all of them. `implementation`: transformers' `config._attn_implementation` (`"sdpa"` or `"eager"`);
-    weights need the eager kernel."""
+    attend to all of them; or a `StaticLayer` (transformers' `StaticCache`): they are written into its fixed buffers,
+    all of whose slots the queries see, the unwritten ones masked by `mask.query_positions` (the same shapes at every
+    step). `implementation`: transformers' `config._attn_implementation` (`"sdpa"` or `"eager"`); weights need the
+    eager kernel."""
     kernel = softmax_attention_eager if need_weights else SOFTMAX_KERNELS.get(implementation, softmax_attention_sdpa)
     if state is None:
         out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
         return out, weights, state
-    k, v = state.update(k, v)  # (b, h, past + n, d)
-    # A cached step has a new key length at every call. SDPA's cuDNN backend (preferred on Hopper GPUs) builds an
+    k, v = state.update(k, v)  # (b, h, past + n, d); a StaticLayer's (b, h, max_cache_len, d)
+    # A growing cache has a new key length at every step. SDPA's cuDNN backend (preferred on Hopper GPUs) builds an
     # execution graph per shape, tens to hundreds of ms each (seen with cuDNN attention in pytorch/torchtune#1652,
     # sgl-project/sglang#4650, ml-explore/mlx#2743): decoding steps use the other backends, which need no planning.
     with sdpa_kernel(_DECODE_BACKENDS):
@@ -112,6 +114,9 @@ class AttentionKernel:
         call, `dropout_p`, `need_weights` and `implementation` (keywords a kernel may ignore).
     cache_class: the `Cache` a causal model builds for `generate()`, as `cache_class(config=config)`; its layers are
         `cache_layer_class`.
+    static_cache_layer_class: the layer of transformers' `StaticCache` (fixed-size key and value buffers, for a
+        compiled decoding step: `generate(cache_implementation="static")`) when `forward` can extend one, else None
+        (linear attention: its recurrent state has a fixed size already, see `LinearAttentionCache(static=True)`).
     layer_options: config -> the keyword options fixed when a layer is built.
     config_fields: the config fields `layer_options` reads; setting another kernel's field draws a warning.
     returns_weights: whether `output_attentions=True` can return attention weights.
@@ -122,6 +127,7 @@ class AttentionKernel:
     forward: Callable
     cache_class: type
     cache_layer_class: type
+    static_cache_layer_class: type | None = None
     layer_options: Callable = lambda config: {}
     config_fields: tuple = ()
     returns_weights: bool = False
@@ -130,7 +136,11 @@ class AttentionKernel:
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
     "softmax": AttentionKernel(
-        forward=softmax_kernel, cache_class=DynamicCache, cache_layer_class=DynamicLayer, returns_weights=True
+        forward=softmax_kernel,
+        cache_class=DynamicCache,
+        cache_layer_class=DynamicLayer,
+        static_cache_layer_class=StaticLayer,
+        returns_weights=True,
     ),
     "linear": AttentionKernel(
         forward=linear_kernel,
@@ -228,10 +238,11 @@ class MultiHeadAttention(nn.Module):
         state = None
         if self.self_attention and past_key_values is not None:
             state = cache_layer(past_key_values, self.layer_idx)
-            if not isinstance(state, self.kernel.cache_layer_class):
+            accepted = tuple(c for c in (self.kernel.cache_layer_class, self.kernel.static_cache_layer_class) if c)
+            if not isinstance(state, accepted):
+                names = " or ".join(c.__name__ for c in accepted)
                 raise TypeError(
-                    f"This attention kernel keeps its past in {self.kernel.cache_layer_class.__name__} cache layers, "
-                    f"got a {type(state).__name__}."
+                    f"This attention kernel keeps its past in {names} cache layers, got a {type(state).__name__}."
                 )
         out, weights, _ = self.kernel.forward(
             q,

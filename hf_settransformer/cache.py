@@ -7,13 +7,15 @@ grow with the context. Softmax attention uses transformers' own `DynamicCache` i
 
 `LinearAttentionCache` is a transformers `Cache`, so `generate()` handles it like any other: beam search reorders it
 (`reorder_cache`), `num_return_sequences`/contrastive search expand it (`batch_repeat_interleave`), and
-`get_seq_length()` counts the tokens seen.
+`get_seq_length()` counts the tokens seen. Built with `static=True`, it keeps its states at fixed addresses and counts
+in a tensor, for a compiled (CUDA-graphed) decoding step: the recurrent state needs no `StaticCache`, its size is fixed
+already. `static_cache_length` recognises transformers' `StaticCache` (softmax attention's fixed-size keys and values).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
 
 @dataclass
@@ -30,17 +32,39 @@ class LinearAttentionState:
     k_max: torch.Tensor | None = None
 
 
+def _state_tensors(state: LinearAttentionState):
+    return [getattr(state, f.name) for f in fields(state)]  # kv, z, k_max (None for "elu")
+
+
+def _same_layout(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
 class RecurrentStateLayer(CacheLayerMixin):
-    """One layer's `LinearAttentionState` and the number of tokens folded into it."""
+    """One layer's `LinearAttentionState` and the number of tokens folded into it.
+
+    `static=True`, for a compiled decoding step (inference): each new state is copied into the buffers the first one
+    was put in (the prefill's), whose addresses stay fixed (`torch._dynamo.mark_static_address`, as transformers'
+    `StaticLayer` does for keys and values: CUDA graphs replay on fixed addresses), and the tokens are counted in a
+    tensor, `cumulative_length`, advanced in place and returned by `get_seq_length()`: a Python count would be a
+    constant of the compiled graph, recompiled at every step. The states are detached (no gradient flows through them).
+
+    `is_compileable` stays False even then: `generate()` would compile the forward on a GPU and feed it an attention
+    mask that grows by one column per step (a new shape each step); compile the step yourself (see
+    `scripts/bench_generation.py --compile`)."""
 
     is_compileable = False
     is_sliding = False
     supports_early_init = False
 
-    def __init__(self, **kwargs):
+    def __init__(self, static=False, **kwargs):
         super().__init__()
         self.state: LinearAttentionState | None = None
         self.seen_tokens = 0
+        self.static = static
+        self.cumulative_length = torch.zeros((), dtype=torch.long) if static else None
 
     def lazy_initialization(self, *args, **kwargs):
         pass
@@ -49,15 +73,41 @@ class RecurrentStateLayer(CacheLayerMixin):
         raise TypeError("A linear-attention layer keeps a recurrent state, not keys and values: use `set_state`.")
 
     def set_state(self, state: LinearAttentionState, new_tokens: int):
-        self.state = state
-        self.seen_tokens += new_tokens
+        if self.static:
+            self._write_in_place(state)
+            self.cumulative_length.add_(new_tokens)  # in place: the counter keeps its (static) address
+        else:
+            self.state = state
+            self.seen_tokens += new_tokens
         self.is_initialized = True
 
-    def get_seq_length(self) -> int:
+    def _write_in_place(self, state: LinearAttentionState):
+        old = self.state
+        if old is not None and all(map(_same_layout, _state_tensors(old), _state_tensors(state))):
+            for buffer, new in zip(_state_tensors(old), _state_tensors(state)):
+                if buffer is not None:
+                    buffer.copy_(new)
+            return
+        # the first state (or one of a new batch size or dtype): new buffers, whose addresses every later step keeps
+        self.state = LinearAttentionState(*(None if t is None else t.detach().clone() for t in _state_tensors(state)))
+        self.cumulative_length = self.cumulative_length.to(state.kv.device)
+        self._mark_static()
+
+    def _mark_static(self):
+        # not while tracing (dynamo refuses it there), as transformers' StaticLayer: the prefill runs eagerly
+        if self.static and not torch.compiler.is_compiling():
+            for t in [*_state_tensors(self.state), self.cumulative_length]:
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
+
+    def get_seq_length(self):
+        """The tokens folded into the state: an int, or with `static=True` the counter tensor (0 before the first)."""
+        if self.static:
+            return self.cumulative_length if self.is_initialized else 0
         return self.seen_tokens
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.seen_tokens + query_length, 0
+        return self.get_seq_length() + query_length, 0
 
     def get_max_length(self) -> int:
         return -1
@@ -65,12 +115,14 @@ class RecurrentStateLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.state = None
         self.seen_tokens = 0
+        if self.static:
+            self.cumulative_length.zero_()
         self.is_initialized = False
 
     def _map(self, fn):
         if self.state is not None:
-            s = self.state
-            self.state = LinearAttentionState(kv=fn(s.kv), z=fn(s.z), k_max=None if s.k_max is None else fn(s.k_max))
+            self.state = LinearAttentionState(*(None if t is None else fn(t) for t in _state_tensors(self.state)))
+            self._mark_static()  # new tensors (beam search, a new batch): fixed from here on
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -95,9 +147,11 @@ class RecurrentStateLayer(CacheLayerMixin):
 class LinearAttentionCache(Cache):
     """Per-layer recurrent states of causal linear attention; its size does not depend on the context length."""
 
-    def __init__(self, config=None, num_layers=None):
+    def __init__(self, config=None, num_layers=None, static=False):
+        """`static=True`: states updated in place at fixed addresses and tokens counted in a tensor, for a compiled
+        or CUDA-graphed decoding step (see `RecurrentStateLayer`)."""
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
-        super().__init__(layers=[RecurrentStateLayer() for _ in range(num_layers)])
+        super().__init__(layers=[RecurrentStateLayer(static=static) for _ in range(num_layers)])
 
     def get_state(self, layer_idx: int) -> LinearAttentionState | None:
         return self.layers[layer_idx].state
@@ -105,7 +159,7 @@ class LinearAttentionCache(Cache):
     def set_state(self, layer_idx: int, state: LinearAttentionState, new_tokens: int) -> None:
         self.layers[layer_idx].set_state(state, new_tokens)
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    def get_seq_length(self, layer_idx: int = 0):
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
 
     def state_nbytes(self) -> int:
@@ -133,3 +187,35 @@ def cache_holds(cache: Cache, layer_class: type) -> bool:
     return all(isinstance(layer, layer_class) for layer in cache.layers) and (
         grown is None or issubclass(grown, layer_class)
     )
+
+
+def static_cache_length(cache: Cache | None) -> int | None:
+    """The number of key slots of a cache of fixed-size key and value buffers (transformers' `StaticCache`, from
+    `generate(cache_implementation="static")`), or None for any other cache (one that grows, or a recurrent state).
+
+    Slot i holds the token at position i of the sequence, so every layer must be a plain `StaticLayer` of one length:
+    sliding-window layers, which reuse their slots, are refused."""
+    if cache is None or not any(isinstance(layer, StaticLayer) for layer in cache.layers):
+        return None
+    kinds = {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers}
+    if len(kinds) != 1 or type(cache.layers[0]) is not StaticLayer:
+        raise ValueError(
+            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
+            f"position i; sliding-window layers reuse slots), got {sorted(kinds, key=str)}."
+        )
+    return cache.layers[0].max_cache_len
+
+
+def cache_batch_size(cache: Cache | None) -> int | None:
+    """The batch size the states in `cache` were made for (keys and values, or recurrent states), None while it holds
+    none: a cache of one batch fed another would pair each row with another row's past (or broadcast a batch of one)."""
+    if cache is None:
+        return None
+    for layer in cache.layers:
+        state = getattr(layer, "state", None)
+        if state is not None:
+            return state.kv.shape[0]
+        keys = getattr(layer, "keys", None)
+        if getattr(layer, "is_initialized", False) and torch.is_tensor(keys) and keys.dim() == 4:
+            return keys.shape[0]
+    return None

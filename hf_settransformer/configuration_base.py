@@ -153,6 +153,10 @@ class HfstConfig(PreTrainedConfig):
     initializer_range (`float`, defaults to 0.02): std of the normal initialisation.
     """
 
+    # whether the family has the window heads (`*ForNextTokenPrediction`) that read `context_length`,
+    # `target_length` and `next_token_mode`; the decoder has not
+    windowed_heads = True
+
     def __init__(
         self,
         vocab_size=None,
@@ -260,6 +264,15 @@ class HfstConfig(PreTrainedConfig):
             raise ValueError(
                 f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
             )
+        if self.windowed_heads and self.next_token_mode == "many" and self.target_length < 2:
+            # position i predicts token i + 1: the last position's target lies outside the window, so with one
+            # target position (or a one-token window) no target is ever scored and the loss is always 0
+            raise ValueError(
+                f"`next_token_mode='many'` needs `target_length` >= 2 and `context_length` >= 2 (the last position's "
+                f"target lies after the window); got target_length={self.target_length}, "
+                f"context_length={self.context_length}. Use next_token_mode='window' for one target per window."
+            )
+        self.check_special_tokens()
         self.check_adaptive("adaptive_softmax", "the adaptive output layer")
         self.check_adaptive("adaptive_input", "the adaptive input")
         # an init std of 0 would train a model of zeros; above 1 (or inf) the first layers already overflow
@@ -274,6 +287,34 @@ class HfstConfig(PreTrainedConfig):
                 f"`feature_map={self.feature_map!r}` has no effect with `attention_type={self.attention_type!r}` (it "
                 "selects linear attention's feature map)."
             )
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """As transformers', but a checkpoint of another model type is refused, naming both: another family's weights
+        can load into this family's classes without a missing or unexpected key (the names coincide), and then mean
+        something else. (transformers only warns.) `AutoConfig` picks the class from the file and is not affected."""
+        config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **dict(kwargs))
+        found = config_dict.get("model_type")
+        if getattr(cls, "model_type", "") and found and found != cls.model_type:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} holds a `{found}` checkpoint; {cls.__name__} is `{cls.model_type}`. "
+                f"Load it with its own family's class, or with the Auto classes (AutoModel, AutoModelForCausalLM, ...), "
+                "which pick the class from the checkpoint."
+            )
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    def check_special_tokens(self):
+        """pad/bos/eos ids (eos may be a list) must be token ids of the vocabulary, or `generate` emits them."""
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name, None)
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            for token in ids:
+                if token is None:
+                    continue
+                valid = isinstance(token, int) and not isinstance(token, bool) and token >= 0
+                if not valid or (self.vocab_size is not None and token >= self.vocab_size):
+                    vocabulary = f"[0, {self.vocab_size - 1}]" if self.vocab_size else "non-negative integers"
+                    raise ValueError(f"`{name}` must be a token id in {vocabulary} (the vocabulary), got {value!r}.")
 
     def save_pretrained(self, save_directory, push_to_hub=False, **kwargs):
         """As transformers', and a config folder is enough to build any of the family's models from scratch

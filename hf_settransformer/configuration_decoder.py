@@ -26,6 +26,7 @@ class TransformerDecoderConfig(HfstConfig):
     """
 
     model_type = "hfst_decoder"
+    windowed_heads = False  # a causal LM over its whole input: no windows, no target_length
     keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(

@@ -207,6 +207,11 @@ class InputEmbeddings(nn.Module):
                     f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(input_ids.shape)} "
                     f"{input_ids.dtype}; pass continuous inputs as `input_features`."
                 )
+            if input_ids.dtype not in (torch.int64, torch.int32):
+                raise ValueError(
+                    f"`input_ids` must be token ids of dtype torch.long (or torch.int32), got {input_ids.dtype}: "
+                    "convert them with `.long()`."
+                )
             return self.embed_tokens(input_ids)
         if input_features is not None:
             if self.feature_projection is None:
@@ -222,6 +227,8 @@ class InputEmbeddings(nn.Module):
                 f"`inputs_embeds` must have shape (batch, length, hidden_size={self.hidden_size}), "
                 f"got {tuple(inputs_embeds.shape)}."
             )
+        if not inputs_embeds.is_floating_point():
+            raise ValueError(f"`inputs_embeds` must be floating-point vectors, got {inputs_embeds.dtype}.")
         return inputs_embeds
 
     def positions(self, position_ids, dtype):

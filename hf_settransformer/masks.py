@@ -21,6 +21,10 @@ class AttentionMask:
     prefix_length: with `causal`, the first `prefix_length` queries form a bidirectional prefix: they see the keys of
         the prefix (and the m - n leading keys), every later query sees the whole prefix and its own past.
     num_queries, num_keys: n and m, needed for a causal `dense_form` (m defaults to `key_mask`'s length).
+    query_positions: (n,) long tensor, or None: with `causal`, query i sees keys j <= query_positions[i] instead of
+        j <= i + m - n. A static cache's keys are its fixed slots, of which the first ones are written: its queries'
+        slots are a tensor (the cache's counter plus 0..n-1), so a compiled step's mask has the same shape and no
+        Python int that changes from step to step.
 
     Everything made from it (`dense_form`) is made on the device of the queries it is used with.
     """
@@ -30,9 +34,10 @@ class AttentionMask:
     prefix_length: int = 0
     num_queries: int | None = None
     num_keys: int | None = None
+    query_positions: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, key_mask, causal=False, num_queries=None, num_keys=None, prefix_length=0):
+    def build(cls, key_mask, causal=False, num_queries=None, num_keys=None, prefix_length=0, query_positions=None):
         """`key_mask` (b, m), 1/True for real keys, or None. `num_queries` is needed when `causal`; `num_keys` when
         `causal` and there is no `key_mask` but a prefix or a causal cross-attention needs a dense mask.
 
@@ -40,7 +45,10 @@ class AttentionMask:
         input check (`modeling_common.check_input_values`), not here."""
         if prefix_length and not causal:
             raise ValueError("`prefix_length` needs a causal mask (a bidirectional prefix, causal after it).")
-        return cls(None if key_mask is None else key_mask.bool(), causal, prefix_length, num_queries, num_keys)
+        if query_positions is not None and (prefix_length or not causal):
+            raise ValueError("`query_positions` needs a causal mask without a prefix.")
+        key_mask = None if key_mask is None else key_mask.bool()
+        return cls(key_mask, causal, prefix_length, num_queries, num_keys, query_positions)
 
     def dense_form(self, device):
         """(dense, has_keys) for the softmax kernels, made on first use on `device` (the queries' device; a mask
@@ -57,14 +65,17 @@ class AttentionMask:
 
     def _make_dense(self, device):
         key_mask = None if self.key_mask is None else self.key_mask.to(device)
-        if key_mask is None and not self.prefix_length:
+        if key_mask is None and not self.prefix_length and self.query_positions is None:
             return None, None
         dense = key_mask[:, None, None, :] if key_mask is not None else None  # (b, 1, 1, m)
         if self.causal:
             m = key_mask.shape[-1] if key_mask is not None else self.num_keys
             if self.num_queries is None or m is None:
                 raise ValueError("A causal AttentionMask with padding or a prefix needs `num_queries` and `num_keys`.")
-            tri = causal_pattern(self.num_queries, m, self.prefix_length, device)  # (n, m)
+            if self.query_positions is not None:
+                tri = torch.arange(m, device=device) <= self.query_positions.to(device)[:, None]  # (n, m)
+            else:
+                tri = causal_pattern(self.num_queries, m, self.prefix_length, device)  # (n, m)
             dense = tri[None, None] if dense is None else dense & tri  # (b or 1, 1, n, m)
         has_keys = dense.any(-1, keepdim=True)  # (b, 1, n or 1, 1)
         # Rows without any key would give NaN in softmax: let them attend to everything, then zero them.

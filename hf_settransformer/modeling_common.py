@@ -58,10 +58,15 @@ class PerceiverIOModelOutput(ModelOutput):
 
 def check_attention_mask(attention_mask, batch_size, length, name="attention_mask"):
     """(b, n) mask, 1 / True for real elements and 0 / False for padding -> bool (b, n), or None. Checks the shape and
-    reads no values: the base model's `embed_inputs` checks them, once per batch (`check_input_values`)."""
+    reads no values: the base model's `embed_inputs` checks them, once per batch (`check_input_values`). A `length`
+    that is a tensor (a cache counting on the device) is not read: only the batch size is checked then."""
     if attention_mask is None:
         return None
-    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch_size, length):
+    if (
+        attention_mask.dim() != 2
+        or attention_mask.shape[0] != batch_size
+        or (not torch.is_tensor(length) and attention_mask.shape[1] != length)
+    ):
         raise ValueError(
             f"`{name}` must have shape (batch, length) = ({batch_size}, {length}) matching the inputs, "
             f"got {tuple(attention_mask.shape)}."
@@ -81,7 +86,7 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
         return attention_mask is None
     checks = []
     if position_ids is not None and position_ids.numel():
-        checks.append(position_ids.max())
+        checks += list(torch.aminmax(position_ids))
     if input_ids is not None and (
         not vocab_size or not input_ids.numel() or input_ids.is_floating_point() or input_ids.dim() != 2
     ):
@@ -97,7 +102,9 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
         return attention_mask is None
     values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
     if position_ids is not None and position_ids.numel():
-        (last,), values = values[:1], values[1:]
+        (first, last), values = values[:2], values[2:]
+        if first < 0:
+            raise ValueError(f"`position_ids` must be non-negative, got values down to {int(first)}.")
         check_position_count(int(last) + 1, max_positions)
     if input_ids is not None:
         (low, high), values = values[:2], values[2:]
@@ -118,7 +125,8 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
 
 
 def check_position_count(count, max_positions):
-    if max_positions is not None and count > max_positions:
+    # a tensor count (a cache counting on the device) is not read back: no host sync in a compiled step
+    if max_positions is not None and not torch.is_tensor(count) and count > max_positions:
         raise ValueError(
             f"Sequence needs {count} positions but `max_position_embeddings` is {max_positions} (learned position "
             "embeddings cannot extrapolate)."
@@ -126,9 +134,19 @@ def check_position_count(count, max_positions):
 
 
 def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
-    for x in (input_ids, input_features, inputs_embeds):
-        if x is not None:
-            return x.shape[0], x.shape[1]
+    """(b, n) of the inputs, refusing shapes that have no batch and sequence axes, and empty sequences (a sequence or
+    set of no element has nothing to attend to or pool)."""
+    for name, x, dims in (("input_ids", input_ids, "(batch, length)"),
+                          ("input_features", input_features, "(batch, set size, input_size)"),
+                          ("inputs_embeds", inputs_embeds, "(batch, length, hidden_size)")):
+        if x is None:
+            continue
+        if x.dim() != dims.count(",") + 1:
+            hint = "; pass continuous inputs as `input_features`" if name == "input_ids" and x.is_floating_point() else ""
+            raise ValueError(f"`{name}` must have shape {dims}, got {tuple(x.shape)} {x.dtype}{hint}.")
+        if x.shape[1] == 0:
+            raise ValueError(f"`{name}` holds sequences of length 0, shape {tuple(x.shape)}: pass at least one element.")
+        return x.shape[0], x.shape[1]
     raise ValueError("Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got none.")
 
 
@@ -245,35 +263,58 @@ class HfstPreTrainedModel(PreTrainedModel):
         causal=False,
         past_length=0,
         prefix_length=0,
+        cache_slots=None,
     ):
         """Checks the inputs and the mask, embeds the inputs and builds the attention mask once for the stack.
 
         Positions are counted from the first real token of each row (left padding does not shift them), after
-        `past_length` cached tokens. `attention_mask` covers the cached tokens too. `prefix_length` > 0 (with
-        `causal`): the first positions attend to each other bidirectionally, the later ones causally.
+        `past_length` cached tokens (an int, or a tensor where the cache counts on the device: never read back).
+        `attention_mask` covers the cached tokens too. `prefix_length` > 0 (with `causal`): the first positions attend
+        to each other bidirectionally, the later ones causally. `cache_slots` (with `causal`): the length of a static
+        cache's key buffers (transformers' `StaticCache`): `attention_mask` then covers every slot, (b, cache_slots),
+        and the new tokens are written to the slots `past_length + 0..n-1`, which give their positions and, as
+        `AttentionMask.query_positions`, the keys they see (the later slots, unwritten, are masked).
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
         b, n = input_shape(input_ids, input_features, inputs_embeds)
-        key_mask = check_attention_mask(attention_mask, b, past_length + n)
+        source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
+        slots = None if cache_slots is None else torch.arange(n, device=source.device) + past_length  # (n,)
+        key_length = past_length + n if cache_slots is None else cache_slots
+        if slots is not None and attention_mask is not None and attention_mask.shape[-1] != cache_slots:
+            raise ValueError(
+                f"With a static cache of {cache_slots} slots, `attention_mask` must have one column per slot, "
+                f"(batch, {cache_slots}), 0 past the tokens seen so far (generate() pads it so); got "
+                f"{tuple(attention_mask.shape)}."
+            )
+        key_mask = check_attention_mask(attention_mask, b, key_length)
         learned = self.config.position_embedding_type == "learned"
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
         if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions):
             key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
-            check_position_count(past_length + n, max_positions)  # derived positions: known without a read
-            if key_mask is not None:
+            check_position_count(key_length, max_positions)  # derived positions: known without a read
+            if key_mask is not None and slots is not None:
+                position_ids = position_ids_from_mask(key_mask, cache_slots)[:, slots]  # (b, n)
+            elif key_mask is not None:
                 position_ids = position_ids_from_mask(key_mask, n)
             else:
-                source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
-                position_ids = torch.arange(past_length, past_length + n, device=source.device).expand(b, -1)
+                position_ids = (torch.arange(n, device=source.device) + past_length).expand(b, -1)
         if inputs_embeds is not None and inputs_embeds.is_floating_point() and inputs_embeds.dtype != self.dtype:
             inputs_embeds = inputs_embeds.to(self.dtype)  # as `input_features` are: float64 in, the model's dtype out
         hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
         if key_mask is not None:
             # padded elements are zeroed here, by selection, not multiplication (NaN x 0 = NaN): whatever values
             # padding holds (NaN, inf), it cannot reach a real element's output through any later sum
-            hidden_states = hidden_states.masked_fill(~key_mask[:, past_length:, None], 0.0)
-        mask = AttentionMask.build(key_mask, causal=causal, num_queries=n, num_keys=n, prefix_length=prefix_length)
+            new = key_mask[:, key_mask.shape[1] - n :] if slots is None else key_mask[:, slots]  # (b, n): new tokens
+            hidden_states = hidden_states.masked_fill(~new[..., None], 0.0)
+        mask = AttentionMask.build(
+            key_mask,
+            causal=causal,
+            num_queries=n,
+            num_keys=n if slots is None else cache_slots,
+            prefix_length=prefix_length,
+            query_positions=slots,
+        )
         return hidden_states, position_ids, mask
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, *args, **kwargs):
@@ -509,7 +550,10 @@ class ForMaskedLMMixin(LMHeadMixin):
         else:
             logits = self.lm_logits(hidden)  # (b, n, vocab)
             if labels is not None:
-                loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+                if labels.shape != logits.shape[:-1]:
+                    raise ValueError(f"`labels` must have the inputs' shape {tuple(logits.shape[:-1])} (-100 where "
+                                     f"nothing is predicted), got {tuple(labels.shape)}.")
+                loss = token_loss(logits, labels, kwargs.get("num_items_in_batch"))
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -564,8 +608,34 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
 
 def mean_loss(logits, targets):
     """Mean cross-entropy over the targets that are not -100 (0 when there are none, not NaN)."""
-    total = F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")  # no selection: no host sync
-    return total / (targets != -100).sum().clamp_min(1)
+    return token_loss(logits, targets)
+
+
+def causal_lm_loss(logits, labels, num_items_in_batch=None, shift_labels=None):
+    """transformers' causal-LM loss (`ForCausalLMLoss`): position i predicts `labels[:, i + 1]` (or `shift_labels[:, i]`,
+    already aligned), -100 ignored, summed over / `num_items_in_batch` or the counted labels; over no label at all
+    it is 0 with a zero gradient, where transformers' mean gives NaN."""
+    if shift_labels is None:
+        if labels.shape != logits.shape[:-1]:
+            raise ValueError(
+                f"`labels` must have the inputs' shape {tuple(logits.shape[:-1])} (usually `input_ids`; shifted "
+                f"inside), got {tuple(labels.shape)}."
+            )
+        shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    return token_loss(logits, shift_labels, num_items_in_batch)
+
+
+def token_loss(logits, labels, num_items_in_batch=None):
+    """Cross-entropy of (..., vocab) `logits` against (...) `labels` at the same positions (no shift), -100 ignored:
+    summed, / `num_items_in_batch` (the Trainer's count over a gradient-accumulation step) or / the counted labels.
+    No labels to count gives 0 with a zero gradient (transformers' mean reduction gives NaN), and no row is selected
+    (no host sync)."""
+    labels = labels.to(logits.device)
+    total = F.cross_entropy(logits.flatten(0, -2).float(), labels.reshape(-1), ignore_index=-100, reduction="sum")
+    if num_items_in_batch is None:
+        return total / (labels != -100).sum().clamp_min(1)
+    divisor = num_items_in_batch.to(total.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+    return total / (divisor.clamp_min(1) if torch.is_tensor(divisor) else max(divisor, 1))
 
 
 class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):

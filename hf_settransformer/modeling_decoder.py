@@ -1,24 +1,32 @@
 """Pre-norm causal Transformer decoder (Vaswani et al. 2017) with ScaleNorm (Nguyen & Salazar 2019) and selectable
 softmax or causal linear attention (Katharopoulos et al. 2020). Each block: causal self-attention, an optional
 cross-attention to `encoder_hidden_states` (`add_cross_attention=True`, as BERT/GPT-2 do for
-`EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack."""
+`EncoderDecoderModel`), a feed-forward; all pre-normalised, with a final norm after the stack.
+
+Fast decoding: softmax attention takes transformers' `StaticCache` (`generate(cache_implementation="static")`), whose
+decoding step has the same shapes at every step and reads nothing back to the host (positions and masks come from the
+cache's counter, a tensor), so `torch.compile(model.forward, mode="reduce-overhead")` can CUDA-graph it. Linear
+attention's recurrent state has a fixed size already: `LinearAttentionCache(static=True)` keeps it at fixed addresses
+for a compiled step."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
-from .cache import cache_holds
+from .cache import cache_batch_size, cache_holds, static_cache_length
 from .configuration_decoder import TransformerDecoderConfig
 from .layers import InputEmbeddings, make_norm
 from .modeling_common import (
     HfstPreTrainedModel,
     LMHeadMixin,
+    causal_lm_loss,
     check_attention_mask,
     chunked_causal_lm_loss,
     resolve_output_flags,
@@ -50,7 +58,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         """-> (the cache to return, the self-attention cache, the cache holding cross-attention keys or None).
 
         The self-attention cache is the attention kernel's `cache_class` (a `DynamicCache` of keys and values for
-        softmax, a `LinearAttentionCache` of recurrent states for linear attention)."""
+        softmax, a `LinearAttentionCache` of recurrent states for linear attention), or a `StaticCache` where the
+        kernel has a `static_cache_layer_class` (softmax)."""
         kernel = attention_kernel(self.config)
         if past_key_values is None:
             if not use_cache:
@@ -60,7 +69,9 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
                 past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
         is_pair = isinstance(past_key_values, EncoderDecoderCache)
         self_cache = past_key_values.self_attention_cache if is_pair else past_key_values
-        if not cache_holds(self_cache, kernel.cache_layer_class):
+        if static_cache_length(self_cache) is not None:
+            check_static_cache(kernel, self.config)
+        elif not cache_holds(self_cache, kernel.cache_layer_class):
             # generate() of EncoderDecoderModel (or a user) hands over an empty DynamicCache: use the kernel's own
             if self_cache.get_seq_length() > 0:
                 raise ValueError(
@@ -73,6 +84,55 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             else:
                 past_key_values = self_cache
         return past_key_values, self_cache, past_key_values if is_pair else None
+
+    def embed_with_cache(self, input_ids, inputs_embeds, attention_mask, position_ids, self_cache):
+        """`embed_inputs` after the tokens in `self_cache`: -> (hidden_states (b, n, hidden), AttentionMask)."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
+            # says otherwise, as this decoder's does; EncoderDecoderModel's does not
+            raise ValueError(
+                f"This decoder takes a 2-D `attention_mask` (batch, length), got {tuple(attention_mask.shape)}: a 4-D "
+                'mask, as generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
+                "(EncoderDecoderModel). Generate with the default dynamic cache there."
+            )
+        cached = cache_batch_size(self_cache)
+        b = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+        if cached is not None and cached != b:
+            raise ValueError(
+                f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
+                "cache with the batch it was made for (generate() handles beams and repeats itself)."
+            )
+        # a tensor for a StaticCache (and a static LinearAttentionCache): slots and positions are computed from it
+        past_length = self_cache.get_seq_length() if self_cache is not None else 0
+        hidden_states, _, mask = self.embed_inputs(
+            input_ids,
+            None,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            causal=True,
+            past_length=past_length,
+            cache_slots=static_cache_length(self_cache),
+        )
+        return hidden_states, mask
+
+    def cross_mask(self, encoder_hidden_states, encoder_attention_mask, batch_size):
+        """The cross-attention's `AttentionMask` (None without `encoder_hidden_states`), after checking their shape."""
+        if encoder_hidden_states is None:
+            return None
+        if not self.config.add_cross_attention:
+            raise ValueError("`encoder_hidden_states` given but the config has `add_cross_attention=False`.")
+        b, hidden = batch_size, self.config.hidden_size
+        shape = encoder_hidden_states.shape
+        if encoder_hidden_states.dim() != 3 or shape[0] != b or shape[-1] != hidden:
+            raise ValueError(
+                f"`encoder_hidden_states` must have shape ({b}, source length, {hidden}), "
+                f"got {tuple(encoder_hidden_states.shape)}."
+            )
+        encoder_key_mask = check_attention_mask(
+            encoder_attention_mask, b, encoder_hidden_states.shape[1], name="encoder_attention_mask"
+        )
+        return AttentionMask.build(encoder_key_mask)
 
     @can_return_tuple
     def forward(
@@ -93,8 +153,10 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         past_key_values (`Cache`, *optional*): what earlier calls saw: a `DynamicCache` of keys and values (softmax),
             a `LinearAttentionCache` of recurrent states (linear), or an `EncoderDecoderCache` holding one of those and
             the cross-attention keys and values. Created when `use_cache` and none is given; returned in the output.
+            Softmax attention also takes a `StaticCache` (fixed-size keys and values, for a compiled step).
         attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
-            covering the cached tokens too (as `generate()` passes it).
+            covering the cached tokens too (as `generate()` passes it); with a `StaticCache`, (batch, max_cache_len):
+            one column per slot, 0 past the tokens given so far.
         """
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
@@ -105,28 +167,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         past_key_values, self_cache, cross_cache = self.prepare_cache(
             past_key_values, use_cache, encoder_hidden_states is not None
         )
-        past_length = self_cache.get_seq_length() if self_cache is not None else 0
-        hidden_states, _, mask = self.embed_inputs(
-            input_ids, None, inputs_embeds, attention_mask, position_ids, causal=True, past_length=past_length
-        )
-        b = hidden_states.shape[0]
-        cross_mask = None
-        if encoder_hidden_states is not None:
-            if not self.config.add_cross_attention:
-                raise ValueError("`encoder_hidden_states` given but the config has `add_cross_attention=False`.")
-            if (
-                encoder_hidden_states.dim() != 3
-                or encoder_hidden_states.shape[0] != b
-                or encoder_hidden_states.shape[-1] != self.config.hidden_size
-            ):
-                raise ValueError(
-                    f"`encoder_hidden_states` must have shape ({b}, source length, {self.config.hidden_size}), "
-                    f"got {tuple(encoder_hidden_states.shape)}."
-                )
-            encoder_key_mask = check_attention_mask(
-                encoder_attention_mask, b, encoder_hidden_states.shape[1], name="encoder_attention_mask"
-            )
-            cross_mask = AttentionMask.build(encoder_key_mask)
+        hidden_states, mask = self.embed_with_cache(input_ids, inputs_embeds, attention_mask, position_ids, self_cache)
+        cross_mask = self.cross_mask(encoder_hidden_states, encoder_attention_mask, hidden_states.shape[0])
         hidden_states, all_states, all_weights, all_cross = run_stack(
             self.layers,
             hidden_states,
@@ -225,7 +267,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             logits = self.lm_logits(hidden_states)  # (b, n, vocab); log-probabilities for an adaptive softmax
             loss = None
             if labels is not None:
-                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+                loss = causal_lm_loss(logits, labels, kwargs.get("num_items_in_batch"), kwargs.get("shift_labels"))
         output = CausalLMOutputWithCrossAttentions(
             loss=loss,
             logits=logits,
@@ -239,3 +281,35 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     def _supports_default_dynamic_cache(self):
         # softmax: generate() makes transformers' DynamicCache; linear: the model makes its LinearAttentionCache
         return attention_kernel(self.config).cache_class is DynamicCache
+
+    def _prepare_cache_for_generation(self, generation_config, *args, **kwargs):
+        # transformers would only warn that `cache_implementation` is ignored where the model makes its own cache
+        if generation_config.use_cache is not False and generation_config.cache_implementation in (
+            ALL_STATIC_CACHE_IMPLEMENTATIONS
+        ):
+            check_static_cache(attention_kernel(self.config), self.config)
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
+
+    def create_masks_for_generate(self, attention_mask=None, past_key_values=None, **_):
+        """What `generate()` passes as `attention_mask` with a compileable cache (instead of transformers' 4-D masks,
+        which this model does not take): the 2-D mask, padded with zeros to a static cache's slots, so every step
+        gets a (batch, max_cache_len) mask, the same shape at each step; the masks themselves are built in
+        `forward`, from the cache's counter."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values = past_key_values.self_attention_cache
+        slots = static_cache_length(past_key_values)
+        if attention_mask is None or attention_mask.dim() != 2 or slots is None or attention_mask.shape[1] > slots:
+            return attention_mask  # forward refuses a mask longer than the cache
+        return F.pad(attention_mask, (0, slots - attention_mask.shape[1]))
+
+
+def check_static_cache(kernel, config):
+    """Refuse a `StaticCache` (fixed-size keys and values) where the attention kernel cannot extend one."""
+    if kernel.static_cache_layer_class is None:
+        _, words = kernel.describe(config)
+        raise ValueError(
+            f'{words} attention cannot use a static cache (`cache_implementation="static"` or a `StaticCache`): it '
+            f"keeps no keys and values but its own state, a {kernel.cache_class.__name__}, whose size does not grow "
+            "with the context. Generate without `cache_implementation`; for a compiled (CUDA-graphed) step, use "
+            f"`{kernel.cache_class.__name__}(config=config, static=True)`, which keeps that state at fixed addresses."
+        )

@@ -27,6 +27,7 @@ from pathlib import Path
 from string import Template
 
 import torch
+import transformers
 from transformers import TrainerCallback, TrainerState
 
 COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
@@ -57,7 +58,7 @@ class OutputDirLock:
         except ImportError:  # not POSIX: run unlocked
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+        handle = self._open()
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -81,6 +82,22 @@ class OutputDirLock:
         handle.flush()
         self.handle = handle
         return self
+
+    def _open(self):
+        """The lock file, opened for reading and writing without following a link: a symlink (or anything but a
+        regular file) at its path is refused, so a run never writes through it into a file that is not its own."""
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            kind = "a symbolic link" if self.path.is_symlink() else "not a regular file"
+            raise OutputDirLockedError(
+                f"{self.path} is {kind}; a run writes its lock only into a regular file of its own. Remove it (or pass "
+                "another --output_dir)."
+            )
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # no link followed, even one made just now
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as err:
+            raise OutputDirLockedError(f"{self.path} cannot be opened as a lock file: {err}") from None
+        return os.fdopen(fd, "r+")
 
     def release(self):
         if self.handle is not None:
@@ -111,6 +128,9 @@ def from_main_process(value):
 def lock_output_dir(training_args, command="", script="train"):
     """Takes the `OutputDirLock` of `training_args.output_dir` on the main process and returns it; under several
     processes every rank learns whether it was taken, and all exit with the holder named if it was not."""
+    out = Path(training_args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"[{script}] --output_dir {out} is a file, not a folder: pass a folder (new or one of a run).")
     lock = OutputDirLock(training_args.output_dir, command)
     error = None
     if training_args.process_index == 0:
@@ -122,6 +142,39 @@ def lock_output_dir(training_args, command="", script="train"):
     if error:
         raise SystemExit(f"[{script}] {error}")
     return lock
+
+
+# what a run leaves in its output folder, besides its checkpoints: a folder holding any of them holds a run
+RUN_FILES = ("all_results.json", "model.safetensors", "trainer_state.json", "time_budget.json", "training_args.json")
+
+
+def check_output_dir(training_args, overwrite=False, script="train"):
+    """Refuses (SystemExit naming what is there) an `--output_dir` that holds a finished or partial run, unless the
+    run resumes it (`--resume_from_checkpoint`) or replaces it (`overwrite`: the old run's checkpoints and files are
+    removed first, by the main process). transformers 5 has no
+    `overwrite_output_dir`: without this a second command on the same folder silently replaced the first run's
+    checkpoints, weights, results and card. Call it while holding the folder's lock (`lock_output_dir`)."""
+    out = Path(training_args.output_dir)
+    if not out.is_dir():
+        return
+    found = sorted(p.name for p in out.iterdir()
+                   if p.name in RUN_FILES or p.name.startswith(("checkpoint-", "incomplete-checkpoint-")))
+    resume = training_args.resume_from_checkpoint
+    if not found or (resume is not None and str(resume).lower() not in ("false", "0", "none")):
+        return
+    if overwrite:
+        if training_args.process_index == 0:
+            print(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} ({', '.join(found)})")
+            for name in found:
+                path = out / name
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        return
+    state = "a finished run" if "all_results.json" in found else "a partial run"
+    listed = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+    raise SystemExit(
+        f"[{script}] --output_dir {out} holds {state} ({listed}). Pass --resume_from_checkpoint true to continue it, "
+        "--overwrite_output_dir to replace it, or another --output_dir."
+    )
 
 
 def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
@@ -699,6 +752,18 @@ def model_flops_utilization(tokens_per_second, flops_per_token, device_name, pre
             "mfu_note": note + (f", x {devices} devices" if mfu is not None and devices > 1 else "")}
 
 
+class PerplexityLoggingTrainer(transformers.Trainer):
+    """A `Trainer` whose logs give the perplexity beside every loss: `perplexity` (exp of the training loss) and
+    `eval_perplexity` (exp of `eval_loss`), in the printed logs, `trainer_state.json` and every reporter."""
+
+    def log(self, logs, *args, **kwargs):
+        for loss, name in (("loss", "perplexity"), ("eval_loss", "eval_perplexity")):
+            value = logs.get(loss)
+            if isinstance(value, (int, float)) and name not in logs:
+                logs[name] = math.exp(min(value, 700.0))  # exp overflows a float past ~709
+        return super().log(logs, *args, **kwargs)
+
+
 def replica_checksums(trainer):
     """One weight checksum (the sum of every parameter, in float64) per data-parallel process, gathered on every
     process; RuntimeError when the replicas disagree. Every process must call it (it is a collective)."""
@@ -732,7 +797,28 @@ def push_folder_to_hub(folder, repo_id, token=None, private=False,
     Trainer's own push, no pickle is uploaded. Returns the commit information of `huggingface_hub`."""
     from huggingface_hub import HfApi
 
+    links = linked_paths(folder)
+    if links:
+        print(f"[push] left out (links: only the folder's own regular files are uploaded): {', '.join(links)}")
     api = HfApi(token=token)
     api.create_repo(repo_id, private=bool(private), exist_ok=True)
+    ignore = PUSH_IGNORE_PATTERNS + [_fnmatch_literal(p) for p in links] + [_fnmatch_literal(p) + "/*" for p in links]
     return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                             ignore_patterns=PUSH_IGNORE_PATTERNS)
+                             ignore_patterns=ignore)
+
+
+def linked_paths(folder):
+    """The symbolic links inside `folder` (files or folders, not followed), relative, in "/" form: an upload follows
+    them and would publish whatever they point to, outside the run's folder."""
+    found = []
+    for root, dirs, files in os.walk(folder):  # os.walk does not descend into linked folders
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                found.append(path.relative_to(folder).as_posix())
+    return sorted(found)
+
+
+def _fnmatch_literal(path):
+    """`path` as an fnmatch pattern that matches it alone ([, ], *, ? taken literally)."""
+    return "".join(f"[{c}]" if c in "[]*?" else c for c in path)

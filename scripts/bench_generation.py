@@ -1,29 +1,47 @@
 """Per-token decoding latency and memory: softmax attention with a key/value cache vs linear attention with its
-recurrent state, at growing context lengths, same model size, measured in one run.
+recurrent state, at growing context lengths, same model size, measured in one run; optionally also the fixed-shape
+steps a GPU can replay as CUDA graphs (transformers' static cache for softmax, the in-place recurrent state for linear).
 
-For every batch size and context length the two decoders (identical but for `attention_type`) are prefilled
-through the cache in chunks of `--prefill_chunk` tokens, then single-token steps are timed alternately (softmax
-step, linear step, ...); the first `--warmup` steps are dropped and medians reported. A step produces one token for
-each of the batch's sequences, so at batch 1 its time is the per-token latency. Memory is the bytes the cache holds
-after the context (keys and values, or the recurrent states), plus, on CUDA, the peak memory allocated during the
-timed steps above what was allocated before them.
+For every batch size and context length the decoders (identical but for `attention_type`) are prefilled through the
+cache in chunks of `--prefill_chunk` tokens, then single-token steps are timed alternately (softmax step, linear step,
+...); the first `--warmup` steps are dropped and medians reported. A step produces one token for each of the batch's
+sequences, so at batch 1 its time is the per-token latency. Memory is the bytes the cache holds after the context
+(keys and values, or the recurrent states), plus, on CUDA, the peak memory allocated during the timed steps above what
+was allocated before them.
+
+Contenders (the first two always run, in eager mode):
+    softmax                  DynamicCache: keys and values grow by one per step (a new key length every step)
+    linear                   LinearAttentionCache: one recurrent state per layer, the same size at every step
+    softmax_static           --cache static: transformers' StaticCache, keys and values in buffers of the final length
+    softmax_static_compiled  --compile: the StaticCache step under torch.compile (mode --compile_mode: CUDA graphs)
+    linear_compiled          --compile: LinearAttentionCache(static=True), updated in place, under torch.compile
+The compiled steps are compiled afresh for every batch size and context (inside the warm-up steps, untimed).
 
     python scripts/bench_generation.py                                  # full run: contexts 128 ... 8192
     python scripts/bench_generation.py --contexts 128 1024 --steps 20   # quicker
+    python scripts/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
+        --profile                                                       # issue 34's GPU targets, with a profile
     python scripts/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
 
-Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`).
+Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`); with
+`--profile`, `<output_dir>/bench_generation_profile.txt`: torch.profiler tables (top ops by device and by CPU time) of
+`--profile_steps` steps of every contender, at the longest context of each batch size.
 """
 
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 from bench_common import describe_machine, log_axes, pyplot, save_figure, sync, write_json
+from transformers import StaticCache
 
 from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 from hf_settransformer.cache import LinearAttentionCache
+
+# issue 34's targets (ms per token, batch 1, hidden 512, 8 layers, bf16, context 2048, on a GPU)
+TARGETS_MS = {"softmax": 10.0, "linear": 5.0, "softmax_static_compiled": 3.0, "linear_compiled": 3.0}
 
 
 def parse_args():
@@ -36,18 +54,63 @@ def parse_args():
     p.add_argument("--feature_map", default="elu", choices=["elu", "exp"])
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--steps", type=int, default=30, help="timed single-token steps per model and context")
-    p.add_argument("--warmup", type=int, default=5, help="steps dropped before the medians")
+    p.add_argument("--warmup", type=int, default=5, help="steps dropped before the medians (compilation happens here)")
     p.add_argument("--prefill_chunk", type=int, default=1024)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"], help="static: add softmax_static")
+    p.add_argument("--compile", action="store_true", help="add softmax_static_compiled and linear_compiled")
+    p.add_argument(
+        "--compile_mode", default="reduce-overhead", help="torch.compile mode (reduce-overhead: CUDA graphs)"
+    )
+    p.add_argument("--compile_backend", default="inductor", help="torch.compile backend (eager: tracing only, tests)")
+    p.add_argument("--profile", action="store_true", help="write torch.profiler tables of a few steps per contender")
+    p.add_argument("--profile_steps", type=int, default=5)
     p.add_argument("--output_dir", default="scripts/results")
     p.add_argument("--tiny", action="store_true", help="a seconds-long run with a tiny model (for tests)")
-    args = p.parse_args()
-    if args.tiny:
-        args.contexts, args.hidden_size, args.num_hidden_layers, args.num_attention_heads = [16, 64], 32, 2, 4
-        args.batch_sizes = [1, 2]
-        args.vocab_size, args.steps, args.warmup, args.prefill_chunk = 50, 6, 2, 32
-    return args
+    if p.parse_args().tiny:  # tiny defaults; options given explicitly still win
+        p.set_defaults(
+            contexts=[16, 64], hidden_size=32, num_hidden_layers=2, num_attention_heads=4, batch_sizes=[1, 2]
+        )
+        p.set_defaults(vocab_size=50, steps=6, warmup=2, prefill_chunk=32, profile_steps=2)
+    return p.parse_args()
+
+
+@dataclass
+class Contender:
+    """One way to decode: a model, the cache it starts from, and the step function it calls."""
+
+    model: torch.nn.Module
+    cache: str  # "dynamic", "static" (StaticCache) or "state" / "static_state" (LinearAttentionCache)
+    compiled: bool = False
+    forward: object = None  # the (compiled) forward, made per measurement
+
+    def new_cache(self, args, batch_size, context):
+        if self.cache == "static":  # room for every step this measurement takes
+            length = context + args.warmup + args.steps + (args.profile_steps if args.profile else 0)
+            # a multiple of 64: SDPA's memory-efficient kernel pads a mask whose length is not a multiple of 16
+            return StaticCache(config=self.model.config, max_cache_len=-(-length // 64) * 64)
+        if self.cache == "static_state":
+            return LinearAttentionCache(config=self.model.config, static=True)
+        return None  # the model makes its own (DynamicCache or LinearAttentionCache)
+
+    def start(self, args):
+        """A fresh forward: compiled anew, so that every context and batch size compiles once, within the warm-up."""
+        self.forward = self.model.forward
+        if self.compiled:
+            options = {"mode": args.compile_mode} if args.compile_backend == "inductor" else {}
+            self.forward = torch.compile(self.model.forward, fullgraph=True, backend=args.compile_backend, **options)
+
+
+def contenders(args):
+    models = {name: build(args, name) for name in ("softmax", "linear")}
+    chosen = {"softmax": Contender(models["softmax"], "dynamic"), "linear": Contender(models["linear"], "state")}
+    if args.cache == "static":
+        chosen["softmax_static"] = Contender(models["softmax"], "static")
+    if args.compile:
+        chosen["softmax_static_compiled"] = Contender(models["softmax"], "static", compiled=True)
+        chosen["linear_compiled"] = Contender(models["linear"], "static_state", compiled=True)
+    return chosen
 
 
 def cache_nbytes(cache):
@@ -64,15 +127,14 @@ def build(args, attention_type):
         num_attention_heads=args.num_attention_heads,
         attention_type=attention_type,
         feature_map=args.feature_map,
-        max_position_embeddings=max(args.contexts) + args.steps + 1,
+        max_position_embeddings=max(args.contexts) + args.warmup + args.steps + args.profile_steps + 64,
     )
     torch.manual_seed(0)
     return TransformerDecoderForCausalLM(config).to(args.device, getattr(torch, args.dtype)).eval()
 
 
 @torch.no_grad()
-def prefill(model, ids, chunk):
-    cache = None
+def prefill(model, ids, chunk, cache):
     for start in range(0, ids.shape[1], chunk):
         out = model(input_ids=ids[:, start : start + chunk], past_key_values=cache, use_cache=True)
         cache = out.past_key_values
@@ -80,34 +142,41 @@ def prefill(model, ids, chunk):
 
 
 @torch.no_grad()
-def step(model, token, cache, device):
+def step(contender, token, cache, device):
     sync(device)
     start = time.perf_counter()
-    out = model(input_ids=token, past_key_values=cache, use_cache=True)
+    if contender.compiled and str(device).startswith("cuda"):
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs (logits) may be overwritten
+    out = contender.forward(input_ids=token, past_key_values=cache, use_cache=True)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     sync(device)
     return time.perf_counter() - start, token, out.past_key_values
 
 
-def measure(args, models, batch_size, context):
+def measure(args, chosen, batch_size, context, profile=None):
     g = torch.Generator().manual_seed(context)
     ids = torch.randint(0, args.vocab_size, (batch_size, context), generator=g).to(args.device)
     state = {}
-    for name, model in models.items():
-        cache, token = prefill(model, ids, args.prefill_chunk)
+    for name, c in chosen.items():
+        c.start(args)
+        cache, token = prefill(c.model, ids, args.prefill_chunk, c.new_cache(args, batch_size, context))
         state[name] = {"cache": cache, "token": token, "times": [], "cache_bytes": cache_nbytes(cache), "peak": 0}
     cuda = args.device.startswith("cuda")
     for i in range(args.warmup + args.steps):
-        for name, model in models.items():  # alternate the contenders step by step
+        for name, c in chosen.items():  # alternate the contenders step by step
             s = state[name]
             if cuda:
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            seconds, s["token"], s["cache"] = step(model, s["token"], s["cache"], args.device)
+            seconds, s["token"], s["cache"] = step(c, s["token"], s["cache"], args.device)
             if cuda:
                 s["peak"] = max(s["peak"], torch.cuda.max_memory_allocated() - base)
             if i >= args.warmup:
                 s["times"].append(seconds)
+    if profile is not None:
+        for name, c in chosen.items():
+            profile.append(profile_steps(args, name, c, state[name], f"batch {batch_size}, context {context}"))
+    torch._dynamo.reset()  # the next measurement compiles its own graphs (no cap on recompilations is reached)
     return {
         name: {
             "ms_per_token": 1e3 * statistics.median(s["times"]),
@@ -118,64 +187,107 @@ def measure(args, models, batch_size, context):
     }
 
 
-def plot(rows, args, title):
+def profile_steps(args, name, contender, s, where):
+    """torch.profiler tables of `--profile_steps` more steps: the ops a step spends its time in (on a GPU: whether
+    attention runs cuDNN, flash or efficient kernels, and how much of a step is kernel launches on the host)."""
+    cuda = args.device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.profile_steps):
+            with torch.profiler.record_function("decode_step"):
+                _, s["token"], s["cache"] = step(contender, s["token"], s["cache"], args.device)
+    averages = prof.key_averages()
+    tables = [f"## {name}, {where}: {args.profile_steps} steps"]
+    for key in (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+        tables.append(f"### sorted by {key}\n{averages.table(sort_by=key, row_limit=25)}")
+    return "\n".join(tables)
+
+
+def plot(rows, names, args, title):
     plt = pyplot()
     if plt is None:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"softmax": "o-", "linear": "s--", "softmax_static": "^-", "softmax_static_compiled": "v-"}
     for batch in sorted({r["batch"] for r in rows}):
         sub = [r for r in rows if r["batch"] == batch]
         contexts = [r["context"] for r in sub]
-        for name, style in (("softmax", "o-"), ("linear", "s--")):
-            label = f"{'softmax + KV cache' if name == 'softmax' else 'linear + recurrent state'}, batch {batch}"
-            ax1.plot(contexts, [r[name]["ms_per_token"] for r in sub], style, label=label)
-            ax2.plot(contexts, [r[name]["cache_mib"] for r in sub], style, label=label)
+        for name in names:
+            label = f"{name}, batch {batch}"
+            ax1.plot(contexts, [r[name]["ms_per_token"] for r in sub], styles.get(name, "d--"), label=label)
+            ax2.plot(contexts, [r[name]["cache_mib"] for r in sub], styles.get(name, "d--"), label=label)
     log_axes(ax1, "context length (tokens)", "ms per decoding step (median)")
     log_axes(ax2, "context length (tokens)", "cache / state memory (MiB)")
     return save_figure(fig, args, "bench_generation", title)
 
 
-def main():
-    args = parse_args()
-    models = {"softmax": build(args, "softmax"), "linear": build(args, "linear")}
-    params = sum(p.numel() for p in models["softmax"].parameters())
-    title = (
-        f"{describe_machine(args.device)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
-        f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, "
-        f"linear={args.feature_map}"
-    )
-    print(title)
-    rows, summary = [], {}
-    print(
-        "| batch | context | softmax ms/step | linear ms/step | softmax / linear | softmax cache MiB | "
-        "linear state MiB |\n|---|---|---|---|---|---|---|"
-    )
+def print_summary(rows, args):
+    summary = {}
     for batch in args.batch_sizes:
-        for context in args.contexts:
-            result = measure(args, models, batch, context)
-            rows.append({"batch": batch, "context": context, **result})
-            s, lin = result["softmax"], result["linear"]
-            print(
-                f"| {batch} | {context} | {s['ms_per_token']:.2f} | {lin['ms_per_token']:.2f} | "
-                f"{s['ms_per_token'] / lin['ms_per_token']:.1f}x | {s['cache_mib']:.2f} | {lin['cache_mib']:.3f} |",
-                flush=True,
-            )
-        first, last = rows[-len(args.contexts)], rows[-1]
+        sub = [r for r in rows if r["batch"] == batch]
+        first, last = sub[0], sub[-1]
         summary[f"batch {batch}"] = {
             "linear_latency_ratio_longest_vs_shortest": last["linear"]["ms_per_token"]
             / first["linear"]["ms_per_token"],
             "softmax_over_linear_at_longest": last["softmax"]["ms_per_token"] / last["linear"]["ms_per_token"],
         }
-    print()
-    for key, value in summary.items():
+        value = summary[f"batch {batch}"]
         print(
-            f"{key}: linear ms/step at {args.contexts[-1]} / at {args.contexts[0]} = "
+            f"batch {batch}: linear ms/step at {args.contexts[-1]} / at {args.contexts[0]} = "
             f"{value['linear_latency_ratio_longest_vs_shortest']:.2f}x (target <= 1.2x); softmax / linear at "
             f"{args.contexts[-1]} = {value['softmax_over_linear_at_longest']:.1f}x (target >= 5x)"
         )
-    path = write_json(args, "bench_generation", {"setup": title, "rows": rows, "summary": summary})
-    png = plot(rows, args, title)
-    print(f"wrote {path}" + (f" and {png}" if png else ""))
+    at = [r for r in rows if r["batch"] == 1 and r["context"] == 2048]
+    if at:  # issue 34's targets are for batch 1 at context 2048 (hidden 512, 8 layers, bf16, a GPU)
+        got = [f"{n} {at[0][n]['ms_per_token']:.2f} ms (target <= {t:g})" for n, t in TARGETS_MS.items() if n in at[0]]
+        print("batch 1, context 2048: " + "; ".join(got))
+    return summary
+
+
+def main():
+    args = parse_args()
+    chosen = contenders(args)
+    names = list(chosen)
+    params = sum(p.numel() for p in chosen["softmax"].model.parameters())
+    title = (
+        f"{describe_machine(args.device)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
+        f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, "
+        f"linear={args.feature_map}" + (f", compile {args.compile_backend}/{args.compile_mode}" if args.compile else "")
+    )
+    print(title)
+    rows, profiles = [], [title] if args.profile else None
+    print(
+        "| batch | context | "
+        + " | ".join(f"{n} ms/step" for n in names)
+        + " | softmax / linear | softmax cache MiB | linear state MiB |"
+        + (" softmax_static cache MiB |" if "softmax_static" in names else "")
+        + "\n|"
+        + "---|" * (len(names) + 5 + ("softmax_static" in names))
+    )
+    for batch in args.batch_sizes:
+        for context in args.contexts:
+            profile = profiles if profiles is not None and context == args.contexts[-1] else None
+            result = measure(args, chosen, batch, context, profile)
+            rows.append({"batch": batch, "context": context, **result})
+            s, lin = result["softmax"], result["linear"]
+            static = f" {result['softmax_static']['cache_mib']:.2f} |" if "softmax_static" in result else ""
+            print(
+                f"| {batch} | {context} | "
+                + " | ".join(f"{result[n]['ms_per_token']:.2f}" for n in names)
+                + f" | {s['ms_per_token'] / lin['ms_per_token']:.1f}x | {s['cache_mib']:.2f} | {lin['cache_mib']:.3f} |"
+                + static,
+                flush=True,
+            )
+    print()
+    summary = print_summary(rows, args)
+    path = write_json(args, "bench_generation", {"setup": title, "contenders": names, "rows": rows, "summary": summary})
+    png = plot(rows, names, args, title)
+    wrote = [str(path)] + ([str(png)] if png else [])
+    if profiles is not None:
+        profile_path = path.with_name("bench_generation_profile.txt")
+        profile_path.write_text("\n\n".join(profiles) + "\n")
+        wrote.append(str(profile_path))
+    print("wrote " + ", ".join(wrote))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # everything is checked before the card is rewritten: a refused push leaves the folder as it was
+        validate_repo_id(args.repo_id)
+    except HFValidationError as err:
+        raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: {err}") from None
     check_finished_run(args.run_dir)
 
     from train_lm import refresh_model_card  # torch and transformers: after the cheap checks

@@ -75,7 +75,6 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     HfArgumentParser,
-    Trainer,
     TrainingArguments,
     set_seed,
 )
@@ -83,8 +82,10 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
 from hf_settransformer import (  # importing the package registers the models with the Auto classes
+    PerplexityLoggingTrainer,
     build_word_tokenizer,
     check_checkpoint_matches,
+    check_output_dir,
     evaluate_perplexity,
     evaluation_protocol,
     example_length,
@@ -108,6 +109,7 @@ from hf_settransformer import (  # importing the package registers the models wi
     write_model_card,
     write_text_atomically,
 )
+from hf_settransformer.modeling_common import HfstPreTrainedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
@@ -279,6 +281,11 @@ class DataArguments:
         metadata={"help": "Validation tokens predicted by each evaluation during training (a quick estimate)."},
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Use only the first N training tokens."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace the run already in --output_dir (its checkpoints, weights and results are removed "
+                  "first). Without it such a folder is refused unless --resume_from_checkpoint continues it."},
+    )
 
 
 @dataclass
@@ -414,6 +421,14 @@ def build_model(model_args, data_args, vocab_size, eos_id):
         raise SystemExit(
             f"The model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's ({vocab_size})."
         )
+    if model_args.model_name_or_path and model_args.tokenizer_name and model.config.vocab_size != vocab_size:
+        # a tokenizer of another vocabulary: every embedding row would now stand for another word
+        raise SystemExit(
+            f"--tokenizer_name {model_args.tokenizer_name} has {vocab_size:,} tokens but the model "
+            f"({model_args.model_name_or_path}) was trained with a vocabulary of {model.config.vocab_size:,}: its "
+            "embedding rows stand for that tokenizer's words. Use the model's own tokenizer (leave out "
+            "--tokenizer_name), or train a new model with this tokenizer (leave out --model_name_or_path)."
+        )
     return model
 
 
@@ -517,18 +532,24 @@ def training_datasets(model, streams, data_args, seed):
     length = example_length(model, data_args.block_size)
     validation = streams.get("validation")
     periodic = None if validation is None else validation[: data_args.periodic_eval_targets + length]
-    try:
-        return [
-            None if stream is None
-            else lm_training_dataset(model, stream, data_args.block_size, data_args.targets_per_epoch, seed=seed)
-            for stream in (streams["train"], periodic)
-        ]
-    except ValueError as err:
-        flag = "--block_size" if model.config.model_type == "hfst_decoder" else "--context_length / --target_length"
-        raise SystemExit(
-            f"Cannot make training examples: {err} (--train_file, or the validation file for the periodic evaluation, "
-            f"is shorter than one example of {length} tokens: pass more text or a smaller {flag}.)"
-        ) from None
+    datasets = []
+    for stream, source in ((streams["train"], "train"), (periodic, "validation")):
+        try:
+            datasets.append(None if stream is None else lm_training_dataset(
+                model, stream, data_args.block_size, data_args.targets_per_epoch, seed=seed))
+        except ValueError as err:
+            flag = "--block_size" if model.config.model_type == "hfst_decoder" else "--context_length / --target_length"
+            if source == "train" and data_args.max_train_tokens:
+                what = f"--max_train_tokens {data_args.max_train_tokens} keeps"
+            elif source == "train":
+                what = "--train_file holds"
+            else:
+                what = "the validation file (for the periodic evaluation) holds"
+            raise SystemExit(
+                f"Cannot make {source} examples: {err} ({what} fewer tokens than one example of {length}: pass more "
+                f"text or a smaller {flag}.)"
+            ) from None
+    return datasets
 
 
 def wants_bf16(model_args, training_args):
@@ -581,6 +602,25 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     return results
 
 
+def results_table(results):
+    """The end-of-run summary, a Markdown table of what the run measured (all of it is in all_results.json)."""
+    def number(value):
+        if isinstance(value, float):
+            return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+    keys = ["parameters", "train_steps", "train_tokens", "train_loss", "train_tokens_per_second", "mfu",
+            "validation_perplexity", "validation_accuracy", "test_perplexity", "test_accuracy", "train_seconds",
+            "wall_time_seconds"]
+    rows = [(k, number(results[k])) for k in keys if results.get(k) is not None]
+    if results.get("mfu") is None and results.get("mfu_note"):
+        rows.append(("mfu", f"n/a ({results['mfu_note']})"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"| {'result'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
+    lines += [f"| {k.ljust(width)} | {v} |" for k, v in rows]
+    return "[train_lm] results\n" + "\n".join(lines)
+
+
 def write_outputs(trainer, model_args, data_args, results, command, push_requested):
     """all_results.json, the model card (a trained model with validation and test results), training_args.json, the
     summary; the push to the Hub. On the main process."""
@@ -590,9 +630,7 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
     if card:
         write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
                             command)
-    summary = {k: results[k] for k in results
-               if k.endswith(("perplexity", "accuracy", "per_second", "seconds")) or k in ("mfu", "mfu_note")}
-    print("[train_lm] " + json.dumps({**summary, "parameters": results["parameters"]}, indent=1))
+    print(results_table(results))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
     print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}"
           + ("" if card else " (the model card needs a trained model and validation and test results)"))
@@ -638,8 +676,14 @@ def refresh_model_card(run_dir, repo_id=None):
         mlm = re.search(r"--mlm_probability[ =](\S+)", command)
         results["mlm_probability"] = float(mlm.group(1)) if mlm else DataArguments.mlm_probability
     config = AutoConfig.from_pretrained(run_dir)
+    name = (getattr(config, "architectures", None) or [None])[0]
+    model_class = getattr(hfst, name, None) if isinstance(name, str) else None
+    if not (isinstance(model_class, type) and issubclass(model_class, HfstPreTrainedModel)):
+        # never call a class by a name read from a file without checking it is one of ours
+        raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
+                         "model class.")
     with torch.device("meta"):  # the card reads the config and the class; no weights needed
-        model = getattr(hfst, config.architectures[0])(config)
+        model = model_class(config)
     args_file = run_dir / "training_args.json"
     if repo_id is None:
         repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
@@ -749,10 +793,16 @@ def check_arguments(model_args, data_args, training_args):
         )
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise SystemExit("Nothing to do: pass --do_train, --do_eval (validation) and/or --do_predict (test).")
-    for name in ("block_size", "context_length", "target_length", "train_token_budget", "eval_stride"):
+    positive = ("block_size", "context_length", "target_length", "train_token_budget", "eval_stride", "max_eval_tokens",
+                "periodic_eval_targets", "max_train_tokens", "targets_per_epoch")
+    for name in positive:
         value = getattr(data_args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
+    if training_args.gradient_accumulation_steps < 1:
+        raise SystemExit(
+            f"--gradient_accumulation_steps must be a positive integer, got {training_args.gradient_accumulation_steps}."
+        )
     if data_args.max_train_minutes is not None and not 0 < data_args.max_train_minutes < float("inf"):
         raise SystemExit(f"--max_train_minutes must be a positive number, got {data_args.max_train_minutes}.")
     if data_args.max_train_minutes and (training_args.max_steps > 0 or data_args.train_token_budget):
@@ -783,6 +833,7 @@ def main(argv=None):
     check_arguments(model_args, data_args, training_args)
     # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
     lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
+    check_output_dir(training_args, data_args.overwrite_output_dir, script="train_lm")
     transformers.logging.set_verbosity_warning()
     set_seed(training_args.seed)
     wall_start = time.time()
@@ -790,7 +841,9 @@ def main(argv=None):
 
     tokenizer, eos_id, streams = load_data(model_args, data_args, training_args, command, say)
     model = build_model(model_args, data_args, len(tokenizer), eos_id)
-    tokenizer.model_max_length = length = example_length(model, data_args.block_size)
+    length = example_length(model, data_args.block_size)
+    # what the model can take (the training block is only what it was trained on): a longer prompt is no error
+    tokenizer.model_max_length = model.config.max_position_embeddings
     train_dataset, eval_dataset = training_datasets(model, streams, data_args, training_args.seed)
     # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push_folder_to_hub uploads
     # the final folder instead, safetensors, JSON, code and text only.
@@ -806,8 +859,9 @@ def main(argv=None):
     masked = is_masked_lm(model)
     # masked LM: BERT's masking (80% mask token, 10% random, 10% kept) of --mlm_probability of the tokens
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability) if masked else None
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                      processing_class=tokenizer, data_collator=collator, callbacks=callbacks)
+    trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,
+                                       eval_dataset=eval_dataset, processing_class=tokenizer, data_collator=collator,
+                                       callbacks=callbacks)
     environment = run_environment(trainer)
     if budget is not None and training_args.do_train:
         trainer.args.max_steps = max_steps_for_budget(trainer, budget.minutes, timer, script="train_lm")

@@ -40,6 +40,7 @@ from hf_settransformer import (
     DeepSetsBaseline,
     SetTransformerConfig,
     check_checkpoint_matches,
+    check_output_dir,
     evaluate_set_task,
     l1_loss,
     lock_output_dir,
@@ -91,6 +92,11 @@ class SetArguments:
     max_values: str = field(
         default="real",
         metadata={"help": "max_regression values: real (paper) or integer", "choices": ["real", "integer"]},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "replace the run already in --output_dir (without it such a folder is refused unless "
+                  "--resume_from_checkpoint continues it)"},
     )
     value_scale: float = field(
         default=100.0,
@@ -182,6 +188,15 @@ def check_arguments(args):
     """Refuses values that would train or evaluate something meaningless, naming the flag."""
     if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
         raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
+    if args.model != "set_transformer":  # an rFF + pooling: no attention, no blocks to set
+        given = [name for name in ("attention_type", "feature_map", "norm_type", "num_inducing_points",
+                                   "num_attention_heads", "num_hidden_layers", "num_decoder_layers")
+                 if getattr(args, name) is not None]
+        if given:
+            raise SystemExit(
+                f"--model {args.model} is the paper's rFF + pooling baseline: it has no attention or Set Transformer "
+                f"blocks, so {', '.join('--' + g for g in given)} cannot apply (use --model set_transformer)."
+            )
     if not (math.isfinite(args.value_scale) and args.value_scale > 0):
         raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
     for name in ("eval_sets", "train_sets"):
@@ -233,6 +248,7 @@ def main(argv=None):
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
     check_arguments(args)
     lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")  # noqa: F841 (held)
+    check_output_dir(training_args, args.overwrite_output_dir, script="train_sets")
     set_seed(training_args.seed)
     model = load_model(args) if args.model_name_or_path else None
     for key, value in {**MODEL_DEFAULTS, **TASK_DEFAULTS[args.task]}.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import family_classes
+from conftest import ATTENTIONS, family_classes
 
 import hf_settransformer as hfst
 
@@ -65,6 +65,119 @@ def test_bad_config_values_are_refused_naming_the_field(family, kwargs, words):
         assert word in str(err.value), str(err.value)
 
 
+NEW_CONFIG_CASES = [  # issue 36: accepted before, then silently wrong
+    ("encoder", {"target_length": 1}, ["target_length", ">= 2", "target_length=1", "next_token_mode='window'"]),
+    ("set_transformer", {"context_length": 1}, ["context_length", ">= 2", "context_length=1"]),
+    ("perceiver_io", {"context_length": 8, "target_length": 1}, ["target_length", ">= 2"]),
+    ("encoder", {"vocab_size": 50, "pad_token_id": 999}, ["pad_token_id", "[0, 49]", "999"]),
+    ("decoder", {"vocab_size": 50, "bos_token_id": -5}, ["bos_token_id", "[0, 49]", "-5"]),
+    ("decoder", {"vocab_size": 50, "eos_token_id": 10**9}, ["eos_token_id", "[0, 49]"]),
+    ("decoder", {"vocab_size": 50, "eos_token_id": [2, 50]}, ["eos_token_id", "[0, 49]", "[2, 50]"]),
+    ("encoder", {"vocab_size": 50, "pad_token_id": True}, ["pad_token_id", "True"]),
+]
+
+
+@pytest.mark.parametrize("family,kwargs,words", NEW_CONFIG_CASES, ids=[str(c[1]) for c in NEW_CONFIG_CASES])
+def test_configs_that_would_be_silently_wrong_are_refused(family, kwargs, words):
+    with pytest.raises(ValueError) as err:
+        CONFIGS[family](**kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_the_decoder_has_no_windows_to_check_and_valid_special_tokens_pass():
+    assert hfst.TransformerDecoderConfig(context_length=1).context_length == 1  # read by the window heads only
+    config = hfst.TransformerDecoderConfig(vocab_size=50, pad_token_id=0, bos_token_id=49, eos_token_id=[1, 2])
+    assert config.eos_token_id == [1, 2]
+
+
+@pytest.mark.parametrize("loaded", ["decoder", "encoder"])
+def test_a_checkpoint_of_another_family_is_refused_by_our_classes_naming_both(tmp_path, loaded):
+    from conftest import tiny_config
+
+    saved = "encoder" if loaded == "decoder" else "decoder"
+    source = {"encoder": hfst.TransformerEncoderForMaskedLM, "decoder": hfst.TransformerDecoderForCausalLM}
+    source[saved](tiny_config(saved)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        source[loaded].from_pretrained(tmp_path)
+    assert f"hfst_{saved}" in str(err.value) and f"hfst_{loaded}" in str(err.value) and "Auto classes" in str(err.value)
+    assert type(source[saved].from_pretrained(tmp_path)) is source[saved]  # its own family still loads
+
+
+INPUT_CASES = [  # issue 36: (model kwargs, words of the error); decoder and encoder, softmax and linear
+    ({"input_ids": torch.ones(2, 5, dtype=torch.uint8)}, ["input_ids", "torch.long", "uint8"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.bool)}, ["input_ids", "torch.long", "bool"]),
+    ({"input_ids": torch.ones(5, dtype=torch.long)}, ["input_ids", "(batch, length)", "(5,)"]),
+    ({"input_ids": torch.ones(2, 0, dtype=torch.long)}, ["input_ids", "length 0"]),
+    ({"inputs_embeds": torch.ones(2, 5, 32, dtype=torch.long)}, ["inputs_embeds", "floating-point", "int64"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.full((2, 5), 0.5)},
+     ["attention_mask", "only 0 (padding) and 1", "0.5"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.full((2, 5), float("nan"))},
+     ["attention_mask", "only 0 (padding) and 1"]),
+]
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+@pytest.mark.parametrize("kwargs,words", INPUT_CASES, ids=[str(i) for i in range(len(INPUT_CASES))])
+def test_bad_inputs_are_refused_naming_the_input(family, attention_type, kwargs, words):
+    from conftest import make_model, tiny_config
+
+    config = tiny_config(family, attention_type)
+    model = make_model(family_classes(config)[next(iter(family_classes(config)))], config)
+    with pytest.raises(ValueError) as err:
+        model(**kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_negative_learned_positions_are_refused():
+    from conftest import make_model, tiny_config
+
+    model = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", position_embedding_type="learned"))
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="`position_ids` must be non-negative, got values down to -1"):
+        model(input_ids=ids, position_ids=torch.tensor([[-1, 0, 1, 2]]))
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=["softmax", "linear-elu", "linear-exp"])
+def test_a_cache_of_another_batch_size_is_refused_naming_both(attention_type, feature_map):
+    from conftest import decoder
+
+    model = decoder(attention_type, feature_map)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, 37, (2, 5)), use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="a batch of 2, but the inputs are a batch of 1"):
+            model(input_ids=torch.randint(1, 37, (1, 1)), past_key_values=cache)
+
+
+@pytest.mark.parametrize("cls,family", [("TransformerDecoderForCausalLM", "decoder"),
+                                        ("TransformerEncoderForMaskedLM", "encoder")])
+def test_labels_of_another_shape_are_refused_naming_both_shapes(cls, family):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    ids = torch.randint(1, 37, (2, 6))
+    with pytest.raises(ValueError, match=r"`labels` must have the inputs' shape \(2, 6\).*got \(2, 3\)"):
+        model(input_ids=ids, labels=ids[:, :3])
+
+
+@pytest.mark.parametrize("family,cls", [("decoder", "TransformerDecoderForCausalLM"),
+                                        ("encoder", "TransformerEncoderForMaskedLM"),
+                                        ("perceiver_io", "PerceiverIOForMaskedLM"),
+                                        ("encoder", "TransformerEncoderForNextTokenPrediction"),
+                                        ("set_transformer", "SetTransformerForNextTokenPrediction")])
+def test_a_loss_over_zero_targets_is_zero_with_a_zero_gradient(family, cls):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family)).train()
+    ids = torch.randint(1, 37, (2, 8))
+    loss = model(input_ids=ids, labels=torch.full_like(ids, -100)).loss
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
 def test_unrelated_extra_config_keys_are_kept_as_transformers_does():
     """Keys far from every field (a saved config's `architectures`, a user's note) stay extra attributes."""
     config = hfst.TransformerEncoderConfig(vocab_size=100, my_note="kept", architectures=["X"])
@@ -87,7 +200,6 @@ def test_feature_map_with_softmax_attention_warns(caplog):
 # ------------------------------------------------------------------------------------------------------ inputs
 
 FAMILIES = list(CONFIGS)
-ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
 
 
 def tiny(family, attention_type="softmax", feature_map="elu", **kwargs):
@@ -198,9 +310,9 @@ FLAG_CASES = [
     (["--train_file", "{empty}"], ["--train_file", "empty.txt is empty"]),
     (["--train_file", "{blank}"], ["--train_file", "blank.txt is empty"]),
     (["--family", "perceiver_io", "--train_file", "{blank}"], ["--train_file", "blank.txt is empty"]),
-    (["--train_file", "{short}", "--validation_file", "{short}"], ["shorter than one example", "--block_size"]),
+    (["--train_file", "{short}", "--validation_file", "{short}"], ["--train_file holds fewer tokens", "--block_size"]),
     (["--family", "perceiver_io", "--train_file", "{short}", "--validation_file", "{short}"],
-     ["shorter than one example", "--context_length"]),
+     ["--train_file holds fewer tokens", "--context_length"]),
     (["--validation_file", "{missing}"], ["--validation_file: no such file"]),
     (["--do_eval", "--validation_file", None], ["--do_eval needs a validation split"]),
     (["--do_predict"], ["--do_predict needs a test split"]),
@@ -213,6 +325,19 @@ FLAG_CASES = [
      ["weights do not fit", "hfst_decoder model", "hfst_encoder model"]),
     (["--resume_from_checkpoint", "{checkpoint}", "--config_overrides", "hidden_size=64"],
      ["weights do not fit", "hidden_size: checkpoint 32, this run 64"]),
+    # issue 36
+    (["--max_eval_tokens", "0"], ["--max_eval_tokens must be a positive integer"]),
+    (["--max_eval_tokens", "-3"], ["--max_eval_tokens must be a positive integer"]),
+    (["--periodic_eval_targets", "-10"], ["--periodic_eval_targets must be a positive integer"]),
+    (["--targets_per_epoch", "0"], ["--targets_per_epoch must be a positive integer"]),
+    (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps must be a positive integer"]),
+    (["--max_train_tokens", "5"], ["--max_train_tokens 5 keeps fewer tokens", "--block_size"]),
+    (["--output_dir", "{run}"], ["holds a finished run", "all_results.json", "--resume_from_checkpoint true",
+                                 "--overwrite_output_dir"]),
+    (["--output_dir", "{partial}"], ["holds a partial run", "checkpoint-2", "--overwrite_output_dir"]),
+    (["--output_dir", "{train}"], ["--output_dir", "is a file, not a folder"]),
+    (["--model_name_or_path", "{run}", "--tokenizer_name", "{small_tokenizer}"],
+     ["--tokenizer_name", "has 6 tokens", "vocabulary of", "Use the model's own tokenizer"]),
 ]
 
 
@@ -227,9 +352,14 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
     (unnamed / "trainer_state.json").unlink()
     (badjson / "hfst_checkpoint_complete.json").write_text("not json")
     (nomarker / "hfst_checkpoint_complete.json").unlink()
+    partial = tmp_path / "partial"
+    shutil.copytree(decoder_checkpoint, partial / "checkpoint-2")
+    small_tokenizer = tmp_path / "small_tokenizer"
+    hfst.build_word_tokenizer(["a b c"]).save_pretrained(small_tokenizer)
     files = dict(train=texts / "train.txt", empty=texts / "empty.txt", blank=texts / "blank.txt",
                  short=texts / "short.txt", missing=texts / "missing.txt", checkpoint=decoder_checkpoint,
-                 unnamed=unnamed, badjson=badjson, nomarker=nomarker)
+                 unnamed=unnamed, badjson=badjson, nomarker=nomarker, run=decoder_checkpoint.parent, partial=partial,
+                 small_tokenizer=small_tokenizer)
     args = {"--train_file": str(texts / "train.txt"), "--validation_file": str(texts / "train.txt"),
             "--preset": "tiny", "--output_dir": str(tmp_path / "out"), "--max_steps": "2", "--report_to": "none",
             "--disable_tqdm": "true"}
@@ -259,6 +389,9 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
         (["--value_scale", "nan"], ["--value_scale must be a positive finite number"]),
         (["--eval_sets", "0"], ["--eval_sets must be a positive integer"]),
         (["--min_size", "5", "--max_size", "2"], ["--min_size (5) must not exceed --max_size (2)"]),
+        (["--model", "deepsets_max", "--attention_type", "linear"], ["deepsets_max", "--attention_type cannot apply"]),
+        (["--model", "deepsets_sum", "--num_inducing_points", "4", "--feature_map", "exp"],
+         ["--feature_map, --num_inducing_points cannot apply"]),
     ],
 )
 def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words):

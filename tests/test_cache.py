@@ -1,13 +1,15 @@
 """Mirrors `hf_settransformer/cache.py`: which cache a decoder makes (transformers' DynamicCache for softmax, a
 `LinearAttentionCache` of recurrent states for linear attention), a recurrent state that does not grow with the
-context, and a linear decoder refusing a key-value cache."""
+context, and a linear decoder refusing a key-value cache (a static one too); the in-place (static) recurrent state."""
 
 import pytest
 import torch
 from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder
-from transformers import DynamicCache
+from test_generation import left_padded_batch
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
 
-from hf_settransformer.cache import LinearAttentionCache
+from hf_settransformer.cache import LinearAttentionCache, static_cache_length
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
@@ -52,3 +54,53 @@ def test_linear_cache_rejects_a_key_value_cache():
     # an empty one (as EncoderDecoderModel.generate makes) is replaced by recurrent states
     out = model(input_ids=torch.randint(0, VOCAB, (1, 4)), past_key_values=DynamicCache(), use_cache=True)
     assert isinstance(out.past_key_values, LinearAttentionCache)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_linear_attention_refuses_a_static_cache_and_names_its_own_state(feature_map):
+    model = decoder("linear", feature_map)
+    ids, mask = left_padded_batch()
+    match = "cannot use a static cache.*LinearAttentionCache.*static=True"
+    with pytest.raises(ValueError, match=match):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0, cache_implementation="static")
+    with pytest.raises(ValueError, match=match):
+        model(input_ids=ids, past_key_values=StaticCache(config=model.config, max_cache_len=12))
+
+
+def test_static_cache_length_refuses_sliding_window_layers():
+    assert static_cache_length(DynamicCache()) is None
+    assert static_cache_length(Cache(layers=[StaticLayer(max_cache_len=8), StaticLayer(max_cache_len=8)])) == 8
+    with pytest.raises(ValueError, match="one `StaticLayer` per layer"):
+        static_cache_length(Cache(layers=[StaticSlidingWindowLayer(max_cache_len=8, sliding_window=4)]))
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_static_linear_cache_updates_its_state_in_place(feature_map):
+    """LinearAttentionCache(static=True): the prefill's state buffers are written in place by every step (fixed
+    addresses, for CUDA graphs), tokens are counted in a tensor, and the outputs are those of the usual cache."""
+    model = decoder("linear", feature_map)
+    ids, mask = left_padded_batch()
+    continuation = torch.randint(1, VOCAB, (2, 4))
+    caches = [LinearAttentionCache(config=model.config), LinearAttentionCache(config=model.config, static=True)]
+    logits = [[], []]
+    with torch.no_grad():
+        for cache, out in zip(caches, logits):
+            out.append(model(input_ids=ids, attention_mask=mask, past_key_values=cache).logits)
+            addresses = [t.data_ptr() for layer in cache.layers for t in (layer.state.kv, layer.state.z)]
+            step_mask = mask
+            for t in range(4):
+                step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
+                step = model(input_ids=continuation[:, t : t + 1], attention_mask=step_mask, past_key_values=cache)
+                out.append(step.logits)
+            now = [t.data_ptr() for layer in cache.layers for t in (layer.state.kv, layer.state.z)]
+            assert (now == addresses) == cache.layers[0].static
+    for a, b in zip(*logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    counted = caches[1].get_seq_length()
+    assert torch.is_tensor(counted) and int(counted) == 11 == caches[0].get_seq_length()
+    assert caches[1].state_nbytes() == caches[0].state_nbytes()
+    kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    expected = model.generate(ids, **kwargs)
+    assert torch.equal(
+        model.generate(ids, past_key_values=LinearAttentionCache(config=model.config, static=True), **kwargs), expected
+    )

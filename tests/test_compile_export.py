@@ -1,13 +1,21 @@
 """torch.compile and torch.export for every family x attention type: one graph (fullgraph, no graph breaks) and the
 outputs of eager mode. Dynamo is checked with the "eager" backend (tracing without inductor's code generation, which
-tests/test_hf_integration.py's compiled training covers and which takes tens of seconds per model)."""
+tests/test_hf_integration.py's compiled training covers and which takes tens of seconds per model).
+
+Decoding steps with fixed shapes (a StaticCache for softmax, the in-place recurrent state for linear attention) compile
+to one graph that serves every step: no recompilation as the context grows, which CUDA graphs need."""
 
 import pytest
 import torch
-from conftest import ATTENTIONS, FAMILIES, family_classes, make_model, tiny_config
-from transformers import AutoModel, AutoModelForCausalLM
+import torch.nn.functional as F
+from conftest import ATTENTIONS, FAMILIES, VOCAB, decoder, family_classes, make_model, tiny_config
+from test_generation import left_padded_batch
+from torch._dynamo.testing import CompileCounter
+from transformers import AutoModel, AutoModelForCausalLM, StaticCache
 
-from hf_settransformer.linear_ops import causal_linear_attention
+from hf_settransformer.attention import AttentionMask, linear_kernel
+from hf_settransformer.cache import LinearAttentionCache, RecurrentStateLayer
+from hf_settransformer.linear_ops import causal_linear_attention, linear_attention_step
 
 # every base model (the decoder's is causal: its linear-exp case runs the exp kernel's compiled path), and every family's
 # causal-LM head with softmax attention (the heads' own code; linear heads add only tracing time, ~10-30 s each)
@@ -85,3 +93,112 @@ def test_compiled_exp_kernel_takes_the_exact_path_in_steep_chunks():
     for a, b in zip(compiled_grads, grads):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def decode(model, step, cache, ids, mask, steps=5):
+    """Prefill `ids` eagerly into `cache`, then `steps` greedy steps through `step` -> their logits (steps, b, vocab).
+    `mask`: (b, n) for a cache that grows, (b, slots) for a static cache; None: no padding."""
+    logits = []
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        for t in range(steps):
+            if mask is not None and mask.shape[1] == ids.shape[1] + t:  # the usual cache's mask: one more column
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            elif mask is not None:  # a static cache's, one column per slot: the new token's slot is set
+                mask = mask.clone()
+                mask[:, ids.shape[1] + t] = 1
+            token = out.logits[:, -1:].argmax(-1)
+            out = step(input_ids=token, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+            logits.append(out.logits[:, -1].clone())
+    return torch.stack(logits)
+
+
+def test_compiled_static_cache_decoding_step_equals_eager():
+    """Softmax with transformers' StaticCache and left padding: one graph for every step (positions and masks come from
+    the cache's counter, a tensor: nothing read back, the same shapes each step), eager mode's logits."""
+    model = decoder("softmax", "elu")
+    ids, mask = left_padded_batch()
+    slots = mask.shape[1] + 5
+    static_mask = F.pad(mask, (0, 5))
+    expected = decode(model, model.forward, StaticCache(config=model.config, max_cache_len=slots), ids, static_mask)
+    dynamic = decode(model, model.forward, None, ids, mask)  # the usual cache: masks grow with the context
+    torch.testing.assert_close(expected, dynamic, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    counter = CompileCounter()  # the "eager" backend, counting the graphs it is handed
+    step = torch.compile(model.forward, fullgraph=True, backend=counter)
+    got = decode(model, step, StaticCache(config=model.config, max_cache_len=slots), ids, static_mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert counter.frame_count == 1
+
+
+def test_generate_with_a_static_cache_compiles_its_decoding_step_once():
+    """generate()'s own route (a GPU's, forced here on the CPU): with a StaticCache it compiles the forward and calls it
+    for every decoding step with the mask this model's `create_masks_for_generate` pads to the cache's slots; one graph
+    serves them all (fullgraph) and the tokens are the dynamic cache's."""
+    from transformers import CompileConfig
+
+    model = decoder("softmax", "elu")
+    ids, mask = left_padded_batch()
+    kwargs = {"attention_mask": mask, "max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    expected = model.generate(ids, **kwargs)
+    graphs = []
+
+    def counting_backend(graph, example_inputs):  # a function: CompileConfig deep-copies its backend
+        graphs.append(graph)
+        return graph.forward
+
+    config = CompileConfig(fullgraph=True, backend=counting_backend, mode=None)
+    config._compile_all_devices = True  # transformers' switch for compiling on a CPU
+    torch._dynamo.reset()
+    got = model.generate(ids, cache_implementation="static", compile_config=config, **kwargs)
+    assert torch.equal(got, expected)
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_compiled_linear_decoding_step_equals_eager(feature_map):
+    """Linear attention with LinearAttentionCache(static=True): one graph for every step, eager mode's logits."""
+    model = decoder("linear", feature_map)
+    ids = torch.randint(1, VOCAB, (2, 9))
+    expected = decode(model, model.forward, LinearAttentionCache(config=model.config), ids, None)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = torch.compile(model.forward, fullgraph=True, backend=counter)
+    got = decode(model, step, LinearAttentionCache(config=model.config, static=True), ids, None)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_compiled_linear_attention_step_equals_eager_and_writes_the_state_in_place(feature_map):
+    """The single-token kernel step (`linear_kernel` with n = 1 and a state): one graph for every step, no host read
+    (fullgraph), and with a static layer the state written into the same buffers each step (CUDA graphs replay on
+    fixed addresses). `linear_attention_step` itself also compiles with inductor."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
+    steps = [[torch.randn(2, 4, 1, 8, generator=g) for _ in range(3)] for _ in range(4)]
+    mask, options = AttentionMask(causal=True), {"feature_map": feature_map}
+    eager, static = RecurrentStateLayer(), RecurrentStateLayer(static=True)
+    for layer in (eager, static):
+        linear_kernel(q, k, v, mask, layer, **options)
+    addresses = [t.data_ptr() for t in (static.state.kv, static.state.z)]
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(linear_kernel, fullgraph=True, backend=counter)
+    for sq, sk, sv in steps:
+        expected, _, _ = linear_kernel(sq, sk, sv, mask, eager, **options)
+        got, _, _ = compiled(sq, sk, sv, mask, static, **options)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert counter.frame_count == 1
+    assert [t.data_ptr() for t in (static.state.kv, static.state.z)] == addresses
+    assert int(static.get_seq_length()) == eager.get_seq_length() == 11
+    torch.testing.assert_close(static.state.kv, eager.state.kv)
+    if feature_map == "elu":  # inductor's code generation: a few seconds
+        torch._dynamo.reset()
+        fused = torch.compile(linear_attention_step, fullgraph=True)
+        sq, sk, sv = steps[0]
+        for got, want in zip(fused(sq, sk, sv, eager.state), linear_attention_step(sq, sk, sv, eager.state)):
+            if isinstance(got, torch.Tensor):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+            else:
+                torch.testing.assert_close(got.kv, want.kv, atol=1e-6, rtol=1e-5)

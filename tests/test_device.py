@@ -168,6 +168,37 @@ def test_training_step_reads_nothing_back_but_the_one_input_check(
         assert exact_path_checks == 0
 
 
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_a_fixed_shape_decoding_step_reads_back_only_the_input_check(attention_type, feature_map, monkeypatch):
+    """A decoding step with a static cache (softmax: transformers' StaticCache; linear: the state kept in place) and
+    left padding: the one input check is its only read (its positions and masks come from the cache's counter, a
+    tensor; compiled, it reads nothing: test_compile_export.py), and it makes no tensor off the inputs' device."""
+    from transformers import StaticCache
+
+    from hf_settransformer.cache import LinearAttentionCache
+
+    config = tiny_config("decoder", attention_type, feature_map)
+    model = make_model(hfst.TransformerDecoderForCausalLM, config)
+    ids = torch.randint(1, VOCAB, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    static = attention_type == "softmax"
+    cache = StaticCache(config=config, max_cache_len=8) if static else LinearAttentionCache(config=config, static=True)
+    full = torch.nn.functional.pad(mask, (0, 2), value=1)  # the prompt and two steps
+
+    def mask_for(length):  # a StaticCache's mask covers its 8 slots; the recurrent state's, the tokens so far
+        return full if static else full[:, :length]
+
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask_for(6), past_key_values=cache)
+        with host_reads(monkeypatch) as sites:
+            model(input_ids=ids[:, :1], attention_mask=mask_for(7), past_key_values=cache)
+        with torch.device("meta"):  # apart: under the meta context `tolist` would be counted twice
+            out = model(input_ids=ids[:, 1:2], attention_mask=mask_for(8), past_key_values=cache)
+    assert dict(sites) == {"modeling_common.py:check_input_values": 1}
+    assert out.logits.device.type == "cpu" and torch.isfinite(out.logits).all()
+
+
 def test_the_host_read_counter_sees_item_bool_tolist_and_boolean_indexing(monkeypatch):
     x = torch.arange(4.0)
     with host_reads(monkeypatch) as sites:

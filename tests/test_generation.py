@@ -1,9 +1,12 @@
 """Cached decoding and `generate()`: a cached step equals the full forward pass; generate() with a cache gives the
-tokens it gives without one. The caches themselves (`hf_settransformer/cache.py`) are in test_cache.py."""
+tokens it gives without one, and with transformers' StaticCache (softmax) those of the dynamic cache. The caches
+themselves (`hf_settransformer/cache.py`) are in test_cache.py; compiled decoding steps in test_compile_export.py."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder
+from transformers import StaticCache
 
 ATOL = 1e-4
 
@@ -109,3 +112,52 @@ def test_generate_feeds_one_token_per_step(attention_type, feature_map):
     )
     model.generate(torch.randint(1, VOCAB, (1, 9)), max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert lengths == [9, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_static_cache_greedy_equals_dynamic_cache(padded, implementation):
+    """generate(cache_implementation="static"): keys and values in fixed buffers, whose unwritten slots and padding are
+    masked, give the dynamic cache's tokens."""
+    model = decoder("softmax", "elu")
+    model.set_attn_implementation(implementation)
+    ids, mask = left_padded_batch()
+    if not padded:
+        ids, mask = ids[:1], mask[:1]
+    kwargs = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    kwargs["return_dict_in_generate"] = True
+    dynamic = model.generate(ids, **kwargs)
+    static = model.generate(ids, cache_implementation="static", **kwargs)
+    assert isinstance(static.past_key_values, StaticCache)
+    assert torch.equal(static.sequences, dynamic.sequences)
+
+
+def test_static_cache_steps_equal_full_forward_with_left_padding():
+    """The mask covers every slot of the cache, ones even for tokens not yet given: the slots not yet written are
+    masked by the queries' positions (from the cache's counter), not by the mask."""
+    model = decoder("softmax", "elu")
+    ids, mask = left_padded_batch()
+    continuation = torch.randint(1, VOCAB, (2, 4))
+    full_ids = torch.cat([ids, continuation], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(continuation)], dim=1)
+    slots = 16
+    static_mask = F.pad(full_mask, (0, slots - full_mask.shape[1]), value=1)
+    cache = StaticCache(config=model.config, max_cache_len=slots)
+    with torch.no_grad():
+        full = model(input_ids=full_ids, attention_mask=full_mask, use_cache=False).logits
+        out = model(input_ids=ids, attention_mask=static_mask, past_key_values=cache, use_cache=True)
+        real = mask.bool()
+        torch.testing.assert_close(out.logits[real], full[:, :7][real], atol=ATOL, rtol=0)
+        for t in range(4):
+            step = model(input_ids=continuation[:, t : t + 1], attention_mask=static_mask, past_key_values=cache)
+            torch.testing.assert_close(step.logits[:, 0], full[:, 7 + t], atol=ATOL, rtol=0)
+    assert int(cache.get_seq_length()) == 11
+    with pytest.raises(ValueError, match="static cache of 16 slots"):
+        model(input_ids=continuation[:, :1], attention_mask=full_mask, past_key_values=cache)
+
+
+def test_a_four_dimensional_mask_is_refused_by_name():
+    """EncoderDecoderModel.generate(cache_implementation="static") hands the decoder transformers' 4-D mask."""
+    model = decoder("softmax", "elu")
+    with pytest.raises(ValueError, match="2-D `attention_mask`.*4-D"):
+        model(input_ids=torch.randint(1, VOCAB, (1, 3)), attention_mask=torch.ones(1, 1, 3, 3, dtype=torch.bool))

@@ -48,6 +48,24 @@ def test_bench_generation_tiny(tmp_path):
     assert set(report["summary"]) == {"batch 1", "batch 2"}
 
 
+def test_bench_generation_static_cache_compiled_steps_and_profile(tmp_path):
+    """--cache static and --compile add their contenders to the same table (compiled by dynamo's eager backend here:
+    no code generation on the test machine); --profile writes a profiler table per contender."""
+    flags = ["--cache", "static", "--compile", "--compile_backend", "eager", "--profile", "--batch_sizes", "1"]
+    stdout = run_script("bench_generation.py", "--tiny", "--contexts", "16", *flags, "--output_dir", tmp_path)
+    names = ["softmax", "linear", "softmax_static", "softmax_static_compiled", "linear_compiled"]
+    assert "| batch | context | " + " | ".join(f"{n} ms/step" for n in names) in stdout
+    report = json.loads((tmp_path / "bench_generation.json").read_text())
+    assert report["contenders"] == names and len(report["rows"]) == 1
+    row = report["rows"][0]
+    assert all(row[n]["ms_per_token"] > 0 for n in names)
+    assert row["softmax_static"]["cache_mib"] > row["softmax"]["cache_mib"]  # buffers for every step to come
+    assert row["linear_compiled"]["cache_mib"] == row["linear"]["cache_mib"]
+    profile = (tmp_path / "bench_generation_profile.txt").read_text()
+    assert all(f"## {n}, batch 1, context 16: 2 steps" in profile for n in names)
+    assert "decode_step" in profile
+
+
 def test_lm_results_table_and_plot(tmp_path):
     run = tmp_path / "runs" / "decoder-softmax"
     run.mkdir(parents=True)

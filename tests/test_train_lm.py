@@ -431,6 +431,11 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     assert "auto_map names modeling code that is not there (configuration_decoder.py)" in refused(folder)
     (folder / "configuration_decoder.py").write_text("")
     assert "expected namespace/name" in refused(folder, "no-namespace")
+    card = folder / "README.md"
+    card.write_text("the card as it was")
+    long_id = "user/" + "x" * 200
+    assert "is not a valid Hub repository id" in refused(folder, long_id)  # refused before anything is written
+    assert card.read_text() == "the card as it was"
     hold = ("import sys, time; from hf_settransformer import OutputDirLock; "
             "lock = OutputDirLock(sys.argv[1], 'a live run').acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -686,3 +691,15 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
     model_args.config_overrides = "adaptive_input_cutoffs=null"
     dense_input = script.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert dense_input.adaptive_input_cutoffs is None and dense_input.adaptive_softmax_cutoffs == [2000, 10000]
+
+
+@pytest.mark.parametrize("architecture", ["OutputDirLock", "FAMILIES", "NoSuchClass", None])
+def test_a_card_is_never_made_by_calling_a_class_named_in_a_file_unless_it_is_a_model_of_ours(tmp_path, architecture):
+    script = train_lm_module()
+    config = hf_settransformer.TransformerDecoderConfig(vocab_size=50, hidden_size=32, num_attention_heads=4, num_hidden_layers=1)
+    config.architectures = None if architecture is None else [architecture]
+    config.save_pretrained(tmp_path)
+    (tmp_path / "all_results.json").write_text(json.dumps(
+        {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x"}))
+    with pytest.raises(ValueError, match=f"architecture {architecture!r}, which is not an hf_settransformer model"):
+        script.refresh_model_card(tmp_path)

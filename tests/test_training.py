@@ -56,6 +56,44 @@ def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path)
     lock.release()
 
 
+@pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "folder"])
+def test_the_lock_never_writes_through_a_link_or_into_a_non_file(tmp_path, kind):
+    """A link planted at the lock's path (to a file of someone else's) is refused, and the file is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "symlink":
+        (out / LOCK_FILE).symlink_to(victim)
+    elif kind == "dangling-symlink":
+        (out / LOCK_FILE).symlink_to(tmp_path / "created-through-the-link.txt")
+    else:
+        (out / LOCK_FILE).mkdir()
+    with pytest.raises(OutputDirLockedError, match="symbolic link|not a regular file"):
+        OutputDirLock(out).acquire()
+    assert victim.read_text() == "precious" and not (tmp_path / "created-through-the-link.txt").exists()
+
+
+def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_path, capsys):
+    from transformers import TrainingArguments
+
+    def args(**fields):
+        return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **fields)
+
+    hfst.check_output_dir(args())  # empty: a new run
+    (tmp_path / "notes.txt").write_text("mine")
+    hfst.check_output_dir(args())  # files that are no run's: untouched, not refused
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "all_results.json").write_text("{}")
+    with pytest.raises(SystemExit, match="holds a finished run .all_results.json, checkpoint-4.*--overwrite_output_dir"):
+        hfst.check_output_dir(args(), script="mine")
+    hfst.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
+    assert (tmp_path / "checkpoint-4").is_dir()
+    hfst.check_output_dir(args(), overwrite=True, script="mine")
+    assert "[mine] --overwrite_output_dir: removing the earlier run" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 KILLED_SAVE = """
 import os, signal, sys, torch
 import transformers.modeling_utils as modeling_utils
@@ -473,6 +511,12 @@ def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
     for name in ("model.safetensors", "config.json", "README.md", "modeling_decoder.py", "training_args.bin",
                  "optimizer.pt", LOCK_FILE, "checkpoint-4/model.safetensors", ".tmp-final-model"):
         (folder / name).write_text("x")
+    outside = tmp_path / "outside"
+    (outside / "inner").mkdir(parents=True)
+    (outside / "secret.txt").write_text("not the run's")
+    (outside / "inner" / "key.json").write_text("{}")
+    (folder / "notes.txt").symlink_to(outside / "secret.txt")  # a link to a file outside the run
+    (folder / "linked[1]").symlink_to(outside / "inner")  # a link to a folder, with fnmatch characters in its name
     with LocalHub(tmp_path / "hub") as hub:
         result = subprocess.run([sys.executable, "-c", PUSH, str(folder)], env=hub.client_env(tmp_path / "home"),
                                 capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -480,3 +524,4 @@ def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
         repo = hub.repo("model", "user/run")
         files = set(repo["commits"][repo["branches"]["main"]]["files"]) - {".gitattributes"}
     assert files == {"model.safetensors", "config.json", "README.md", "modeling_decoder.py"}
+    assert "left out (links: only the folder's own regular files are uploaded): linked[1], notes.txt" in result.stdout
