@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LinearAttentionState
+from .linear_triton import fused_causal_linear_attention, fused_causal_linear_attention_available
 
 
 def _ratio(num, den):
@@ -153,8 +154,13 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
     `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
+    On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
     """
     _check_drop(drop, k)
+    if fused_causal_linear_attention_available(q, feature_map):
+        fused = fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
+        if fused is not None:  # None: an "exp" chunk too steep for the chunked form, computed exactly below
+            return fused
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
         return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)

@@ -1,7 +1,16 @@
 """Tiny models for the tests: hidden 32, 2 layers, 4 heads, no dropout, fixed seeds."""
 
-import pytest
+import os
+
 import torch
+
+# tests/test_linear_triton.py runs the Triton kernels on CPU tensors in triton's interpreter, which must be chosen
+# before triton is first imported (importing transformers imports it). It changes nothing else: no other test runs a
+# Triton kernel on a CPU. With a GPU the kernels run compiled and this stays unset.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 import transformers
 
 import hf_settransformer as hfst

@@ -1,0 +1,499 @@
+"""Fused Triton kernels for causal linear attention, forward and backward, with the elu or the exp feature map.
+
+Shape legend: b batch, h heads, n tokens, d query/key head dim, e value head dim, c chunk length (`BT`).
+
+The same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a d x e
+state carried between chunks), with:
+- q, k, v read in their own dtype (bf16 or fp16 as autocast gives them, fp32 in the tests; no fp32 copy is made) and
+  any (b, h, n) strides whose last one is 1 (the model's head views of its fused projection are read in place);
+- the feature maps computed in fp32 registers: elu(x) + 1 in its exact form, where(x >= 0, x + 1, exp(min(x, 0)))
+  (in bf16 `elu(x) + 1` cancels to 0 for negative x); exp with the chunked PyTorch kernel's stabilisers, which never
+  look ahead: keys scaled by R_c, the running per-feature key maximum through the chunk's end, the carried state
+  rescaled from R_{c-1} to R_c, each query shifted by max_f (q_f + R_c,f);
+- the state and the normaliser accumulated in fp32 (the state never leaves the program between chunks); the dot
+  products take bf16 operands for bf16 inputs, fp32 ones otherwise (tf32 for fp16 inputs: a long sequence's state
+  overflows fp16's range, not bf16's), with fp32 accumulation;
+- a backward by recomputation: the forward saves only its inputs; one kernel walks the chunks forwards for dq (and
+  the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima,
+  b x h x n/c x d), a second walks them backwards for dk, dv and the gradient of a carried-in state.
+
+The exp map's exact path is not fused: where a chunk's maximum rises more than `EXP_CHUNK_SPREAD` nats above the
+running maximum at a real query that sees a key, the kernel only reports it (the forward returns the largest such rise
+per head), and `causal_linear_attention` computes the whole call with the PyTorch kernel instead, which is exact there.
+Deciding that reads one number back to the host, as the PyTorch kernel's own check does. (That check also counts
+queries that see no key yet, e.g. the first one when its own key is dropped; their output is 0 at any scale, so the
+kernel does not.)
+
+Not fused: non-causal linear attention, the one-token step of generation, and the bidirectional prefix / leading keys
+of `prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+
+One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order;
+block sizes and warps (`_blocks`) are chosen from the register use of the kernels compiled for an H100, not timed on a
+GPU.
+
+Which implementation runs is decided per call by `fused_causal_linear_attention_available`: bf16/fp16 CUDA tensors,
+triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and
+CPU tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
+checkpoint.
+"""
+
+from __future__ import annotations  # the kernels' `tl.constexpr` annotations are read by triton, not evaluated
+
+import contextlib
+import os
+
+import torch
+
+from .cache import LinearAttentionState
+
+__all__ = ["fused_causal_linear_attention", "fused_causal_linear_attention_available"]
+
+FEATURE_MAPS = ("elu", "exp")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_HEAD_DIM = 128
+FLOOR = -1e30  # the exp map's key reference while every key so far is masked, as in linear_ops
+triton = tl = None  # imported on first use, where a kernel may run
+
+
+def _import_triton():
+    """Whether triton can be imported (it is optional: without it the PyTorch ops in linear_ops.py run everywhere)."""
+    global triton, tl
+    if triton is None:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            return False
+    return True
+
+
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def fused_causal_linear_attention_available(q, feature_map="elu"):
+    """Whether `causal_linear_attention` runs the fused kernels for queries `q`: the elu or exp feature map, a head
+    dim of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
+    compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `HFST_FORCE_TRITON=1` also takes fp32
+    inputs, and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
+    if feature_map not in FEATURE_MAPS or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
+        return False
+    forced = _flag("HFST_FORCE_TRITON")
+    if _flag("HFST_DISABLE_TRITON") or not (q.is_cuda or q.device.type == "cpu" and forced):
+        return False
+    if q.dtype == torch.float32 and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS serves fp32 better
+        return False
+    return not torch.compiler.is_compiling() and _import_triton()
+
+
+def fused_causal_linear_attention(
+    q, k, v, key_mask=None, feature_map="elu", state=None, drop=None, chunk_size=64, spread=40.0
+):
+    """Causal linear attention in Triton kernels; the arguments and results of
+    `linear_ops.causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)`:
+
+    q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
+    `LinearAttentionState` or None -> (out (b,h,n,e) fp32, `LinearAttentionState` after the last token, fp32). A
+    masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v and
+    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut.
+
+    Returns None for `"exp"` where a chunk is too steep for the chunked form (its key maximum rises more than `spread`
+    nats above a real query's running maximum, `linear_ops.EXP_CHUNK_SPREAD`): the caller computes those exactly."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    if not _import_triton():
+        raise ImportError("fused_causal_linear_attention needs triton (`pip install triton`).")
+    exp = feature_map == "exp"
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if drop is not None:
+        keep = drop if key_mask is None else drop & key_mask[:, None, :]  # (b, h, n)
+    else:
+        keep = None if key_mask is None else key_mask[:, None, :]  # (b, 1, n): every head
+    real = key_mask[:, None, :] if exp and key_mask is not None else None  # the queries the steepness check counts
+    kv0 = z0 = m0 = None
+    if state is not None:
+        kv0, z0 = state.kv.float(), state.z.float()
+        m0 = state.k_max.float() if exp and state.k_max is not None else None
+    out, kv, z, k_max, rise = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size)
+    if exp and bool((rise > spread).any()):  # one host read, as the PyTorch kernel's own steepness check
+        return None
+    return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
+
+
+def _inner_contiguous(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _run(kernel, grid, *args, **kwargs):
+    """Launch `kernel` on the device of its first argument: compiled by triton, or run by triton's interpreter on CPU
+    tensors (where TRITON_INTERPRET=1 was set before triton was first imported)."""
+    if kernel not in _JITTED:
+        _JITTED[kernel] = triton.jit(kernel)
+    device = args[0].device
+    if device.type == "cpu" and isinstance(_JITTED[kernel], triton.runtime.jit.JITFunction):  # compiled: GPU only
+        raise RuntimeError(
+            "The fused linear-attention kernel runs on CPU tensors only in triton's interpreter: set "
+            "TRITON_INTERPRET=1 before triton is first imported."
+        )
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # triton's current device
+        _JITTED[kernel][grid](*args, **kwargs)
+
+
+_JITTED = {}
+
+
+def _blocks(q, v, chunk_size, backward):
+    """Block sizes (powers of 2, >= 16 as tl.dot needs), warps, and the dot operands' dtype and precision.
+
+    Chosen so that the kernels compiled for an H100 (sm_90, ptxas) spill no or few registers at head dims 64: the
+    forward in chunks of 64 over value blocks of 64, the backward (which holds a d x e state and more tiles) in chunks
+    of 32; half that at head dims 128 (the backward's 128 x 128 reverse state still spills some). Not timed on a GPU.
+    The backward's chunks nest in the forward's, so an exp chunk the forward found not steep has no steep part."""
+    d, e = q.shape[-1], v.shape[-1]
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"The fused kernel's chunk_size must be a power of 2 of at least 16, got {chunk_size}.")
+    bk, be = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(e))
+    wide = max(bk, be) > 64
+    bt = min(chunk_size, (16 if wide else 32) if backward else (32 if wide else 64))
+    if q.dtype == torch.bfloat16:
+        # bf16 operands (`precision` applies to fp32 ones only). Triton's interpreter (CPU tensors) multiplies bf16
+        # operands wrongly (their raw bits), so there they are rounded to bf16 and multiplied in fp32: the same numbers
+        rd, dt, precision = tl.bfloat16, tl.float32 if q.device.type == "cpu" else tl.bfloat16, "tf32"
+    else:  # fp32 inputs: fp32 dots, tf32 where torch's matmuls may use it; fp16: tf32 (fp16 overflows on the state)
+        exact = q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+        rd, dt, precision = tl.float32, tl.float32, "ieee" if exact else "tf32"
+    return {
+        "BT": bt, "BK": bk, "BE": be if backward else min(be, 64), "RD": rd, "DT": dt, "PRECISION": precision,
+        "num_warps": 8 if max(bk, be) > 32 else 4, "num_stages": 2,
+    }  # fmt: skip
+
+
+def _mask_args(mask, q):
+    """A (b, 1 or h, n) bool mask as uint8 and its (b, h, n) strides (head stride 0 for one mask for every head); a
+    dummy pointer and zeros for None."""
+    if mask is None:
+        return q, 0, 0, 0
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+    return mask, mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0, mask.stride(2)
+
+
+class _FusedCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size):
+        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+        b, h, n, d = q.shape
+        e = v.shape[-1]
+        f32 = {"device": q.device, "dtype": torch.float32}
+        out = torch.empty(b, h, n, e, **f32)
+        kv1, z1 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+        m1, rise = torch.full((b, h, d), FLOOR, **f32), torch.zeros(b, h, **f32)
+        has_state = kv0 is not None
+        if has_state:
+            kv0, z0 = kv0.contiguous(), z0.contiguous()
+        m0 = torch.full((b, h, d), FLOOR, **f32) if m0 is None else m0.contiguous().clamp_min(FLOOR)
+        if n:
+            blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64: more programs
+            _run(
+                _forward_kernel, (triton.cdiv(e, blocks["BE"]), b * h),
+                q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
+                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, rise,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                h, n, d, e, EXP=exp, HAS_KEEP=keep is not None, HAS_REAL=real is not None, HAS_STATE=has_state,
+                **blocks,
+            )  # fmt: skip
+        else:  # no tokens: the state passes through
+            kv1.copy_(kv0) if has_state else kv1.zero_()
+            z1.copy_(z0) if has_state else z1.zero_()
+            m1.copy_(m0)
+        ctx.save_for_backward(q, k, v, keep, kv0, z0, m0)
+        ctx.exp, ctx.chunk_size = exp, chunk_size
+        ctx.mark_non_differentiable(m1, rise)
+        return out, kv1, z1, m1, rise
+
+    @staticmethod
+    def backward(ctx, dout, dkv1, dz1, _dm1, _drise):
+        q, k, v, keep, kv0, z0, m0 = ctx.saved_tensors
+        b, h, n, d = q.shape
+        e = v.shape[-1]
+        f32 = {"device": q.device, "dtype": torch.float32}
+        has_state = kv0 is not None
+        dkv1 = torch.zeros(b, h, d, e, **f32) if dkv1 is None else dkv1.float().contiguous()
+        dz1 = torch.zeros(b, h, d, **f32) if dz1 is None else dz1.float().contiguous()
+        dout = torch.zeros(b, h, n, e, **f32) if dout is None else _inner_contiguous(dout)
+        dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+        dkv0, dz0 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+        if n:
+            blocks = _blocks(q, v, ctx.chunk_size, backward=True)
+            den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
+            r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
+            refs = torch.empty(b, h, triton.cdiv(n, blocks["BT"]), d, **f32) if ctx.exp else den  # R_c (exp)
+            common = (*_mask_args(keep, q), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+            flags = {"EXP": ctx.exp, "HAS_KEEP": keep is not None, **blocks}
+            _run(
+                _backward_dq_kernel, (b * h,),
+                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs,
+                *common, h, n, d, e, HAS_STATE=has_state, **flags,
+            )  # fmt: skip
+            _run(
+                _backward_dkv_kernel, (b * h,),
+                q, k, v, dout, den, r, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0, *common, h, n, d, e, **flags,
+            )  # fmt: skip
+        else:
+            dkv0.copy_(dkv1)
+            dz0.copy_(dz1)
+        if not has_state:
+            dkv0 = dz0 = None
+        return dq, dk, dv, None, None, dkv0, dz0, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels. Each program owns one (batch, head) and walks its chunks in order (reverse order for dk, dv), holding the
+# d x e state and the d normaliser in fp32. Tiles are padded to powers of 2: padded features and tokens past n get
+# phi = 0 explicitly (elu's phi(0) = 1 would count them), and keys a mask drops get phi = 0.
+#
+# With A = phi(q), B = phi(k) * keep, P_ij = A_i . B_j for j <= i, S = kv0 + sum_j B_j v_j^T, z = z0 + sum_j B_j:
+#   out_i = num_i / den_i,  num_i = sum_{j<=i} P_ij v_j + A_i S_<c,  den_i = sum_{j<=i} P_ij + A_i . z_<c;
+# backward, with g_i = dout_i / den_i and r_i = -(dout_i . out_i) / den_i (as linear_ops._ratio: where den_i = 0,
+# g_i = dout_i and r_i = 0), dP_ij = g_i . v_j + r_i (j <= i):
+#   dA_i = sum_j dP_ij B_j + S_<c g_i + r_i z_<c,
+#   dB_j = sum_i dP_ij A_i + dS_>c v_j + dz_>c,    dv_j = sum_i P_ij g_i + dS_>c^T B_j,
+# where the reverse state dS = dkv1 + sum_i A_i g_i^T, dz = dz1 + sum_i r_i A_i is the gradient of (kv0, z0).
+# r_i needs no recomputed output: dout_i . num_i / den_i = sum_j P_ij (g_i . v_j) + A_i . (S g_i).
+#
+# exp: in chunk c, A_i = exp(q_i + R_c - s_i), s_i = max_f (q_if + R_c,f), and B_j = exp(k_j - R_c); the stabilisers
+# are constants (they cancel in the ratio), so dq = dA * A and dk = dB * B. The state S, z is kept in reference R_c
+# (multiplied by exp(R_{c-1} - R_c) <= 1 on entering chunk c), the reverse state dS, dz likewise (multiplied by
+# exp(R_{c-1} - R_c) on leaving chunk c backwards); kv0 and z0 are in reference m0, the state's k_max.
+
+
+def _forward_kernel(
+    q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
+    kv0, z0, m0, out, kv1, z1, m1, rise,
+    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, N, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_e, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # value block, (batch, head)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT).to(tl.int64)  # int64 token offsets: n x stride may pass 2^31
+    o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
+    in_k, in_e = o_k < D, o_e < E
+    tile_de = in_k[:, None] & in_e[None, :]
+    causal = o_t[:, None] >= o_t[None, :]
+    q += i_b * s_qb + i_h * s_qh
+    k += i_b * s_kb + i_h * s_kh
+    v += i_b * s_vb + i_h * s_vh
+    keep += i_b * s_mb + i_h * s_mh
+    real += i_b * s_rb
+    out += i_bh * N * E
+    state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T, (d, e)
+    norm = tl.zeros([BK], dtype=tl.float32)  # sum_j B_j, (d,)
+    if HAS_STATE:
+        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)
+        norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
+    ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)  # exp: the reference R the state is in, (d,)
+    worst = tl.zeros([BK], dtype=tl.float32)  # exp: the largest rise of R above a real query's running maximum
+    for t in range(tl.cdiv(N, BT)):
+        pos = t * BT + o_t
+        in_t = pos < N
+        tile_k = in_t[:, None] & in_k[None, :]
+        tile_e = in_t[:, None] & in_e[None, :]
+        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        key = in_t
+        if HAS_KEEP:
+            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
+        tile_key = key[:, None] & in_k[None, :]
+        if EXP:
+            xk = tl.where(tile_key, xk, float("-inf"))
+            r_c = tl.maximum(ref, tl.max(xk, axis=0))  # (d,)
+            scale = tl.exp(ref - r_c)  # <= 1
+            state *= scale[:, None]
+            norm *= scale
+            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
+            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)  # (c, d), <= 1
+            bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
+            # the steepness check: how far R_c lies above the running maximum at the chunk's first real query that
+            # sees a key (the running maxima grow along the chunk; a query that sees none gives 0 at any scale)
+            first = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
+            if HAS_REAL:
+                first = first & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
+            i0 = tl.min(tl.where(first, o_t, BT))
+            at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
+            worst = tl.maximum(worst, tl.where(i0 < BT, r_c - at, 0.0))
+            ref = r_c
+        else:
+            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)  # (c, d)
+            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)  # (c, d)
+        a, bk = a.to(RD).to(DT), bk.to(RD).to(DT)
+        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)  # (c, e)
+
+        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
+        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)  # (c,)
+        num = tl.dot(p.to(RD).to(DT), vv, input_precision=PRECISION)
+        num += tl.dot(a, state.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
+        tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
+
+        state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
+        norm += tl.sum(bk.to(tl.float32), axis=0)
+    tl.store(kv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], state, tile_de)
+    if i_e == 0:
+        tl.store(z1 + i_bh * D + o_k, norm, in_k)
+        if EXP:
+            tl.store(m1 + i_bh * D + o_k, ref, in_k)
+            tl.store(rise + i_bh, tl.max(worst, axis=0))
+
+
+def _backward_dq_kernel(
+    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs,
+    keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
+    H, N, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
+    in_k, in_e = o_k < D, o_e < E
+    causal = o_t[:, None] >= o_t[None, :]
+    q += i_b * s_qb + i_h * s_qh
+    k += i_b * s_kb + i_h * s_kh
+    v += i_b * s_vb + i_h * s_vh
+    keep += i_b * s_mb + i_h * s_mh
+    dout += i_b * s_db + i_h * s_dh
+    dq += i_bh * N * D  # contiguous (b, h, n, d)
+    den_out += i_bh * N
+    r_out += i_bh * N
+    nt = tl.cdiv(N, BT)
+    refs += i_bh * nt * D
+    state = tl.zeros([BK, BE], dtype=tl.float32)
+    norm = tl.zeros([BK], dtype=tl.float32)
+    if HAS_STATE:
+        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], in_k[:, None] & in_e[None, :], other=0.0)
+        norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
+    ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
+    for t in range(nt):
+        pos = t * BT + o_t
+        in_t = pos < N
+        tile_k = in_t[:, None] & in_k[None, :]
+        tile_e = in_t[:, None] & in_e[None, :]
+        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        key = in_t
+        if HAS_KEEP:
+            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
+        tile_key = key[:, None] & in_k[None, :]
+        if EXP:
+            xk = tl.where(tile_key, xk, float("-inf"))
+            r_c = tl.maximum(ref, tl.max(xk, axis=0))
+            tl.store(refs + t * D + o_k, r_c, in_k)
+            scale = tl.exp(ref - r_c)
+            state *= scale[:, None]
+            norm *= scale
+            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
+            a32 = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+            da_dx = a32  # d exp(x + const) / dx
+            bk = tl.exp(xk - r_c[None, :])
+            ref = r_c
+        else:
+            a32 = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
+            da_dx = tl.where(xq >= 0, 1.0, tl.exp(tl.minimum(xq, 0.0)))
+            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
+        a, bk = a32.to(RD).to(DT), bk.to(RD).to(DT)
+        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
+        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+
+        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
+        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
+        seen = den > 0
+        den = tl.where(seen, den, 1.0)  # as linear_ops._ratio: no key, num / 1 (no reciprocal: a tiny den overflows it)
+        g = (do / den[:, None]).to(RD).to(DT)  # (c, e)
+        gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)  # (c, c): g_i . v_j
+        sg = tl.dot(g, tl.trans(state.to(RD).to(DT)), input_precision=PRECISION)  # (c, d): S g_i
+        r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
+        dp = tl.where(causal, gv + r[:, None], 0.0)
+        da = tl.dot(dp.to(RD).to(DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
+        tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
+        tl.store(den_out + pos, den, in_t)
+        tl.store(r_out + pos, r, in_t)
+
+        state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
+        norm += tl.sum(bk.to(tl.float32), axis=0)
+
+
+def _backward_dkv_kernel(
+    q, k, v, dout, den_in, r_in, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0,
+    keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
+    H, N, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
+    in_k, in_e = o_k < D, o_e < E
+    tile_de = in_k[:, None] & in_e[None, :]
+    causal = o_t[:, None] >= o_t[None, :]
+    q += i_b * s_qb + i_h * s_qh
+    k += i_b * s_kb + i_h * s_kh
+    v += i_b * s_vb + i_h * s_vh
+    keep += i_b * s_mb + i_h * s_mh
+    dout += i_b * s_db + i_h * s_dh
+    dk += i_bh * N * D  # contiguous, as dv
+    dv += i_bh * N * E
+    den_in += i_bh * N
+    r_in += i_bh * N
+    nt = tl.cdiv(N, BT)
+    refs += i_bh * nt * D
+    dstate = tl.load(dkv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)  # (d, e) fp32
+    dnorm = tl.load(dz1 + i_bh * D + o_k, in_k, other=0.0)  # (d,)
+    ref0 = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
+    for i in range(nt):
+        t = nt - 1 - i
+        pos = t * BT + o_t
+        in_t = pos < N
+        tile_k = in_t[:, None] & in_k[None, :]
+        tile_e = in_t[:, None] & in_e[None, :]
+        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
+        key = in_t
+        if HAS_KEEP:
+            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
+        tile_key = key[:, None] & in_k[None, :]
+        if EXP:
+            r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
+            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
+            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+            b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - r_c[None, :])
+            db_dx = b32
+        else:
+            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
+            b32 = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
+            db_dx = tl.where(tile_key, tl.where(xk >= 0, 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
+        a, bk = a.to(RD).to(DT), b32.to(RD).to(DT)
+        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
+        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+        den = tl.load(den_in + pos, in_t, other=1.0)
+        r = tl.load(r_in + pos, in_t, other=0.0)
+        g = (do / den[:, None]).to(RD).to(DT)
+
+        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
+        dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
+        db = tl.dot(tl.trans(dp.to(RD).to(DT)), a, input_precision=PRECISION)  # (c, d)
+        db += tl.dot(vv, tl.trans(dstate.to(RD).to(DT)), input_precision=PRECISION) + dnorm[None, :]
+        tl.store(dk + pos[:, None] * D + o_k[None, :], (db * db_dx).to(dk.dtype.element_ty), tile_k)
+        dvv = tl.dot(tl.trans(p.to(RD).to(DT)), g, input_precision=PRECISION)
+        dvv += tl.dot(bk, dstate.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        tl.store(dv + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
+
+        dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
+        dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
+        if EXP:  # into the reference of the chunk before (or of kv0, z0)
+            before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
+            scale = tl.exp(tl.where(t > 0, before, ref0) - r_c)
+            dstate *= scale[:, None]
+            dnorm *= scale
+    tl.store(dkv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], dstate, tile_de)
+    tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)

@@ -1,0 +1,448 @@
+"""The fused Triton kernels (hf_settransformer/linear_triton.py) against float64 references: outputs, final states and
+gradients of q, k, v and of a carried state, for both feature maps, with key masks, key dropout, lengths that are not
+a multiple of the chunk, low-precision inputs, and exp keys hundreds of nats apart; and the dispatch from
+`causal_linear_attention` and through a whole decoder.
+
+Without a GPU the kernels run on CPU tensors in triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before
+triton is imported): small shapes keep it fast. Skipped where triton is not installed.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import batch_of_tokens, decoder
+
+from hf_settransformer import linear_ops
+from hf_settransformer.cache import LinearAttentionState
+from hf_settransformer.linear_naive import naive_causal_linear_attention, naive_linear_visible, phi
+from hf_settransformer.linear_ops import causal_linear_attention
+from hf_settransformer.linear_triton import fused_causal_linear_attention, fused_causal_linear_attention_available
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FEATURE_MAPS = ["elu", "exp"]
+B, H, D, E = 2, 2, 6, 5
+CHUNK = 16  # the smallest the kernel takes: several chunks at small n
+
+
+@pytest.fixture(autouse=True)
+def _triton_env(monkeypatch):
+    if DEVICE == "cpu":
+        import triton
+
+        if not triton.knobs.runtime.interpret:
+            pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: no interpreter for CPU tensors")
+    monkeypatch.delenv("HFST_DISABLE_TRITON", raising=False)
+    monkeypatch.delenv("HFST_FORCE_TRITON", raising=False)
+
+
+def _qkv(n, seed=0, b=B, h=H, d=D, e=E, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, h, n, d), (b, h, n, d), (b, h, n, e)]
+    return tuple(torch.randn(shape, generator=g).to(DEVICE, dtype) for shape in shapes)
+
+
+def _leaves(*tensors):
+    return tuple(t.detach().clone().requires_grad_() for t in tensors)
+
+
+def _key_mask(kind, n, seed=1):
+    """None; 'random' key padding; 'left' padding (row 0: the first 3 keys masked, so its first queries see none)."""
+    if kind == "none":
+        return None
+    if kind == "random":
+        mask = torch.rand(B, n, generator=torch.Generator().manual_seed(seed)) > 0.4
+    else:
+        mask = torch.ones(B, n, dtype=torch.bool)
+        mask[0, :3] = False
+    return mask.to(DEVICE)
+
+
+def _keys_with(pattern, span, n=64, seed=5):
+    """As tests/test_attention.py: keys of a few nats plus `span` nats in feature 0, as a spike near the end, a spike
+    near the start, a drift from 0 to `span`, or spikes every 10 positions."""
+    q, k, v = _qkv(n, seed=seed)
+    if pattern == "late_spike":
+        k[:, :, -3, 0] += span
+    elif pattern == "early_spike":
+        k[:, :, 2, 0] += span
+    elif pattern == "drift":
+        k[..., 0] += torch.linspace(0, span, n, device=DEVICE)
+    else:  # "spikes"
+        k[:, :, 5::10, 0] += span
+    return q, k, v
+
+
+def _reference(q, k, v, feature_map, keep=None, state=None):
+    """Float64 causal linear attention continuing `state`: out_i = (A_i kv0' + sum_{j<=i} w_ij v_j) /
+    (A_i . z0' + sum_{j<=i} w_ij), w_ij = sum_f phi(q_if) phi(k_jf) over kept keys (keep (b, 1 or h, n)), 0 where the
+    denominator is 0; for exp the state's sums are in reference k_max (kv0' = exp(k_max) kv0). Returns (out, kv, z,
+    k_max) after the last token, exp's kv and z in reference k_max = the maximum of k_max and every kept key (a
+    constant, as in the kernels). Exact for keys of up to a few tens of nats."""
+    q, k, v = q.double(), k.double(), v.double()
+    keep = torch.ones_like(k[..., 0], dtype=torch.bool) if keep is None else keep.expand_as(k[..., 0])
+    k_max = None
+    if feature_map == "exp":
+        k_max = k.detach().float().masked_fill(~keep[..., None], float("-inf")).amax(2)
+        if state is not None:
+            k_max = torch.maximum(k_max, state.k_max.float())
+        k_max = k_max.clamp_min(-1e30).double()  # fp32's -1e30, as the kernels
+    a, bk = phi(q, feature_map), phi(k, feature_map) * keep[..., None]
+    n = q.shape[2]
+    w = (a @ bk.transpose(-1, -2)) * torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    num, den = w @ v, w.sum(-1)
+    if k_max is not None:  # phi(k) in reference k_max
+        bk = torch.exp((k - k_max[:, :, None]).masked_fill(~keep[..., None], float("-inf")))
+    kv, z = bk.transpose(-1, -2) @ v, bk.sum(2)
+    if state is not None:
+        kv0, z0 = state.kv.double(), state.z.double()
+        if feature_map == "exp":
+            a = a * torch.exp(state.k_max.double())[:, :, None, :]  # the state's sums in reference k_max
+            kv0_now = kv0 * torch.exp(state.k_max.double() - k_max)[..., None]
+            kv, z = kv + kv0_now, z + z0 * torch.exp(state.k_max.double() - k_max)
+        else:
+            kv, z = kv + kv0, z + z0
+        num, den = num + a @ kv0, den + (a @ z0[..., None]).squeeze(-1)
+    safe = torch.where(den > 0, den, torch.ones_like(den))[..., None]
+    return torch.where(den[..., None] > 0, num / safe, torch.zeros_like(num)), kv, z, k_max
+
+
+def _grads(outputs, inputs, seed=8):
+    """d(sum_t outputs_t . g_t)/d inputs for fixed random g (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g).to(o.device)).sum() for o in outputs)
+    return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+
+def _assert_close(got, want, atol, rtol, name=""):
+    assert got.dtype != torch.float64 and torch.isfinite(got).all(), name
+    torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def _assert_grads_close(got, want, names, atol=2e-5, rtol=1e-3):
+    for name, a, b in zip(names, got, want):
+        _assert_close(a, b, atol, rtol, f"d/d{name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the kernels
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "random", "left"])
+@pytest.mark.parametrize("n", [1, 15, 16, 37])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_matches_float64_reference_with_gradients(feature_map, n, mask_kind):
+    """Outputs, final state and d/d(q, k, v) against float64 autograd, for lengths below, at and past one chunk (the
+    tail chunk is masked) and key padding; queries that see only padding give exactly 0."""
+    q, k, v = _leaves(*_qkv(n))
+    key_mask = _key_mask(mask_kind, n)
+    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    assert out.shape == (B, H, n, E) and out.dtype == torch.float32
+    keep = None if key_mask is None else key_mask[:, None]
+    want_out, want_kv, want_z, want_max = _reference(q, k, v, feature_map, keep)
+    if feature_map == "elu":
+        torch.testing.assert_close(want_out, naive_causal_linear_attention(q, k, v, key_mask, "elu"))
+        assert state.k_max is None
+    else:  # the state's reference: the maximum of every key seen, exactly
+        assert torch.equal(state.k_max.double(), want_max)
+    _assert_close(out, want_out, 1e-5, 1e-4, "out")
+    _assert_close(state.kv, want_kv, 1e-4, 1e-4, "kv")
+    _assert_close(state.z, want_z, 1e-4, 1e-4, "z")
+    if mask_kind == "left":
+        assert torch.equal(out[0, :, : min(3, n)].cpu(), torch.zeros(H, min(3, n), E))
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv")
+
+
+@pytest.mark.parametrize("with_mask", [False, True], ids=["dropout", "dropout_and_padding"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map, with_mask):
+    """A per-head keep mask (b, h, n), alone or with key padding: the float64 ratio over the kept, unpadded, earlier
+    keys, and its gradients (a dropped key gets no gradient)."""
+    n = 37
+    q, k, v = _leaves(*_qkv(n, seed=2))
+    drop = (torch.rand(B, H, n, generator=torch.Generator().manual_seed(3)) >= 0.3).to(DEVICE)
+    key_mask = _key_mask("random", n) if with_mask else None
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map, drop=drop, chunk_size=CHUNK)
+    keep = drop if key_mask is None else drop & key_mask[:, None]
+    allowed = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril() & keep[:, :, None, :]
+    want = naive_linear_visible(q, k, v, allowed, feature_map)
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    got_grads = _grads([out], (q, k, v))
+    _assert_grads_close(got_grads, _grads([want], (q, k, v)), "qkv")
+    assert torch.equal(got_grads[1][~keep].cpu(), torch.zeros_like(got_grads[1][~keep]).cpu())
+
+
+@pytest.mark.parametrize("split", [1, 16, 21])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_carries_a_state_with_its_gradient(feature_map, split):
+    """Chunked prefill: the first `split` tokens' state carried into the rest gives the whole sequence's outputs and
+    state (row 0's first 3 keys are padding: split 1 carries a state of no key); gradients flow through the carried
+    state to the first part's k and v."""
+    n = 37
+    q, k, v = _leaves(*_qkv(n, seed=4))
+    key_mask = _key_mask("left", n)
+    first, state = fused_causal_linear_attention(q[:, :, :split], k[:, :, :split], v[:, :, :split],
+                                                 key_mask[:, :split], feature_map, chunk_size=CHUNK)  # fmt: skip
+    rest, final = fused_causal_linear_attention(q[:, :, split:], k[:, :, split:], v[:, :, split:],
+                                                key_mask[:, split:], feature_map, state, chunk_size=CHUNK)  # fmt: skip
+    out = torch.cat([first, rest], dim=2)
+    want_out, want_kv, want_z, _ = _reference(q, k, v, feature_map, key_mask[:, None])
+    _assert_close(out, want_out, 1e-5, 1e-4, "out")
+    _assert_close(final.kv, want_kv, 1e-4, 1e-4, "kv")
+    _assert_close(final.z, want_z, 1e-4, 1e-4, "z")
+    got = _grads([out, final.kv, final.z], (q, k, v))
+    _assert_grads_close(got, _grads([want_out, want_kv, want_z], (q, k, v)), "qkv", atol=5e-5)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_gradients_of_a_given_state(feature_map):
+    """A state given as leaves (kv0, z0; exp's k_max a constant reference): outputs, final state and the gradients of
+    kv0 and z0 as well as of q, k, v."""
+    q, k, v = _leaves(*_qkv(37, seed=5))
+    g = torch.Generator().manual_seed(6)
+    kv0 = torch.rand(B, H, D, E, generator=g).to(DEVICE) * 3
+    kv0, z0 = _leaves(kv0, torch.rand(B, H, D, generator=g).to(DEVICE) + 1)
+    k_max = torch.randn(B, H, D, generator=g).to(DEVICE) + 1 if feature_map == "exp" else None
+    state = LinearAttentionState(kv0, z0, k_max)
+    out, final = fused_causal_linear_attention(q, k, v, None, feature_map, state, chunk_size=CHUNK)
+    want_out, want_kv, want_z, _ = _reference(q, k, v, feature_map, None, state)
+    _assert_close(out, want_out, 1e-5, 1e-4, "out")
+    _assert_close(final.kv, want_kv, 1e-4, 1e-4, "kv")
+    got = _grads([out, final.kv, final.z], (q, k, v, kv0, z0))
+    want = _grads([want_out, want_kv, want_z], (q, k, v, kv0, z0))
+    _assert_grads_close(got, want, ["q", "k", "v", "kv0", "z0"], atol=5e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_low_precision_inputs_read_in_place(feature_map, dtype):
+    """bf16/fp16 q, k, v, as head views of one fused projection (b, n, 3, h, d) (strided, read in place): fp32 outputs
+    and state, gradients in the input dtype, all within low-precision error of the float64 reference of the same
+    (rounded) inputs; head dims 32 and 24 (padded to 32)."""
+    n, d, e = 40, 32, 24
+    qkv = torch.randn(B, n, 3, H, d, generator=torch.Generator().manual_seed(7)).to(DEVICE, dtype).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, n, d), strided
+    v = v[..., :e]
+    key_mask = _key_mask("random", n)
+    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    assert out.dtype == state.kv.dtype == state.z.dtype == torch.float32
+    want_out, want_kv, _, _ = _reference(q, k, v, feature_map, key_mask[:, None])
+    _assert_close(out, want_out, 2e-2, 2e-2, "out")
+    _assert_close(state.kv, want_kv, 1e-1, 2e-2, "kv")
+    (got,) = _grads([out], (qkv,))
+    (want,) = _grads([want_out], (qkv,))
+    assert got.dtype == dtype
+    _assert_close(got, want, 3e-2, 5e-2, "d/dqkv")
+
+
+def test_fused_elu_feature_map_is_exact_for_negative_bf16_inputs():
+    """q = k = -9 in bf16: elu(x) + 1 computed in bf16 is 0 (every weight 0, every output 0); in its exact form every
+    weight is the same tiny number and each output is the running mean of the values."""
+    n = 20
+    _, _, v = _qkv(n, seed=9)
+    q = torch.full((B, H, n, D), -9.0, device=DEVICE, dtype=torch.bfloat16)
+    out, _ = fused_causal_linear_attention(q, q, v.to(torch.bfloat16), chunk_size=CHUNK)
+    running_mean = v.to(torch.bfloat16).float().cumsum(2) / torch.arange(1, n + 1, device=DEVICE)[:, None]
+    _assert_close(out, running_mean, 1e-2, 1e-2, "out")
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_largest_heads(feature_map):
+    """Head dim 128 (the largest taken) and value dim 96 (two value blocks in the forward, the second padded), several
+    chunks."""
+    q, k, v = _leaves(*_qkv(70, seed=10, b=1, h=1, d=128, e=96))
+    out, _ = fused_causal_linear_attention(q, k, v, None, feature_map, chunk_size=32)
+    want_out, _, _, _ = _reference(q, k, v, feature_map)
+    _assert_close(out, want_out, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv", atol=5e-5)
+
+
+COMPILE_FOR_H100 = """
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hf_settransformer import linear_triton as lt
+
+assert lt._import_triton()
+pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
+            "real": "*u8"}
+for feature_map, d in [("elu", 64), ("exp", 128)]:
+    q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16, device="meta")  # `_blocks` reads the shape and dtype only
+    for kernel in [lt._forward_kernel, lt._backward_dq_kernel, lt._backward_dkv_kernel]:
+        fn = triton.runtime.jit.JITFunction(kernel)
+        blocks = lt._blocks(q, q, 64, backward=kernel is not lt._forward_kernel)
+        options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
+        flags = {"EXP": feature_map == "exp", "HAS_KEEP": True, "HAS_REAL": True, "HAS_STATE": True}
+        constexprs = {**blocks, **{name: flags[name] for name in flags if name in fn.arg_names}}
+        scalar = lambda name: "i32" if len(name) == 1 or name.startswith("s_") else "*fp32"
+        signature = {n: "constexpr" if n in constexprs else pointers.get(n, scalar(n)) for n in fn.arg_names}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs), GPUTarget("cuda", 90, 32), options)
+        assert compiled.asm["cubin"]
+        print("compiled", kernel.__name__, feature_map, d)
+"""
+
+
+def test_kernels_compile_for_an_h100_without_one():
+    """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all three for sm_90 (H100),
+    with the ptxas triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp) would (`_blocks`' sizes); in a
+    process of its own, without the interpreter."""
+    pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], check=False, cwd=Path(__file__).parents[1],
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("compiled ") == 6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exp: keys far apart
+
+
+@pytest.mark.parametrize("pattern", ["late_spike", "early_spike", "drift", "spikes"])
+def test_fused_exp_is_exact_for_keys_tens_of_nats_apart(pattern):
+    """Keys 30 nats apart (no chunk steep enough for the exact path): the kernel's running per-feature maxima and
+    state rescaling give the float64 log-space outputs and gradients."""
+    q, k, v = _leaves(*_keys_with(pattern, 30.0))
+    result = fused_causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK)
+    assert result is not None
+    out, state = result
+    want = naive_linear_visible(q, k, v, torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril(), "exp")
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    assert torch.equal(state.k_max, k.detach().amax(dim=2))
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
+
+
+@pytest.mark.parametrize("pattern", ["late_spike", "early_spike", "drift", "spikes"])
+def test_fused_exp_hands_steep_chunks_to_the_exact_pytorch_path(monkeypatch, pattern):
+    """Keys 300 nats apart: a chunk's maximum rises past EXP_CHUNK_SPREAD above a query's own running maximum, so the
+    fused kernel declines (None) and `causal_linear_attention` gives the PyTorch kernel's exact result."""
+    q, k, v = _keys_with(pattern, 300.0)
+    assert fused_causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK) is None
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8)
+    want = naive_linear_visible(q, k, v, torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril(), "exp")
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+
+
+def test_fused_exp_steepness_counts_a_query_whose_own_key_is_dropped(monkeypatch):
+    """Key 17 is 200 nats up; query 16 (the first of its chunk) has its own key dropped but still reads keys 0-15: the
+    steepness check counts the queries that are used, not the keys that are kept, so the chunk goes to the exact path
+    instead of underflowing query 16's output."""
+    q, k, v = _qkv(32, seed=11)
+    k[:, :, 17, 0] += 200.0
+    drop = torch.ones(B, H, 32, dtype=torch.bool, device=DEVICE)
+    drop[:, :, 16] = False
+    assert fused_causal_linear_attention(q, k, v, None, "exp", drop=drop, chunk_size=CHUNK) is None
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
+    allowed = torch.ones(32, 32, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
+    _assert_close(out, naive_linear_visible(q, k, v, allowed, "exp"), 1e-5, 1e-4, "out")
+
+
+@pytest.mark.parametrize("span", [30.0, 150.0])
+def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, span):
+    """No output depends on a later key, numerically either: the first 40 outputs are the same when 24 tokens follow,
+    one of them `span` nats above the rest in the same chunk (30: the kernel; 150: the exact path)."""
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    q, k, v = _qkv(64, seed=7)
+    k[:, :, 45, 1] += span
+    prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp")
+    whole, _ = causal_linear_attention(q, k, v, None, "exp")
+    _assert_close(whole[:, :, :40], prefix, 1e-6, 1e-5, "prefix")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_fused_kernel_is_chosen_by_device_and_environment(monkeypatch):
+    """CUDA tensors in bf16 or fp16 (CPU tensors and fp32 too with HFST_FORCE_TRITON=1), the elu or exp map, head
+    dims <= 128; never with HFST_DISABLE_TRITON=1."""
+    q = torch.zeros(1, 1, 4, 8, device=DEVICE, dtype=torch.bfloat16)
+    assert fused_causal_linear_attention_available(q) == (DEVICE == "cuda")
+    assert fused_causal_linear_attention_available(q.half(), "exp") == (DEVICE == "cuda")
+    assert not fused_causal_linear_attention_available(q.float())  # fp32: cuBLAS, unless forced
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    assert fused_causal_linear_attention_available(q)
+    assert fused_causal_linear_attention_available(q.float(), "exp")
+    assert not fused_causal_linear_attention_available(q, "softmax")
+    assert not fused_causal_linear_attention_available(q.double())
+    assert not fused_causal_linear_attention_available(torch.zeros(1, 1, 4, 129, device=DEVICE))
+    monkeypatch.setenv("HFST_DISABLE_TRITON", "1")
+    assert not fused_causal_linear_attention_available(q)
+
+
+@pytest.fixture
+def count_fused(monkeypatch):
+    """The calls of the fused kernels from `causal_linear_attention`: True for each that gave the result."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        result = fused_causal_linear_attention(*args, **kwargs)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(linear_ops, "fused_causal_linear_attention", counted)
+    return calls
+
+
+def _both_paths(monkeypatch, run):
+    """run() with the PyTorch kernels, then with the fused ones forced."""
+    results = []
+    for force in ["0", "1"]:
+        monkeypatch.setenv("HFST_FORCE_TRITON", force)
+        monkeypatch.setenv("HFST_DISABLE_TRITON", "0" if force == "1" else "1")
+        results.append(run())
+    return results
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_causal_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch, count_fused, feature_map):
+    """`causal_linear_attention` with key padding, key dropout and a carried state: the same outputs, state and
+    gradients whichever implementation runs."""
+    n = 37
+    q, k, v = _leaves(*_qkv(n, seed=12))
+    key_mask = _key_mask("random", n)
+    drop = (torch.rand(B, H, n, generator=torch.Generator().manual_seed(13)) >= 0.2).to(DEVICE)
+    k_max = torch.randn(B, H, D, device=DEVICE) if feature_map == "exp" else None
+    state = LinearAttentionState(torch.rand(B, H, D, E, device=DEVICE), torch.rand(B, H, D, device=DEVICE) + 1, k_max)
+
+    def run():
+        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=8, state=state, drop=drop)
+        return (out, new.kv, new.z, *_grads([out, new.kv], (q, k, v)))
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused == [True]
+    for name, a, b in zip(["out", "kv", "z", "dq", "dk", "dv"], fused, pytorch):
+        _assert_close(a, b, 2e-5, 1e-4, name)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train_key_dropout"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_decoder_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch, count_fused, feature_map, training):
+    """A tiny linear decoder, forward and backward on a padded batch, with and without the fused kernels (in training
+    mode with key dropout, drawn the same way by both): same logits, same parameter gradients."""
+    model = decoder("linear", feature_map, attention_probs_dropout_prob=0.1 if training else 0.0).to(DEVICE)
+    model.train(training)
+    input_ids = batch_of_tokens(2, 7).to(DEVICE)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0  # left padding
+
+    def run():
+        model.zero_grad()
+        torch.manual_seed(0)
+        output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
+        output.loss.backward()
+        return output.logits, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused == [True] * model.config.num_hidden_layers
+    _assert_close(fused[0], pytorch[0], 1e-5, 1e-4, "logits")
+    for name, grad in fused[1].items():
+        _assert_close(grad, pytorch[1][name], 1e-5, 1e-4, name)
