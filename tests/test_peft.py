@@ -2,15 +2,12 @@
 its adapter, reloads it onto a fresh remote-code base with identical outputs, and merges into the base weights with
 the same outputs again. The projections LoRA wraps are the ones the README names."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from conftest import family_classes, make_model, quiet_training_args, tiny_config
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification, Trainer
 
-import hf_settransformer as hfst
+import hf_settransformer as hfst  # noqa: F401 (registers the Auto classes)
 
 peft = pytest.importorskip("peft")  # in the dev extra; listed in the README's install
 

@@ -571,6 +571,10 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     command = results.pop("command")
     del results["hyperparameters"]  # older still: the block size comes from the tokenizer
     (out / "all_results.json").write_text(json.dumps(results))
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tokenizer_config["model_max_length"] == 1024  # today: what the model can take (max_position_embeddings)
+    tokenizer_config["model_max_length"] = 16  # runs of that age saved their training block there
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
     (tmp_path / "copied").mkdir()  # a results folder as --copy_to keeps it
     (tmp_path / "copied" / "all_results.json").write_text(json.dumps(results))
