@@ -606,11 +606,6 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output
 
 
-def mean_loss(logits, targets):
-    """Mean cross-entropy over the targets that are not -100 (0 when there are none, not NaN)."""
-    return token_loss(logits, targets)
-
-
 def causal_lm_loss(logits, labels, num_items_in_batch=None, shift_labels=None):
     """transformers' causal-LM loss (`ForCausalLMLoss`): position i predicts `labels[:, i + 1]` (or `shift_labels[:, i]`,
     already aligned), -100 ignored, summed over / `num_items_in_batch` or the counted labels; over no label at all
@@ -776,7 +771,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         else:
             target_logits = self.lm_logits(states)  # (b, t, vocab)
             if targets is not None:
-                loss = mean_loss(target_logits.flatten(0, 1), targets.reshape(-1).to(target_logits.device))
+                loss = token_loss(target_logits, targets)
             logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
             logits[:, -num_targets:] = target_logits
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)

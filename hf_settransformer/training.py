@@ -159,8 +159,7 @@ def check_output_dir(training_args, overwrite=False, script="train"):
         return
     found = sorted(p.name for p in out.iterdir()
                    if p.name in RUN_FILES or p.name.startswith(("checkpoint-", "incomplete-checkpoint-")))
-    resume = training_args.resume_from_checkpoint
-    if not found or (resume is not None and str(resume).lower() not in ("false", "0", "none")):
+    if not found or _resume_requested(training_args.resume_from_checkpoint):
         return
     if overwrite:
         if training_args.process_index == 0:
@@ -288,12 +287,17 @@ def checkpoint_step(folder):
     )
 
 
+def _resume_requested(value):
+    """Whether `--resume_from_checkpoint` asks to resume: a path or "true"; None, "false", "0" and "none" do not."""
+    return value is not None and str(value).lower() not in ("false", "0", "none")
+
+
 def resolve_resume(training_args, script="train"):
     """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
     names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
     writing a checkpoint there, so one without a marker was left by a killed run."""
     value = training_args.resume_from_checkpoint
-    if value is None or str(value).lower() in ("false", "0", "none"):
+    if not _resume_requested(value):
         return None
     if str(value).lower() in ("true", "1", "last", "latest"):
         folders = sorted(

@@ -310,10 +310,15 @@ print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
 def test_every_rank_takes_the_main_process_time_budget(tmp_path):
     """Two gloo processes whose probes disagree plan the same max_steps (rank 0's): ranks that planned different
     step counts would leave one waiting in a collective at the end of the run."""
+    import socket
+
     script = tmp_path / "plan.py"
     script.write_text(RANKS_PLAN)
+    with socket.socket() as probe:  # a free port: a fixed one may be held by another run's processes
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
          str(script), str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
