@@ -895,6 +895,9 @@ def main(argv=None):
     if trainer.is_world_process_zero():
         write_outputs(trainer, model_args, data_args, results, command, push_requested)
     trainer.accelerator.wait_for_everyone()
+    # several processes: leave the process group before exiting (gloo's threads, still running at interpreter exit,
+    # can abort a process that has finished its work: "terminate called without an active exception")
+    trainer.accelerator.end_training()
     return results
 
 

@@ -306,6 +306,8 @@ def main(argv=None):
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         print("[train_sets] " + json.dumps(results, indent=1))
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # several processes: leave the process group before exiting
     return results
 
 

@@ -304,6 +304,8 @@ first = hfst.max_steps_for_budget(trainer, 2, timer)
 hfst.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
 again = hfst.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
+trainer.accelerator.wait_for_everyone()
+trainer.accelerator.end_training()  # gloo threads left running at exit can abort a finished process (SIGABRT)
 """
 
 
