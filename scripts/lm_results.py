@@ -2,7 +2,7 @@
 validation perplexity against training CPU-minutes (wall minutes x threads).
 
     python scripts/lm_results.py outputs/wikitext2                 # prints the markdown table
-    python scripts/lm_results.py outputs/wikitext2 --copy_to scripts/results/wikitext2 --plot scripts/results/wikitext2.png
+    python scripts/lm_results.py outputs/wikitext2 --copy_to results/wikitext2 --plot results/wikitext2.png
     python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
 
 `--copy_to` keeps each run's all_results.json (small) where it can be committed; the folder can be read back later.

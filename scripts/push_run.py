@@ -63,7 +63,7 @@ def main(argv=None):
 
     from train_lm import refresh_model_card  # torch and transformers: after the cheap checks
 
-    from hf_settransformer import OutputDirLock, OutputDirLockedError, push_folder_to_hub
+    from hf_settransformer.toolkit import OutputDirLock, OutputDirLockedError, push_folder_to_hub
 
     try:
         with OutputDirLock(args.run_dir, " ".join(sys.argv)):

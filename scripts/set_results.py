@@ -2,7 +2,7 @@
 our metric next to the paper's (Lee et al. 2019), training time.
 
     python scripts/set_results.py outputs/sets                                  # prints the markdown table
-    python scripts/set_results.py outputs/sets --copy_to scripts/results/sets   # and keeps the JSON files
+    python scripts/set_results.py outputs/sets --copy_to results/sets   # and keeps the JSON files
 
 Training times are this machine's, as the runs recorded them (see each run's `threads`).
 """

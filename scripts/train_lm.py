@@ -46,7 +46,7 @@ epoch is 32 steps of 64k tokens, so more GPUs mostly buy overfitting sooner.
 
 Every `TrainingArguments` flag works (defaults below where they differ from transformers'); `--do_train` trains,
 `--do_eval` and `--do_predict` evaluate validation and test perplexity with the protocol of
-`hf_settransformer.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
+`hf_settransformer.toolkit.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
 autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GPU supports it, fp32 elsewhere.
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
 minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
@@ -81,7 +81,7 @@ from transformers import (
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
-from hf_settransformer import (  # importing the package registers the models with the Auto classes
+from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
     PerplexityLoggingTrainer,
     build_word_tokenizer,
     check_checkpoint_matches,

@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
 
-from hf_settransformer import (
+from hf_settransformer import SetTransformerConfig
+from hf_settransformer.toolkit import (
     PAPER_RESULTS,
     SHAPES,
     TASK_HEADS,
     DataCollatorForSets,
     DeepSetsBaseline,
-    SetTransformerConfig,
     check_checkpoint_matches,
     check_output_dir,
     evaluate_set_task,

@@ -13,7 +13,7 @@
 # step count of its budget is kept in time_budget.json); a finished one (all_results.json) is skipped.
 # A variant of the defaults for every run (the budget-length tuning runs): HFST_GRID_ARGS="--config_overrides k=v,...".
 # Then: python scripts/lm_results.py outputs/wikitext2-90min --unigram ../shared/data/wikitext-2 \
-#           --copy_to scripts/results/wikitext2-90min-v2 --plot scripts/results/wikitext2-90min-v2.png
+#           --copy_to results/wikitext2-90min-v2 --plot results/wikitext2-90min-v2.png
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${1:-outputs/wikitext2-90min}

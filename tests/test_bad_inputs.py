@@ -17,6 +17,7 @@ import torch
 from conftest import ATTENTIONS, family_classes
 
 import hf_settransformer as hfst
+from hf_settransformer import toolkit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -355,7 +356,7 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
     partial = tmp_path / "partial"
     shutil.copytree(decoder_checkpoint, partial / "checkpoint-2")
     small_tokenizer = tmp_path / "small_tokenizer"
-    hfst.build_word_tokenizer(["a b c"]).save_pretrained(small_tokenizer)
+    toolkit.build_word_tokenizer(["a b c"]).save_pretrained(small_tokenizer)
     files = dict(train=texts / "train.txt", empty=texts / "empty.txt", blank=texts / "blank.txt",
                  short=texts / "short.txt", missing=texts / "missing.txt", checkpoint=decoder_checkpoint,
                  unnamed=unnamed, badjson=badjson, nomarker=nomarker, run=decoder_checkpoint.parent, partial=partial,

@@ -25,7 +25,7 @@ from transformers import (
     default_data_collator,
 )
 
-import hf_settransformer as hfst
+from hf_settransformer import toolkit
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
@@ -34,7 +34,7 @@ LINES = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 7)) for i i
 
 def saved_checkpoint(folder, family, auto, **fields):
     """A tiny model of `family` with the word tokenizer, saved like train_lm.py's output (model_max_length set)."""
-    tokenizer = hfst.build_word_tokenizer(LINES, model_max_length=16)
+    tokenizer = toolkit.build_word_tokenizer(LINES, model_max_length=16)
     config = tiny_config(family, vocab_size=len(tokenizer), context_length=16, max_position_embeddings=64, **fields)
     torch.manual_seed(0)
     model = family_classes(config)[auto](config)

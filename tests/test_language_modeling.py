@@ -1,4 +1,4 @@
-"""hf_settransformer.language_modeling: the word-level tokenizer, the training datasets and the evaluation protocol
+"""hf_settransformer.toolkit.language_modeling: the word-level tokenizer, the training datasets and the evaluation protocol
 (every token scored once, by causal LMs, many-target heads and one-target heads; fixed masked positions for masked
 LMs), and the pieces that pick them for any head: lm_training_dataset, evaluate_perplexity, evaluation_protocol and
 the model card's fields."""
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import hf_settransformer as hfst
-from hf_settransformer.language_modeling import (
+from hf_settransformer import toolkit
+from hf_settransformer.toolkit.language_modeling import (
     BlockDataset,
     TargetWindowDataset,
     build_word_tokenizer,
@@ -168,8 +169,8 @@ def test_masked_protocol_masks_the_same_non_special_positions_on_every_call():
     torch.nn.init.zeros_(model.lm_head.weight)
     stream = torch.randint(2, vocab - 1, (64,))
     stream[::5] = 1  # <eos>, special: never masked
-    first = hfst.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
-    assert first == hfst.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
+    first = toolkit.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
+    assert first == toolkit.evaluate_masked_stream(model, stream, 8, vocab - 1, special_ids=[1])
     expected = sum(max(1, round(0.15 * int((block != 1).sum()))) for block in stream.view(-1, 8))
     assert first["tokens_scored"] == expected
     assert first["perplexity"] == pytest.approx(vocab, rel=1e-5)
@@ -189,19 +190,19 @@ def masked_head(vocab=50):
 
 def test_lm_training_dataset_is_the_one_each_head_trains_on():
     stream = torch.arange(60)
-    blocks = hfst.lm_training_dataset(head("decoder"), stream, block_size=8)
+    blocks = toolkit.lm_training_dataset(head("decoder"), stream, block_size=8)
     assert isinstance(blocks, BlockDataset) and len(blocks) == 7 and torch.equal(blocks[0]["labels"], torch.arange(8))
-    masked = hfst.lm_training_dataset(masked_head(), stream)
+    masked = toolkit.lm_training_dataset(masked_head(), stream)
     assert isinstance(masked, BlockDataset) and set(masked[0]) == {"input_ids"} and len(masked[0]["input_ids"]) == 6
-    many = hfst.lm_training_dataset(head("encoder", "many"), stream)
+    many = toolkit.lm_training_dataset(head("encoder", "many"), stream)
     assert isinstance(many, TargetWindowDataset) and many[0]["input_ids"].shape == (6,)
-    one = hfst.lm_training_dataset(head("encoder", "window"), stream, num_targets=10, seed=3)
-    assert isinstance(one, hfst.WindowDataset) and len(one) == 10 and one[0]["labels"].shape == ()
-    assert torch.equal(one.positions, hfst.WindowDataset(stream, 6, 10, seed=3).positions)
-    assert hfst.example_length(head("encoder")) == 6 and hfst.example_length(head("decoder"), 8) == 8
+    one = toolkit.lm_training_dataset(head("encoder", "window"), stream, num_targets=10, seed=3)
+    assert isinstance(one, toolkit.WindowDataset) and len(one) == 10 and one[0]["labels"].shape == ()
+    assert torch.equal(one.positions, toolkit.WindowDataset(stream, 6, 10, seed=3).positions)
+    assert toolkit.example_length(head("encoder")) == 6 and toolkit.example_length(head("decoder"), 8) == 8
     with pytest.raises(ValueError, match="pass block_size"):
-        hfst.example_length(head("decoder"))
-    assert hfst.is_masked_lm(masked_head()) and not hfst.is_masked_lm(head("encoder"))
+        toolkit.example_length(head("decoder"))
+    assert toolkit.is_masked_lm(masked_head()) and not toolkit.is_masked_lm(head("encoder"))
 
 
 class SplitAccelerator:
@@ -224,9 +225,9 @@ def test_evaluate_perplexity_is_the_heads_protocol_and_splits_between_processes(
     family = {"decoder": "decoder", "masked": None}.get(kind, "encoder")
     model = masked_head(vocab) if family is None else head(family, kind, vocab)
     stream = torch.randint(2, vocab - 1, (41,))
-    whole = hfst.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4)
+    whole = toolkit.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4)
     if kind == "masked":
-        reference = hfst.evaluate_masked_stream(model, stream, 6, tokenizer.mask_token_id, batch_size=4,
+        reference = toolkit.evaluate_masked_stream(model, stream, 6, tokenizer.mask_token_id, batch_size=4,
                                                 special_ids=tokenizer.all_special_ids)
         assert whole["nll"] == pytest.approx(reference["loss_sum"])
         assert whole["tokens_scored"] == reference["tokens_scored"] == 6  # one of 6 positions in each of 6 blocks
@@ -236,7 +237,7 @@ def test_evaluate_perplexity_is_the_heads_protocol_and_splits_between_processes(
         assert whole["nll"] == pytest.approx(reference["nll"]) and whole["tokens_scored"] == len(stream)
     assert whole["perplexity"] == pytest.approx(reference["perplexity"])
     assert whole["accuracy"] == pytest.approx(reference["accuracy"])
-    parts = [hfst.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4,
+    parts = [toolkit.evaluate_perplexity(model, stream, tokenizer, batch_size=4, block_size=6, stride=4,
                                       accelerator=SplitAccelerator(rank, 2)) for rank in (0, 1)]
     assert parts[0]["tokens_scored"] > 0 and parts[1]["tokens_scored"] > 0
     assert sum(p["tokens_scored"] for p in parts) == whole["tokens_scored"]
@@ -244,11 +245,11 @@ def test_evaluate_perplexity_is_the_heads_protocol_and_splits_between_processes(
 
 
 def test_evaluation_protocol_names_the_windows():
-    assert hfst.evaluation_protocol(head("decoder"), block_size=8) == "sliding window 8, stride 4"
-    assert hfst.evaluation_protocol(head("decoder"), block_size=8, stride=3) == "sliding window 8, stride 3"
-    assert hfst.evaluation_protocol(head("encoder")) == "windows of 6, the last 3 positions scored"
-    assert hfst.evaluation_protocol(head("encoder", "window")) == "every position, up to 6 preceding tokens"
-    assert hfst.evaluation_protocol(masked_head()) == (
+    assert toolkit.evaluation_protocol(head("decoder"), block_size=8) == "sliding window 8, stride 4"
+    assert toolkit.evaluation_protocol(head("decoder"), block_size=8, stride=3) == "sliding window 8, stride 3"
+    assert toolkit.evaluation_protocol(head("encoder")) == "windows of 6, the last 3 positions scored"
+    assert toolkit.evaluation_protocol(head("encoder", "window")) == "every position, up to 6 preceding tokens"
+    assert toolkit.evaluation_protocol(masked_head()) == (
         "blocks of 6, 15% of each block's tokens masked (fixed positions) and predicted from the rest"
     )
 
@@ -262,9 +263,9 @@ RESULTS = dict(parameters=12345, validation_perplexity=101.234, test_perplexity=
 @pytest.mark.parametrize("kind", ["decoder", "many", "window", "masked"])
 def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind):
     model = masked_head() if kind == "masked" else head("decoder" if kind == "decoder" else "encoder", kind)
-    fields = hfst.lm_model_card_fields(model, RESULTS, block_size=8)
+    fields = toolkit.lm_model_card_fields(model, RESULTS, block_size=8)
     template = ROOT / "model_cards" / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
-    card = hfst.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py")
+    card = toolkit.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py")
     text = card.read_text()
     assert "${" not in text.replace("$${", "")  # every field filled
     assert "me/tiny" in text and "101.23" in text and "12,345" in text and "python train.py" in text
@@ -283,11 +284,11 @@ def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
     """A resumed run with a best-checkpoint selection: the card names the selected step, the speed over the whole run
     in CPU-seconds (4,096 tokens in 0.5 CPU-minutes) and that the wall time is the last process's."""
     results = dict(RESULTS, train_cpu_minutes=0.5, resumed_from_step=32, selected_step=48, selected_by="best eval_loss")
-    fields = hfst.lm_model_card_fields(head("decoder"), results, block_size=8)
+    fields = toolkit.lm_model_card_fields(head("decoder"), results, block_size=8)
     assert fields["training_speed"] == "137 tokens per CPU-second"
     assert fields["weights"].startswith("step 48 of 64: the checkpoint with the lowest validation loss")
     assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
-    fields = hfst.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
+    fields = toolkit.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
     assert fields["weights"] == "the last step (64)"
 
 
@@ -302,7 +303,7 @@ def test_lm_flops_per_token_is_six_n_plus_the_attention(tied, attention_type):
     total = sum(p.numel() for p in model.parameters())
     n = total if tied else total - 50 * 16  # tied: the one 50 x 16 matrix is the output layer
     keys = 128 if attention_type == "softmax" else 8
-    flops, words = hfst.lm_flops_per_token(model, 128)
+    flops, words = toolkit.lm_flops_per_token(model, 128)
     assert flops == 6 * n + 12 * 2 * 16 * keys
     assert f"N={n:,} parameters" in words and "L=2 attention modules" in words and "d=16" in words
 
@@ -312,15 +313,15 @@ def test_the_model_card_reports_model_flops_and_mfu():
     CPU, and the speed in tokens per wall second (CPU-seconds do not measure a GPU run). On a CPU: no MFU, and why."""
     flops = dict(model_flops_per_token=1e9, model_flops_formula="6N + 12LdK: the count")
     gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_second=4e5, **flops,
-               **hfst.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
-    fields = hfst.lm_model_card_fields(head("decoder"), gpu, block_size=8)
+               **toolkit.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
+    fields = toolkit.lm_model_card_fields(head("decoder"), gpu, block_size=8)
     assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP/s, **MFU "
                                      "40.4%** of NVIDIA H100 80GB HBM3: 989.4 TFLOPS bf16 dense tensor-core peak "
                                      "(NVIDIA datasheet)")
     assert fields["hardware"] == "NVIDIA H100 80GB HBM3, CPU a CPU"
     assert fields["training_speed"] == "400,000 tokens per wall second"
-    cpu = dict(RESULTS, **flops, **hfst.model_flops_utilization(512.0, 1e9, None, "bf16"))
-    fields = hfst.lm_model_card_fields(head("decoder"), cpu, block_size=8)
+    cpu = dict(RESULTS, **flops, **toolkit.model_flops_utilization(512.0, 1e9, None, "bf16"))
+    fields = toolkit.lm_model_card_fields(head("decoder"), cpu, block_size=8)
     assert fields["model_flops"].endswith("; 0.512 TFLOP/s; MFU not measured: no peak table for CPUs")
     assert fields["hardware"] == "a CPU"
-    assert hfst.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")
+    assert toolkit.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")

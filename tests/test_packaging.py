@@ -70,7 +70,6 @@ MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)
 # the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
 # brings along
 TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm", "huggingface_hub"}
-TOOLKIT = {"language_modeling.py", "training.py", "set_tasks.py", "__init__.py"}
 
 
 def required_imports(tree):
@@ -84,21 +83,25 @@ def required_imports(tree):
         yield from required_imports(child)
 
 
-def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():
-    """What a checkpoint carries (configuration_*/modeling_* and every sibling they import) needs torch, transformers
-    and the standard library only (an optional import inside a `try` aside); the toolkit modules may use the standard
-    library and what transformers installs, and no modeling file imports them."""
+def test_model_side_is_flat_and_imports_only_torch_transformers_and_siblings():
+    """What a checkpoint carries (the flat files of `hf_settransformer/`: configuration_*/modeling_* and every sibling
+    they import) needs torch, transformers and the standard library only (an optional import inside a `try` aside),
+    and never reaches the toolkit; the toolkit (`hf_settransformer/toolkit/`, one level down, nothing deeper) may
+    also use what transformers installs, and imports the model side relatively (`from ..x import y`)."""
     package = ROOT / "hf_settransformer"
-    assert not [p for p in package.rglob("*.py") if p.parent != package]
-    for path in package.glob("*.py"):
-        allowed = TOOLKIT_IMPORTS if path.name in TOOLKIT else MODELING_IMPORTS
+    toolkit = package / "toolkit"
+    assert {p.parent for p in package.rglob("*.py")} == {package, toolkit}
+    for path in [*package.glob("*.py"), *toolkit.glob("*.py")]:
+        in_toolkit = path.parent == toolkit
+        allowed = TOOLKIT_IMPORTS if in_toolkit else MODELING_IMPORTS
         for node in required_imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 roots = {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
-                if node.level:  # relative: must be a sibling module, and a modeling file never reaches the toolkit
-                    assert node.level == 1 and (package / f"{node.module}.py").exists(), (path.name, node.module)
-                    assert path.name in TOOLKIT or f"{node.module}.py" not in TOOLKIT, (path.name, node.module)
+                if node.level:  # relative: a sibling module, or from the toolkit a model-side module one level up
+                    assert node.level in ((1, 2) if in_toolkit else (1,)), (path.name, node.level, node.module)
+                    folder = path.parent if node.level == 1 else package
+                    assert node.module and (folder / f"{node.module}.py").exists(), (path.name, node.module)
                     continue
                 roots = {node.module.split(".")[0]}
             else:
@@ -107,12 +110,16 @@ def test_package_is_flat_and_imports_only_torch_transformers_and_siblings():
 
 
 def test_every_public_toolkit_name_is_documented_and_exported():
-    """What the toolkit modules define without a leading underscore is exported from `hf_settransformer` (in
-    `__all__`), and every such class and function says what it does."""
+    """What the toolkit modules define without a leading underscore is exported from `hf_settransformer.toolkit` (in
+    its `__all__`), and every such class and function says what it does. `hf_settransformer` itself exports the model
+    side only: models, configurations, blocks and registries."""
     import inspect
 
     import hf_settransformer as hfst
-    from hf_settransformer import data, language_modeling, set_tasks, training
+    from hf_settransformer import toolkit
+    from hf_settransformer.toolkit import data, language_modeling, set_tasks, training
+
+    assert not set(hfst.__all__) & set(toolkit.__all__)
 
     for module in (training, language_modeling, set_tasks, data):
         for name, obj in vars(module).items():
@@ -121,7 +128,7 @@ def test_every_public_toolkit_name_is_documented_and_exported():
                 defined_here = obj.__module__ == module.__name__  # not imported from elsewhere
             if name.startswith("_") or inspect.ismodule(obj) or not (defined_here or name.isupper()):
                 continue
-            assert name in hfst.__all__ and getattr(hfst, name) is obj, f"{module.__name__}.{name} is not exported"
+            assert name in toolkit.__all__ and getattr(toolkit, name) is obj, f"{module.__name__}.{name} not exported"
             if inspect.isclass(obj) or inspect.isfunction(obj):
                 assert obj.__doc__ and len(obj.__doc__.split()) >= 5, f"{module.__name__}.{name} has no docstring"
 
@@ -153,7 +160,8 @@ def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(
         model.save_pretrained(folder)
         carried = {path.name for path in folder.glob("*.py")}
         assert f"modeling_{family}.py" in carried and f"configuration_{family}.py" in carried, carried
-        assert not carried & (TOOLKIT | {"data.py"}), carried
+        toolkit_files = {p.name for p in (ROOT / "hf_settransformer" / "toolkit").glob("*.py")} - {"__init__.py"}
+        assert not carried & toolkit_files, carried
         for name in carried:
             for node in required_imports(ast.parse((folder / name).read_text())):
                 if isinstance(node, ast.ImportFrom) and node.level:

@@ -12,15 +12,21 @@ from pathlib import Path
 import pytest
 from conftest import FAMILIES
 
-from hf_settransformer.training import COMPLETE_MARKER
+from hf_settransformer.toolkit.training import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def script_path(script):
+    """benchmarks/bench_*.py, else scripts/<script>."""
+    return ROOT / ("benchmarks" if script.startswith("bench_") else "scripts") / script
+
+
 def run_script(script, *args, timeout=300):
-    """Runs scripts/<script> with these arguments, asserts that it succeeded, returns its stdout."""
+    """Runs benchmarks/<script> or scripts/<script> with these arguments, asserts that it succeeded, returns its
+    stdout."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
+        [sys.executable, str(script_path(script)), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -228,11 +234,11 @@ def test_bench_crossover_tiny(tmp_path):
 
 
 def test_crossover_is_where_linear_stays_faster():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_crossover import crossover
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(ROOT / "benchmarks"))
     lengths = [100, 200, 400, 800]
     # softmax / linear = 0.5, 2 (faster), 0.9 (slower again), then 4: linear stays faster from 800 only
     first, estimate = crossover(lengths, [1, 2, 0.9, 4], [2, 1, 1, 1])
@@ -245,11 +251,11 @@ def test_crossover_is_where_linear_stays_faster():
 
 
 def test_peak_memory_counts_what_the_call_allocates():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_common import peak_memory_bytes
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(ROOT / "benchmarks"))
     import torch
 
     held = []

@@ -1,4 +1,4 @@
-"""hf_settransformer.set_tasks: the generators, the loss and evaluation of each task, the mixture-of-Gaussians head
+"""hf_settransformer.toolkit.set_tasks: the generators, the loss and evaluation of each task, the mixture-of-Gaussians head
 and a PMA classifier learning point clouds. scripts/train_sets.py end to end: test_scripts.py."""
 
 import math
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import hf_settransformer as hfst
-from hf_settransformer import set_tasks
+from hf_settransformer import toolkit
+from hf_settransformer.toolkit import set_tasks
 from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,13 +96,13 @@ def test_mixture_head_loss_and_padding():
 
 
 def test_make_set_task_builds_each_task_with_its_options():
-    data = hfst.make_set_task("max_regression", 5, seed=2, min_size=3, max_size=3, scale=10.0)
+    data = toolkit.make_set_task("max_regression", 5, seed=2, min_size=3, max_size=3, scale=10.0)
     assert isinstance(data, set_tasks.MaxRegression) and len(data) == 5 and data[0]["input_features"].shape == (3, 1)
     assert data[0]["input_features"].max() <= 10  # divided by the scale
     assert torch.equal(data[4]["input_features"], set_tasks.MaxRegression(5, 2, 3, 3, scale=10.0)[4]["input_features"])
-    assert isinstance(hfst.make_set_task("point_clouds", 2, min_size=5, max_size=6), set_tasks.PointClouds)
+    assert isinstance(toolkit.make_set_task("point_clouds", 2, min_size=5, max_size=6), set_tasks.PointClouds)
     with pytest.raises(ValueError, match="Unknown set task 'sorting'"):
-        hfst.make_set_task("sorting", 3)
+        toolkit.make_set_task("sorting", 3)
 
 
 class Maximum(torch.nn.Module):
@@ -117,37 +118,37 @@ class Maximum(torch.nn.Module):
 
 
 def test_max_regression_loss_and_mae_are_the_distance_to_the_maximum():
-    data = hfst.make_set_task("max_regression", 40, seed=0, scale=100.0)
-    assert hfst.evaluate_set_task(Maximum(), "max_regression", data, batch_size=16, value_scale=100.0) == {"mae": 0.0}
-    off = hfst.evaluate_set_task(Maximum(0.01), "max_regression", data, batch_size=7, value_scale=100.0)
+    data = toolkit.make_set_task("max_regression", 40, seed=0, scale=100.0)
+    assert toolkit.evaluate_set_task(Maximum(), "max_regression", data, batch_size=16, value_scale=100.0) == {"mae": 0.0}
+    off = toolkit.evaluate_set_task(Maximum(0.01), "max_regression", data, batch_size=7, value_scale=100.0)
     assert off["mae"] == pytest.approx(1.0, rel=1e-4)  # 0.01 in scaled units is 1 in the data's
-    batch = hfst.DataCollatorForSets()([data[i] for i in range(8)])
-    loss = hfst.l1_loss(Maximum(0.5)(batch["input_features"], batch["attention_mask"]), batch["labels"])
+    batch = toolkit.DataCollatorForSets()([data[i] for i in range(8)])
+    loss = toolkit.l1_loss(Maximum(0.5)(batch["input_features"], batch["attention_mask"]), batch["labels"])
     assert loss.item() == pytest.approx(0.5, rel=1e-5)
 
 
 def test_point_cloud_accuracy_and_the_oracle_of_the_mixture():
-    data = hfst.make_set_task("point_clouds", 12, min_size=16, max_size=32)
+    data = toolkit.make_set_task("point_clouds", 12, min_size=16, max_size=32)
 
     class Constant(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(2), len(hfst.SHAPES)).float())
+            self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(2), len(toolkit.SHAPES)).float())
 
         def forward(self, input_features, attention_mask):
             return {"logits": self.logits.expand(len(input_features), -1)}
 
-    accuracy = hfst.evaluate_set_task(Constant(), "point_clouds", data, batch_size=5)["accuracy"]
+    accuracy = toolkit.evaluate_set_task(Constant(), "point_clouds", data, batch_size=5)["accuracy"]
     assert accuracy == sum(int(data[i]["labels"]) == 2 for i in range(12)) / 12
     # a mixture head whose output is the generating mixture scores the oracle's log-likelihood
-    mixtures = hfst.make_set_task("mixture_of_gaussians", 6, seed=4, min_size=30, max_size=50)
+    mixtures = toolkit.make_set_task("mixture_of_gaussians", 6, seed=4, min_size=30, max_size=50)
     config = hfst.SetTransformerConfig(input_size=2, hidden_size=16, num_seeds=4, num_inducing_points=2,
                                        num_hidden_layers=1, num_attention_heads=2)
     model = hfst.SetTransformerForMixtureOfGaussians(config)
-    metrics = hfst.evaluate_set_task(model, "mixture_of_gaussians", mixtures, batch_size=4)
+    metrics = toolkit.evaluate_set_task(model, "mixture_of_gaussians", mixtures, batch_size=4)
     assert -3.0 < metrics["oracle_log_likelihood_per_point"] < -0.5
     assert metrics["log_likelihood_per_point"] < metrics["oracle_log_likelihood_per_point"]  # untrained
-    assert set(hfst.TASK_HEADS) == set(hfst.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
+    assert set(toolkit.TASK_HEADS) == set(toolkit.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
 
 
 def test_pma_classifier_learns_point_clouds_from_fresh_sets():
@@ -155,7 +156,7 @@ def test_pma_classifier_learns_point_clouds_from_fresh_sets():
     the fan-in initialisation of the feature projection is what lets it learn (`layers.FeatureProjection`)."""
     torch.manual_seed(0)
     data = set_tasks.PointClouds(3200, seed=0, min_size=32, max_size=64)
-    collate = hfst.DataCollatorForSets()
+    collate = toolkit.DataCollatorForSets()
     config = hfst.SetTransformerConfig(
         input_size=3,
         num_labels=len(set_tasks.SHAPES),

@@ -1,4 +1,4 @@
-"""hf_settransformer.training: the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and
+"""hf_settransformer.toolkit.training: the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and
 the time budget, the measurements of a run, the model card writer and the upload without pickles."""
 
 import json
@@ -16,7 +16,8 @@ from conftest import quiet_training_args, tiny_config
 from transformers import Trainer
 
 import hf_settransformer as hfst
-from hf_settransformer.training import BUDGET_FILE, COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
+from hf_settransformer import toolkit
+from hf_settransformer.toolkit.training import BUDGET_FILE, COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +29,14 @@ def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
     stream = torch.arange(400) % 11
     args = quiet_training_args(output_dir, max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
                                **fields)
-    return Trainer(model=model, args=args, train_dataset=hfst.BlockDataset(stream, 8), eval_dataset=eval_dataset)
+    return Trainer(model=model, args=args, train_dataset=toolkit.BlockDataset(stream, 8), eval_dataset=eval_dataset)
 
 
 # ------------------------------------------------------------------------------------------------ lock, atomic saves
 
 HOLD = """
 import sys, time
-from hf_settransformer.training import OutputDirLock
+from hf_settransformer.toolkit.training import OutputDirLock
 lock = OutputDirLock(sys.argv[1], command="holder").acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -80,16 +81,16 @@ def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_pat
     def args(**fields):
         return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **fields)
 
-    hfst.check_output_dir(args())  # empty: a new run
+    toolkit.check_output_dir(args())  # empty: a new run
     (tmp_path / "notes.txt").write_text("mine")
-    hfst.check_output_dir(args())  # files that are no run's: untouched, not refused
+    toolkit.check_output_dir(args())  # files that are no run's: untouched, not refused
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "all_results.json").write_text("{}")
     with pytest.raises(SystemExit, match="holds a finished run .all_results.json, checkpoint-4.*--overwrite_output_dir"):
-        hfst.check_output_dir(args(), script="mine")
-    hfst.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
+        toolkit.check_output_dir(args(), script="mine")
+    toolkit.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
     assert (tmp_path / "checkpoint-4").is_dir()
-    hfst.check_output_dir(args(), overwrite=True, script="mine")
+    toolkit.check_output_dir(args(), overwrite=True, script="mine")
     assert "[mine] --overwrite_output_dir: removing the earlier run" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
@@ -105,7 +106,7 @@ torch.manual_seed(0)
 config = hfst.TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
 model = hfst.TransformerDecoderForCausalLM(config)
 trainer = Trainer(model=model, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True))
-hfst.save_model_atomically(trainer)  # a complete first save
+toolkit.save_model_atomically(trainer)  # a complete first save
 with torch.no_grad():
     for p in model.parameters():
         p.add_(1.0)
@@ -120,7 +121,7 @@ def dying(tensors, filename, metadata=None):  # the kill lands in the middle of 
 
 
 modeling_utils.safe_save_file = dying
-hfst.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
+toolkit.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
 """
 
 
@@ -150,7 +151,7 @@ def test_the_final_save_gives_use_cache_back(tmp_path, family):
     model = (hfst.TransformerDecoderForCausalLM if family == "decoder" else hfst.TransformerEncoderModel)(config)
     trainer = Trainer(model=model, args=quiet_training_args(tmp_path))
     assert model.config.use_cache is False  # what the Trainer did
-    hfst.save_model_atomically(trainer)
+    toolkit.save_model_atomically(trainer)
     saved = json.loads((tmp_path / "config.json").read_text())
     if family == "decoder":
         assert saved["use_cache"] is True and model.config.use_cache is True
@@ -176,40 +177,40 @@ def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_
     newest = checkpoint(tmp_path, 10)
     checkpoint(tmp_path, 15, marker=False)  # a killed save
     args = quiet_training_args(tmp_path, resume_from_checkpoint="true")
-    assert hfst.resolve_resume(args, script="mine") == str(newest)  # 10, not 5 (numeric, not "10" < "5")
+    assert toolkit.resolve_resume(args, script="mine") == str(newest)  # 10, not 5 (numeric, not "10" < "5")
     assert (tmp_path / "incomplete-checkpoint-15").is_dir() and not (tmp_path / "checkpoint-15").exists()
     assert "[mine] " in capsys.readouterr().out
-    assert hfst.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint="false")) is None
-    assert hfst.resolve_resume(quiet_training_args(tmp_path / "empty", resume_from_checkpoint="true")) is None
+    assert toolkit.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint="false")) is None
+    assert toolkit.resolve_resume(quiet_training_args(tmp_path / "empty", resume_from_checkpoint="true")) is None
     with pytest.raises(SystemExit, match="not a complete checkpoint"):
         aside = str(tmp_path / "incomplete-checkpoint-15")
-        hfst.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint=aside))
+        toolkit.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint=aside))
 
 
 def test_checkpoint_step_reads_the_name_then_the_marker(tmp_path):
-    assert hfst.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
+    assert toolkit.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
     renamed = tmp_path / "best"
     renamed.mkdir()
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": 7}))
-    assert hfst.checkpoint_step(renamed) == 7
+    assert toolkit.checkpoint_step(renamed) == 7
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": True}))
     with pytest.raises(ValueError, match="cannot tell the checkpoint's step"):
-        hfst.checkpoint_step(renamed)
+        toolkit.checkpoint_step(renamed)
 
 
 def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
     history = [{"loss": 4.0, "step": 2}, {"loss": 2.0, "step": 6}, {"loss": 9.0, "step": 9}]
     # resumed at step 6: the logs up to it cover 2 and 4 steps, then this process ran 3 steps at mean loss 1.0
-    assert hfst.whole_run_train_loss(history, 6, 1.0, 3) == pytest.approx((4 * 2 + 2 * 4 + 1 * 3) / 9)
-    assert hfst.whole_run_train_loss([], 0, 1.5, 4) == 1.5
+    assert toolkit.whole_run_train_loss(history, 6, 1.0, 3) == pytest.approx((4 * 2 + 2 * 4 + 1 * 3) / 9)
+    assert toolkit.whole_run_train_loss([], 0, 1.5, 4) == 1.5
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
     hfst.TransformerDecoderForCausalLM(tiny_config("decoder")).save_pretrained(tmp_path)
-    hfst.check_checkpoint_matches(tmp_path, hfst.TransformerDecoderForCausalLM(tiny_config("decoder")))  # fits
+    toolkit.check_checkpoint_matches(tmp_path, hfst.TransformerDecoderForCausalLM(tiny_config("decoder")))  # fits
     wider = hfst.TransformerDecoderForCausalLM(tiny_config("decoder", hidden_size=64))
     with pytest.raises(SystemExit, match="hidden_size: checkpoint 32, this run 64"):
-        hfst.check_checkpoint_matches(tmp_path, wider)
+        toolkit.check_checkpoint_matches(tmp_path, wider)
 
 
 # ------------------------------------------------------------------------------------------------ timer and budget
@@ -218,8 +219,8 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
 def test_time_budget_stops_training_and_records_the_steps():
     """Once the training time passes the budget the callback stops training, asks for a checkpoint and records the
     step reached."""
-    timer = hfst.TimedEvalCallback()
-    budget = hfst.TimeBudgetCallback(0.5 / 60, timer)  # half a second
+    timer = toolkit.TimedEvalCallback()
+    budget = toolkit.TimeBudgetCallback(0.5 / 60, timer)  # half a second
 
     class State:
         global_step = 7
@@ -233,13 +234,13 @@ def test_time_budget_stops_training_and_records_the_steps():
     assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
     assert budget.minutes == 0.5 / 60
     with pytest.raises(ValueError, match="positive number of minutes"):
-        hfst.TimeBudgetCallback(0, timer)
+        toolkit.TimeBudgetCallback(0, timer)
 
 
 def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
     """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
     programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
-    timer = hfst.TimedEvalCallback(clock="cpu")
+    timer = toolkit.TimedEvalCallback(clock="cpu")
     timer.on_train_begin(None, None, None)
     time.sleep(0.4)
     assert timer.elapsed() < 0.2
@@ -250,41 +251,41 @@ def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
     folder = tmp_path / "checkpoint-5"
     folder.mkdir()
     (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": 5, "train_seconds": 12.0, "clock": "cpu"}))
-    assert hfst.TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
+    assert toolkit.TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
     with pytest.raises(ValueError, match="'cpu' clock"):
-        hfst.TimedEvalCallback(resume_from=folder, clock="wall")
+        toolkit.TimedEvalCallback(resume_from=folder, clock="wall")
     with pytest.raises(ValueError, match="clock must be one of"):
-        hfst.TimedEvalCallback(clock="gpu")
+        toolkit.TimedEvalCallback(clock="gpu")
 
 
 def test_timed_callbacks_resolve_the_clock_and_add_the_budget_when_asked(tmp_path):
-    timer, budget, callbacks = hfst.timed_callbacks(clock="auto", device=torch.device("cpu"))
+    timer, budget, callbacks = toolkit.timed_callbacks(clock="auto", device=torch.device("cpu"))
     assert timer.clock == "cpu" and budget is None and len(callbacks) == 2
-    assert isinstance(callbacks[0], hfst.CompleteCheckpointCallback) and callbacks[1] is timer
-    assert hfst.timed_callbacks(clock="auto", device="cuda")[0].clock == "wall"
+    assert isinstance(callbacks[0], toolkit.CompleteCheckpointCallback) and callbacks[1] is timer
+    assert toolkit.timed_callbacks(clock="auto", device="cuda")[0].clock == "wall"
     folder = checkpoint(tmp_path, 3, train_seconds=20.0, clock="wall", validation_curve=[{"step": 2}])
-    timer, budget, callbacks = hfst.timed_callbacks(folder, max_minutes=5)
+    timer, budget, callbacks = toolkit.timed_callbacks(folder, max_minutes=5)
     assert timer.elapsed() == 20.0 and timer.points == [{"step": 2}]  # continues the checkpoint's
     assert callbacks[-1] is budget and budget.minutes == 5 and budget.timer is timer
 
 
 def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_path, monkeypatch, capsys):
     trainer = decoder_trainer(tmp_path)
-    timer = hfst.TimedEvalCallback(clock="cpu")
+    timer = toolkit.TimedEvalCallback(clock="cpu")
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    seconds = hfst.probe_seconds_per_step(trainer, timer.now, steps=6)
+    seconds = toolkit.probe_seconds_per_step(trainer, timer.now, steps=6)
     assert 0 < seconds < 10
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
-    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
-    assert hfst.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
+    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    assert toolkit.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
     assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in capsys.readouterr().out
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "seconds_per_evaluation": 0.0,
                       "evaluation_every": 0, "max_steps": 235}  # this Trainer does not evaluate while training
-    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
-    assert hfst.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
-    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 1.0)
-    assert hfst.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
+    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
+    assert toolkit.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
+    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 1.0)
+    assert toolkit.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
 
 
 RANKS_PLAN = """
@@ -299,10 +300,10 @@ rank = trainer.args.process_index
 assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
 # ranks that time their steps differently (they always do, a little): 0.5 s on rank 0, 0.7 s on rank 1
 hfst.training.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
-timer = hfst.TimedEvalCallback(clock="cpu")
-first = hfst.max_steps_for_budget(trainer, 2, timer)
+timer = toolkit.TimedEvalCallback(clock="cpu")
+first = toolkit.max_steps_for_budget(trainer, 2, timer)
 hfst.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
-again = hfst.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
+again = toolkit.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
 trainer.accelerator.wait_for_everyone()
 trainer.accelerator.end_training()  # gloo threads left running at exit can abort a finished process (SIGABRT)
@@ -331,7 +332,7 @@ def test_every_rank_takes_the_main_process_time_budget(tmp_path):
 
 
 def _evaluating_trainer(output_dir, **fields):
-    return decoder_trainer(output_dir, eval_dataset=hfst.BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
+    return decoder_trainer(output_dir, eval_dataset=toolkit.BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -347,11 +348,11 @@ def test_the_evaluation_probe_times_one_pass_over_the_eval_data_and_leaves_the_m
                                                   torch.is_autocast_enabled("cpu"), module.training)),
         with_kwargs=True)
     trainer.model.train()
-    assert hfst.probe_seconds_per_evaluation(trainer, time.process_time) > 0
+    assert toolkit.probe_seconds_per_evaluation(trainer, time.process_time) > 0
     assert seen == [(8, False, bf16, False)] * 3 + [(1, False, bf16, False)]
     assert trainer.model.training and all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())
     trainer.args.eval_strategy = "no"
-    assert hfst.probe_seconds_per_evaluation(trainer) == 0.0 and len(seen) == 4
+    assert toolkit.probe_seconds_per_evaluation(trainer) == 0.0 and len(seen) == 4
 
 
 @pytest.mark.parametrize(
@@ -369,9 +370,9 @@ def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, f
     planned with them: otherwise a run whose evaluations are slow (one window per target) stops on its budget with
     its learning rate far from the end of the schedule."""
     trainer = _evaluating_trainer(tmp_path, **fields)
-    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
-    monkeypatch.setattr("hf_settransformer.training.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
-    assert hfst.max_steps_for_budget(trainer, 2, hfst.TimedEvalCallback(clock="cpu")) == expected
+    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
+    assert toolkit.max_steps_for_budget(trainer, 2, toolkit.TimedEvalCallback(clock="cpu")) == expected
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     evaluations = fields["eval_strategy"] != "no"
     assert record["seconds_per_evaluation"] == (3.0 if evaluations else 0.0)
@@ -385,7 +386,7 @@ def test_the_probe_times_steps_in_the_training_precision(tmp_path, bf16):
     trainer = decoder_trainer(tmp_path, bf16=bf16, use_cpu=True)
     seen = []
     trainer.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
-    hfst.probe_seconds_per_step(trainer, steps=5)  # the hook travels with the probed copy
+    toolkit.probe_seconds_per_step(trainer, steps=5)  # the hook travels with the probed copy
     assert seen == [bf16] * 5
 
 
@@ -395,10 +396,10 @@ def test_the_probe_times_steps_in_the_training_precision(tmp_path, bf16):
 def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
     trainer = decoder_trainer(tmp_path, steps=6, logging_strategy="steps", logging_steps=1, save_strategy="steps",
                               save_steps=3)
-    timer, budget, callbacks = hfst.timed_callbacks(clock="cpu")
+    timer, budget, callbacks = toolkit.timed_callbacks(clock="cpu")
     for callback in callbacks:
         trainer.add_callback(callback)
-    first = hfst.train_and_measure(trainer, None, timer, budget, example_length=8)
+    first = toolkit.train_and_measure(trainer, None, timer, budget, example_length=8)
     assert first["train_steps"] == 6 and first["train_tokens"] == 6 * 4 * 8 and first["train_examples"] == 24
     assert first["train_perplexity"] == pytest.approx(math.exp(first["train_loss"]))
     assert first["resumed_from_step"] is None and first["max_train_minutes"] is None
@@ -408,10 +409,10 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
     assert (tmp_path / "checkpoint-3" / COMPLETE_MARKER).is_file()
     # resumed from step 3: the same weights, the training loss of the whole run, the time before the checkpoint
     again = decoder_trainer(tmp_path / "again", steps=6, logging_strategy="steps", logging_steps=1)
-    timer, budget, callbacks = hfst.timed_callbacks(tmp_path / "checkpoint-3", clock="cpu")
+    timer, budget, callbacks = toolkit.timed_callbacks(tmp_path / "checkpoint-3", clock="cpu")
     for callback in callbacks:
         again.add_callback(callback)
-    resumed = hfst.train_and_measure(again, str(tmp_path / "checkpoint-3"), timer, budget, example_length=8)
+    resumed = toolkit.train_and_measure(again, str(tmp_path / "checkpoint-3"), timer, budget, example_length=8)
     assert resumed["resumed_from_step"] == 3 and resumed["train_steps"] == 6
     assert resumed["train_loss"] == pytest.approx(first["train_loss"], rel=1e-5)
     marker = json.loads((tmp_path / "checkpoint-3" / COMPLETE_MARKER).read_text())
@@ -422,15 +423,15 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
 
 def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     trainer = decoder_trainer(tmp_path)
-    environment = hfst.run_environment(trainer)
+    environment = toolkit.run_environment(trainer)
     assert environment["precision"] == "fp32" and environment["torch_compile"] is False
     assert environment["threads_per_process"] == torch.get_num_threads()
-    assert environment["cpu_model"] == hfst.cpu_model_name() and environment["cpu_model"]
+    assert environment["cpu_model"] == toolkit.cpu_model_name() and environment["cpu_model"]
     assert environment["gpu_name"] is None  # trained on the CPU
-    assert isinstance(hfst.fast_bf16_available(use_cpu=True), bool)
+    assert isinstance(toolkit.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
-    assert hfst.replica_checksums(trainer) == [pytest.approx(total)]
-    assert hfst.tokens_per_step(trainer.args, 8) == 4 * 8
+    assert toolkit.replica_checksums(trainer) == [pytest.approx(total)]
+    assert toolkit.tokens_per_step(trainer.args, 8) == 4 * 8
 
 
 def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tmp_path):
@@ -439,13 +440,13 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     The fields are real TrainingArguments fields with values it accepts."""
     from transformers import TrainingArguments
 
-    assert hfst.gpu_training_defaults(False) == {} == hfst.gpu_training_defaults(False, {"optim"})
-    on_cuda = hfst.gpu_training_defaults(True)
+    assert toolkit.gpu_training_defaults(False) == {} == toolkit.gpu_training_defaults(False, {"optim"})
+    on_cuda = toolkit.gpu_training_defaults(True)
     assert on_cuda == {"optim": "adamw_torch_fused", "dataloader_num_workers": 4,
                        "dataloader_persistent_workers": True, "torch_compile": True, "per_device_eval_batch_size": 64}
-    given = hfst.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
+    given = toolkit.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
     assert "torch_compile" not in given and "per_device_eval_batch_size" not in given and given["optim"]
-    workers = hfst.gpu_training_defaults(True, {"dataloader_num_workers"})
+    workers = toolkit.gpu_training_defaults(True, {"dataloader_num_workers"})
     assert "dataloader_num_workers" not in workers and "dataloader_persistent_workers" not in workers
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **on_cuda)
     assert args.torch_compile and args.dataloader_persistent_workers and args.per_device_eval_batch_size == 64
@@ -469,7 +470,7 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     ],
 )
 def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precision, tflops):
-    peak, note = hfst.peak_flops(name, precision)
+    peak, note = toolkit.peak_flops(name, precision)
     if tflops is None:
         assert peak is None and note.startswith("no ")
     else:
@@ -479,16 +480,16 @@ def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precisio
 def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
     """MFU = tokens/s x FLOPs per token / (peak x devices); None with the reason on a CPU, an unknown GPU, or without a
     timed step."""
-    h100 = hfst.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
+    h100 = toolkit.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
     assert h100["train_model_flops_per_second"] == pytest.approx(1e14)
     assert h100["mfu"] == pytest.approx(1e14 / (2 * 989.4e12)) and h100["mfu_peak_flops_per_device"] == 989.4e12
     assert h100["mfu_note"].endswith("x 2 devices")
-    cpu = hfst.model_flops_utilization(1e5, 1e9, None, "bf16")
+    cpu = toolkit.model_flops_utilization(1e5, 1e9, None, "bf16")
     assert cpu["train_model_flops_per_second"] == pytest.approx(1e14)
     assert cpu["mfu"] is None and cpu["mfu_note"] == "no peak table for CPUs"
-    unknown = hfst.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
+    unknown = toolkit.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
     assert unknown["mfu"] is None and "'Tesla T4'" in unknown["mfu_note"]
-    untimed = hfst.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
+    untimed = toolkit.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
     assert untimed["mfu"] is None and untimed["train_model_flops_per_second"] is None
     assert untimed["mfu_note"] == "no training steps timed in this process"
 
@@ -497,14 +498,14 @@ def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
     template = tmp_path / "card.md"
     template.write_text("# ${repo_id}\nperplexity ${ppl}, kept: ${unknown}, $$5\n")
     (tmp_path / "out").mkdir()
-    path = hfst.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
+    path = toolkit.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
     assert path == tmp_path / "out" / "README.md"
     assert path.read_text() == "# me/model\nperplexity 12.34, kept: ${unknown}, $5\n"
 
 
 PUSH = """
 import sys
-from hf_settransformer import push_folder_to_hub
+from hf_settransformer.toolkit import push_folder_to_hub
 info = push_folder_to_hub(sys.argv[1], "user/run", token="hf_test")
 print("pushed", getattr(info, "commit_url", info))
 """

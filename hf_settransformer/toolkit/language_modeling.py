@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from .attention import MultiHeadAttention, attention_kernel
+from ..attention import MultiHeadAttention, attention_kernel
 
 _CAUSAL_LM_TYPES = ("hfst_decoder",)
 

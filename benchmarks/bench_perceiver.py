@@ -8,10 +8,10 @@ One step is a forward and a backward pass with the loss `mean(decoder_output ** 
 the ratio to transformers' `PerceiverModel`, the peak memory of one step (a separate, untimed step) and the
 parameter count. `--lengths` adds a second table over input lengths (throughput only).
 
-    python scripts/bench_perceiver.py                                 # default sizes: ~1.5 min on one free core
-    python scripts/bench_perceiver.py --lengths 512 1024 4096 8192    # plus a sweep over input lengths
-    python scripts/bench_perceiver.py --batch_size 8 --device cuda    # on a GPU
-    python scripts/bench_perceiver.py --tiny                          # seconds (the tests run this)
+    python benchmarks/bench_perceiver.py                                 # default sizes: ~1.5 min on one free core
+    python benchmarks/bench_perceiver.py --lengths 512 1024 4096 8192    # plus a sweep over input lengths
+    python benchmarks/bench_perceiver.py --batch_size 8 --device cuda    # on a GPU
+    python benchmarks/bench_perceiver.py --tiny                          # seconds (the tests run this)
 
 Writes `<output_dir>/bench_perceiver.json` and `.png`.
 

@@ -11,8 +11,8 @@ Contenders, alternated within each length (medians after warm-up, one run):
 Peak memory is the most the allocator held above what was allocated before one forward+backward (CPU: measured by
 `torch.profiler` in a separate untimed pass). A second table sweeps the chunk size of the chunked kernel.
 
-    python scripts/bench_attention.py                 # lengths 512 ... 16384
-    python scripts/bench_attention.py --tiny          # seconds (the tests run this)
+    python benchmarks/bench_attention.py                 # lengths 512 ... 16384
+    python benchmarks/bench_attention.py --tiny          # seconds (the tests run this)
 
 fast-transformers is not on PyPI as a wheel; to compare with it build it against the installed torch
 (on a machine with no CUDA toolkit, or with CUDA_HOME set):

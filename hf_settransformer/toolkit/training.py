@@ -739,7 +739,7 @@ def peak_flops(device_name, precision="bf16"):
             tflops = single if precision == "fp32" else half
             kind = "fp32 (no tensor cores)" if precision == "fp32" else f"{precision} dense tensor-core"
             return tflops * 1e12, f"{device_name}: {tflops:g} TFLOPS {kind} peak (NVIDIA datasheet)"
-    return None, f"no peak for {device_name!r} in the table (hf_settransformer.training.GPU_PEAK_TFLOPS)"
+    return None, f"no peak for {device_name!r} in the table (hf_settransformer.toolkit.training.GPU_PEAK_TFLOPS)"
 
 
 def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):

@@ -6,8 +6,8 @@ reported, all in one run. Memory is what the pass keeps for the backward (the by
 autograd saves, counted with `torch.autograd.graph.saved_tensors_hooks`), the part that grows with the set; on CUDA
 also the peak allocated during the pass. SAB is skipped above `--sab_max` elements (its n x n attention).
 
-    python scripts/bench_sets.py                      # sizes 256 ... 16384
-    python scripts/bench_sets.py --tiny               # seconds (the tests run this)
+    python benchmarks/bench_sets.py                      # sizes 256 ... 16384
+    python benchmarks/bench_sets.py --tiny               # seconds (the tests run this)
 
 Writes `<output_dir>/bench_sets.json` and `.png`.
 """
@@ -47,7 +47,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--sab_max", type=int, default=8192, help="largest set SAB is run on")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--output_dir", default="scripts/results")
+    p.add_argument("--output_dir", default="results")
     p.add_argument("--tiny", action="store_true")
     args = p.parse_args()
     if args.tiny:

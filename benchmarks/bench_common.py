@@ -26,7 +26,7 @@ def base_parser(doc):
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per contender (medians are reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per contender before the timed ones")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--output_dir", default="scripts/results")
+    p.add_argument("--output_dir", default="results")
     p.add_argument("--tiny", action="store_true", help="a seconds-long run with tiny sizes (for the tests)")
     return p
 

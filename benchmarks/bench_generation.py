@@ -17,11 +17,11 @@ Contenders (the first two always run, in eager mode):
     linear_compiled          --compile: LinearAttentionCache(static=True), updated in place, under torch.compile
 The compiled steps are compiled afresh for every batch size and context (inside the warm-up steps, untimed).
 
-    python scripts/bench_generation.py                                  # full run: contexts 128 ... 8192
-    python scripts/bench_generation.py --contexts 128 1024 --steps 20   # quicker
-    python scripts/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
+    python benchmarks/bench_generation.py                                  # full run: contexts 128 ... 8192
+    python benchmarks/bench_generation.py --contexts 128 1024 --steps 20   # quicker
+    python benchmarks/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
         --profile                                                       # issue 34's GPU targets, with a profile
-    python scripts/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
+    python benchmarks/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
 
 Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`); with
 `--profile`, `<output_dir>/bench_generation_profile.txt`: torch.profiler tables (top ops by device and by CPU time) of
@@ -66,7 +66,7 @@ def parse_args():
     p.add_argument("--compile_backend", default="inductor", help="torch.compile backend (eager: tracing only, tests)")
     p.add_argument("--profile", action="store_true", help="write torch.profiler tables of a few steps per contender")
     p.add_argument("--profile_steps", type=int, default=5)
-    p.add_argument("--output_dir", default="scripts/results")
+    p.add_argument("--output_dir", default="results")
     p.add_argument("--tiny", action="store_true", help="a seconds-long run with a tiny model (for tests)")
     if p.parse_args().tiny:  # tiny defaults; options given explicitly still win
         p.set_defaults(

@@ -25,9 +25,9 @@ Model FLOPs utilisation: the FLOPs of one forward+backward are counted once per 
 attention kernels with the same formula as the CUDA ones); achieved FLOP/s = that / median step time, and MFU =
 achieved / the FLOP/s of a large fp32 matmul measured in the same run.
 
-    python scripts/bench_training.py                                # hidden 512, 8 layers, sequence 512, batch 4
-    python scripts/bench_training.py --repeats 3 --warmup 1 --batch_size 2
-    python scripts/bench_training.py --tiny                         # seconds: proves it works (the tests run this)
+    python benchmarks/bench_training.py                                # hidden 512, 8 layers, sequence 512, batch 4
+    python benchmarks/bench_training.py --repeats 3 --warmup 1 --batch_size 2
+    python benchmarks/bench_training.py --tiny                         # seconds: proves it works (the tests run this)
 
 Writes `<output_dir>/bench_training.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`).
 """

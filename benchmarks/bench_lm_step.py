@@ -9,9 +9,9 @@ sequence); the decoder predicts every one of them, a many-target head its last `
 "peak" is the FLOP/s of a 2048 x 2048 matmul in the same precision, measured in the same run; "% of peak" is the
 step's counted FLOPs (`torch.utils.flop_counter`, forward + backward) / step time / that peak.
 
-    python scripts/bench_lm_step.py                                      # decoder and encoder, all variants
-    python scripts/bench_lm_step.py --families decoder encoder set_transformer perceiver_io --no_compile
-    python scripts/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
+    python benchmarks/bench_lm_step.py                                      # decoder and encoder, all variants
+    python benchmarks/bench_lm_step.py --families decoder encoder set_transformer perceiver_io --no_compile
+    python benchmarks/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
 
 Writes `<output_dir>/bench_lm_step.json`.
 """

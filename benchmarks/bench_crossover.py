@@ -10,8 +10,8 @@ in n, falls below softmax attention's, quadratic in n. The crossover printed is 
 linear stays faster at every longer length, with the length where the time ratio crosses 1 interpolated in log-log
 space between the two measured lengths around it.
 
-    python scripts/bench_crossover.py                 # lengths 128 ... 8192
-    python scripts/bench_crossover.py --tiny          # seconds (the tests run this)
+    python benchmarks/bench_crossover.py                 # lengths 128 ... 8192
+    python benchmarks/bench_crossover.py --tiny          # seconds (the tests run this)
 
 Writes `<output_dir>/bench_crossover.json` and `.png`.
 """

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .data import DataCollatorForSets
-from .modeling_set_transformer import (
+from ..modeling_set_transformer import (
     SetTransformerForMixtureOfGaussians,
     SetTransformerForSequenceClassification,
     mixture_log_likelihood,
