@@ -13,8 +13,19 @@ step's counted FLOPs (`torch.utils.flop_counter`, forward + backward) / step tim
     python benchmarks/bench_lm_step.py --families decoder encoder set_transformer perceiver_io --no_compile
     python benchmarks/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
 
+Against another commit of this project, in the same run (every contender twice: this tree's package and the other's,
+imported side by side as `hfst_baseline`; the column "vs baseline" is the baseline's median step time / this one's,
+so below 1.00x is a slowdown):
+
+    git worktree add /tmp/baseline ece732c
+    python benchmarks/bench_lm_step.py --baseline /tmp/baseline --no_compile
+
 Writes `<output_dir>/bench_lm_step.json`.
 """
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch
 from bench_common import base_parser, describe_machine, markdown_table, setup_device, time_alternating, write_json
@@ -44,6 +55,8 @@ def parse_args():
     p.add_argument("--heads", nargs="+", default=list(HEADS), choices=list(HEADS), help="input/output layers")
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile contenders")
     p.add_argument("--no_bf16", action="store_true", help="skip the bf16 contenders")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a checkout of another commit: its hf_settransformer runs every contender too, alternating")
     args = p.parse_args()
     if args.tiny:
         args.hidden_size, args.num_hidden_layers, args.vocab_size, args.seq_len, args.batch_size = 32, 1, 500, 16, 2
@@ -51,7 +64,21 @@ def parse_args():
     return args
 
 
-def build(family, head, args):
+def load_baseline(checkout):
+    """The `hf_settransformer` package of another checkout, imported as `hfst_baseline` beside this tree's (its
+    classes are other objects, so the Auto classes map each config class to its own model class)."""
+    init = Path(checkout) / "hf_settransformer" / "__init__.py"
+    if not init.is_file():
+        raise SystemExit(f"--baseline {checkout}: no hf_settransformer/__init__.py there (give a checkout of this "
+                         "project, e.g. `git worktree add /tmp/baseline <commit>`).")
+    spec = importlib.util.spec_from_file_location("hfst_baseline", init, submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hfst_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(family, head, args, package=hfst):
     fields = dict(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
@@ -72,7 +99,7 @@ def build(family, head, args):
     if family == "set_transformer":
         fields.update(num_inducing_points=16, num_decoder_layers=1)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(hfst.FAMILIES[family].config_class()(**fields)).train()
+    return AutoModelForCausalLM.from_config(package.FAMILIES[family].config_class()(**fields)).train()
 
 
 def make_step(model, ids, device, bf16, compiled):
@@ -111,14 +138,16 @@ def main():
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device=device)
     variants = [(head, bf16, compiled) for head in args.heads for bf16 in (False, True) for compiled in (False, True)]
     variants = [v for v in variants if not (args.no_compile and v[2]) and not (args.no_bf16 and v[1])]
+    packages = {"": hfst, "baseline: ": load_baseline(args.baseline)} if args.baseline else {"": hfst}
     contenders, flops, parameters = {}, {}, {}
     for family in args.families:
         for head, bf16, compiled in variants:
-            name = f"{family} / {head} / {'bf16' if bf16 else 'fp32'}" + (" / compile" if compiled else "")
-            model = build(family, head, args).to(device)
-            parameters[name] = sum(p.numel() for p in model.parameters())
-            flops[name] = step_flops(model, ids, bf16, device)
-            contenders[name] = make_step(model, ids, device, bf16, compiled)
+            for prefix, package in packages.items():
+                name = f"{prefix}{family} / {head} / {'bf16' if bf16 else 'fp32'}" + (" / compile" if compiled else "")
+                model = build(family, head, args, package).to(device)
+                parameters[name] = sum(p.numel() for p in model.parameters())
+                flops[name] = step_flops(model, ids, bf16, device)
+                contenders[name] = make_step(model, ids, device, bf16, compiled)
     peaks = {bf16: matmul_peak(device, bf16) for bf16 in {v[1] for v in variants}}
     timings = time_alternating(contenders, device, args.repeats, args.warmup)
     tokens = args.batch_size * args.seq_len
@@ -132,6 +161,9 @@ def main():
         rows.append([name, f"{parameters[name] / 1e6:.2f}M", f"{seconds * 1000:.0f}", f"{tokens / seconds:,.0f}",
                      f"{base / seconds:.2f}x",
                      f"{achieved / 1e9:.1f}", f"{100 * achieved / peaks[bf16]:.1f}%"])
+        if args.baseline:  # this tree's rows: the baseline's median step time / this one's
+            baseline = "" if name.startswith("baseline: ") else timings["baseline: " + name]["median_s"]
+            rows[-1].append(f"{baseline / seconds:.3f}x" if baseline else "")
         records.append({"contender": name, "parameters": parameters[name], "median_s": seconds,
                         "tokens_per_second": tokens / seconds,
                         "flops_per_step": flops[name], "achieved_flops": achieved, "peak_flops": peaks[bf16],
@@ -140,8 +172,10 @@ def main():
           f"{args.num_hidden_layers} layers, vocabulary {args.vocab_size:,}, {args.attention_type} attention; "
           f"matmul peak fp32 {peaks.get(False, 0) / 1e9:.0f} GFLOP/s, bf16 {peaks.get(True, 0) / 1e9:.0f} GFLOP/s")
     columns = ["contender", "parameters", "ms/step", "tokens/s", f"vs {args.heads[0]} fp32", "GFLOP/s", "% of peak"]
+    columns += ["vs baseline"] if args.baseline else []
     markdown_table(columns, rows)
-    write_json(args, "bench_lm_step", {"machine": describe_machine(device), "args": vars(args), "results": records})
+    write_json(args, "bench_lm_step", {"machine": describe_machine(device), "args": {**vars(args), "baseline": str(
+        args.baseline) if args.baseline else None}, "results": records})
 
 
 if __name__ == "__main__":

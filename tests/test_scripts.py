@@ -319,6 +319,23 @@ def test_bench_lm_step_tiny(tmp_path):
         assert adaptive["flops_per_step"] < full["flops_per_step"]
         # the adaptive input holds far fewer parameters than the vocabulary x hidden embedding
         assert rows[f"{family} / adaptive-in-out / fp32"]["parameters"] < adaptive["parameters"] - 200 * 32 // 2
+
+
+def test_bench_lm_step_runs_another_checkout_beside_this_one(tmp_path):
+    """`--baseline DIR` imports DIR's hf_settransformer as `hfst_baseline` and times every contender with both
+    packages in the same run; here the baseline is this very tree, so the two build the same models (same parameter
+    and FLOP counts), and each of this tree's rows gets a ratio."""
+    stdout = run_script("bench_lm_step.py", "--tiny", "--families", "decoder", "--heads", "full", "--no_bf16",
+                        "--baseline", ROOT, "--output_dir", tmp_path)
+    rows = {r["contender"]: r for r in json.loads((tmp_path / "bench_lm_step.json").read_text())["results"]}
+    assert set(rows) == {"decoder / full / fp32", "baseline: decoder / full / fp32"}
+    ours, theirs = rows["decoder / full / fp32"], rows["baseline: decoder / full / fp32"]
+    assert ours["parameters"] == theirs["parameters"] and ours["flops_per_step"] == theirs["flops_per_step"]
+    assert "| % of peak | vs baseline |" in stdout
+    line = next(line for line in stdout.splitlines() if line.startswith("| decoder / full / fp32 |"))
+    assert line.rstrip(" |").endswith("x")
+    with pytest.raises(AssertionError, match="no hf_settransformer/__init__.py there"):
+        run_script("bench_lm_step.py", "--tiny", "--baseline", tmp_path, "--output_dir", tmp_path)
     for row in rows.values():
         assert row["tokens_per_second"] > 0 and 0 < row["achieved_flops"] and row["peak_flops"] > 0
 
