@@ -13,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCUMENTS = [ROOT / "README.md", *DOCS]
 
 
 def ci_command(label):
@@ -26,15 +28,29 @@ def test_ci_runs_the_readme_commands(label):
     assert f"```bash\n{command}\n```" in README, command
 
 
-OWN_SCRIPT = "### Use the pieces in your own script"
+def test_the_readme_is_documentation_with_the_test_command_at_the_top():
+    lines = README.splitlines()
+    assert len(lines) <= 400, len(lines)
+    assert lines.index(ci_command("test")) < 60
 
 
-def python_blocks(section=None):
-    """The README's Python blocks; `section`: only those under that heading (until the next heading)."""
-    text = README
+OWN_SCRIPT = (ROOT / "docs" / "training.md", "## Use the pieces in your own script")
+# the README's objective entry is written against the OBJECTIVES table (hf_settransformer/toolkit/objectives.py);
+# its own test runs it, not this file
+OBJECTIVE_ENTRY = "<!-- objective-entry -->"
+
+
+def python_blocks(path, section=None):
+    """A document's Python blocks; `section`: only those under that heading (until the next heading); the block after
+    the objective-entry marker is left out."""
+    text = path.read_text()
     if section:
         text = text[text.index(section) :]
         text = text[: text.index("\n#", len(section))]
+    if OBJECTIVE_ENTRY in text:
+        start = text.index(OBJECTIVE_ENTRY)
+        block = text.index("```python\n", start)
+        text = text[:start] + text[text.index("```\n", block + 10) + 4 :]
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
@@ -47,23 +63,57 @@ def run_python(code, folder):
     return result.stdout
 
 
-OTHER_BLOCKS = [code for code in python_blocks() if code not in python_blocks(OWN_SCRIPT)]
+OTHER_BLOCKS = [
+    pytest.param(code, id=f"{path.relative_to(ROOT)}-{i}")
+    for path in DOCUMENTS
+    for i, code in enumerate(python_blocks(path))
+    if code not in python_blocks(*OWN_SCRIPT)
+]
 
 
-@pytest.mark.parametrize("index", range(len(OTHER_BLOCKS)))
-def test_readme_python_runs_as_written(tmp_path, index):
-    run_python(OTHER_BLOCKS[index], tmp_path)
+@pytest.mark.parametrize("code", OTHER_BLOCKS)
+def test_readme_python_runs_as_written(tmp_path, code):
+    """Every Python block of the README and of docs/ (the own-script one aside: the next test) runs as written."""
+    run_python(code, tmp_path)
 
 
 def test_readme_own_training_script_runs_and_a_second_run_only_loads(tmp_path):
-    """The README's Trainer script of about 30 lines, with the package's windows, evaluation and resumption, run as
-    written on the text it makes itself; run again in the same folder, it resumes from its final checkpoint, trains
-    no further step and measures the same perplexity."""
-    (code,) = python_blocks(OWN_SCRIPT)
+    """The Trainer script of about 30 lines (docs/training.md), with the package's windows, evaluation and resumption,
+    run as written on the text it makes itself; run again in the same folder, it resumes from its final checkpoint,
+    trains no further step and measures the same perplexity."""
+    (code,) = python_blocks(*OWN_SCRIPT)
     assert len(code.strip().splitlines()) <= 35
     first, again = (run_python(code, tmp_path).split("held-out perplexity ")[1] for _ in range(2))
     assert ", 80 steps," in first and ", 80 steps," in again and (tmp_path / "my-lm" / "checkpoint-80").is_dir()
     assert first.split(" tokens,")[0] == again.split(" tokens,")[0]  # the same perplexity over the same tokens
+
+
+def heading_anchors(text):
+    """GitHub's anchors of a Markdown text's headings: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)
+    }
+
+
+def test_every_relative_link_of_the_documentation_resolves():
+    """Every relative link (and image) of the README and docs/*.md names a file of the repository, and its anchor,
+    when it has one, a heading of that file."""
+    checked = 0
+    for path in [*DOCUMENTS, ROOT / "CHANGELOG.md"]:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://|mailto:", target):
+                continue
+            name, _, anchor = target.partition("#")
+            linked = (path.parent / name).resolve() if name else path
+            assert linked.is_file(), f"{path.relative_to(ROOT)}: {target} does not exist"
+            if anchor:
+                anchors = heading_anchors(linked.read_text())
+                assert anchor in anchors, f"{path.relative_to(ROOT)}: {target}: no such heading ({sorted(anchors)})"
+            checked += 1
+    assert checked > 20
 
 
 MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)

@@ -448,14 +448,30 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     assert f"Not publishing {folder}" in message and "a live run" in message
 
 
-def readme_training_command():
-    """The first `python scripts/train_lm.py` command of the README, as argv."""
+def readme_training_command(marker="--max_train_minutes 90"):
+    """The README's `python scripts/train_lm.py` command whose block holds `marker` (the headline 90-minute command
+    by default), as argv."""
     import re
     import shlex
 
     readme = (ROOT / "README.md").read_text()
-    command = re.search(r"```bash\n(python scripts/train_lm\.py .*?)```", readme, flags=re.S).group(1)
+    blocks = re.findall(r"```bash\n(python scripts/train_lm\.py .*?)```", readme, flags=re.S)
+    (command,) = [block for block in blocks if marker in block.replace("\\\n", " ")]
     return shlex.split(command.replace("\\\n", " "))[2:]
+
+
+def test_readme_smoke_command_runs(tmp_path, corpus):
+    """The README's two-minute smoke command (tiny preset, half a CPU-minute, 4,096 validation tokens), run as written
+    on the test corpus at a few seconds' budget."""
+    argv = readme_training_command("--preset tiny")
+    assert {"--preset", "--max_train_minutes", "--max_eval_tokens"} <= set(argv)
+    replace = {"--train_file": corpus / "train.txt", "--validation_file": corpus / "valid.txt",
+               "--output_dir": tmp_path / "smoke"}
+    argv = [str(replace.get(argv[i - 1], a)) if i else a for i, a in enumerate(argv)]
+    run(argv + ["--max_train_minutes", "0.05", "--eval_steps", "5", "--logging_steps", "5"])
+    results = json.loads((tmp_path / "smoke" / "all_results.json").read_text())
+    assert results["train_steps"] >= 1 and results["validation_perplexity"] > 0
+    assert 0 < results["validation_tokens_scored"] <= 4096
 
 
 def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
