@@ -100,6 +100,7 @@ import os, signal, sys, torch
 import transformers.modeling_utils as modeling_utils
 from transformers import Trainer, TrainingArguments
 import hf_settransformer as hfst
+from hf_settransformer import toolkit
 
 out, mode = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
@@ -292,17 +293,17 @@ RANKS_PLAN = """
 import json, sys
 import torch
 sys.path.insert(0, "tests")
-import hf_settransformer as hfst
+from hf_settransformer import toolkit
 from test_training import decoder_trainer
 
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
 assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
 # ranks that time their steps differently (they always do, a little): 0.5 s on rank 0, 0.7 s on rank 1
-hfst.training.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
+toolkit.training.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
 timer = toolkit.TimedEvalCallback(clock="cpu")
 first = toolkit.max_steps_for_budget(trainer, 2, timer)
-hfst.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
+toolkit.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
 again = toolkit.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
 trainer.accelerator.wait_for_everyone()
