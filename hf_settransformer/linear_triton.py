@@ -64,6 +64,8 @@ def _import_triton():
             import triton.language as tl
         except ImportError:
             return False
+        for name in _HELPERS:  # the kernels call them as triton functions
+            globals()[name] = triton.jit(globals()[name])
     return True
 
 
@@ -266,6 +268,95 @@ class _FusedCausal(torch.autograd.Function):
 # exp(R_{c-1} - R_c) on leaving chunk c backwards); kv0 and z0 are in reference m0, the state's k_max.
 
 
+# Helpers shared by the kernels (made triton functions by `_import_triton`).
+
+
+def _elu1(x):
+    """elu(x) + 1 in its exact form: `elu(x) + 1` in bf16 cancels to 0 for negative x."""
+    return tl.where(x >= 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+
+
+def _elu1_slope(x):
+    """d(elu(x) + 1)/dx."""
+    return tl.where(x >= 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+
+
+def _op(x, RD: tl.constexpr, DT: tl.constexpr):
+    """A dot operand: rounded to RD (bf16 for bf16 inputs), held as DT (see `_blocks`)."""
+    return x.to(RD).to(DT)
+
+
+def _head(i_bh, H, s_b, s_h):
+    """The offset of (batch, head) number i_bh in a tensor of batch stride s_b and head stride s_h."""
+    return i_bh // H * s_b + i_bh % H * s_h
+
+
+def _offsets(i_e, BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, D, E):
+    """Offsets of a block: tokens (int64: n x stride may pass 2^31), features, the values of value block i_e; which
+    features and values are real; the causal (c, c) mask."""
+    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
+    return o_t, o_k, o_e, o_k < D, o_e < E, o_t[:, None] >= o_t[None, :]
+
+
+def _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh):
+    """q, k, v and the key mask moved to (batch, head) number i_bh."""
+    return (q + _head(i_bh, H, s_qb, s_qh), k + _head(i_bh, H, s_kb, s_kh), v + _head(i_bh, H, s_vb, s_vh),
+            keep + _head(i_bh, H, s_mb, s_mh))  # fmt: skip
+
+
+def _rows(x, pos, s_n, offs, mask):
+    """The rows `pos` (int64) and columns `offs` of a tensor whose rows are s_n apart and columns adjacent, as fp32,
+    0 outside `mask`."""
+    return tl.load(x + pos[:, None] * s_n + offs[None, :], mask, other=0.0).to(tl.float32)
+
+
+def _kept(keep, pos, s_mn, in_t, HAS_KEEP: tl.constexpr):
+    """Which of the tokens `pos` are keys that count: real (in_t) and, with a mask, kept by it."""
+    if HAS_KEEP:
+        return in_t & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
+    return in_t
+
+
+def _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP: tl.constexpr):
+    """A block of tokens `pos`: whether each is one (pos < N), the (c, d) tile mask, q and k rows in fp32 (0 past N),
+    which keys count (real and kept) and their tile mask."""
+    in_t = pos < N
+    tile_k = in_t[:, None] & in_k[None, :]
+    key = _kept(keep, pos, s_mn, in_t, HAS_KEEP)
+    xq = _rows(q, pos, s_qn, o_k, tile_k)
+    xk = _rows(k, pos, s_kn, o_k, tile_k)
+    return in_t, tile_k, xq, xk, key, key[:, None] & in_k[None, :]
+
+
+def _exp_reference(ref, xk, tile_key):
+    """exp: the keys with the masked ones at -inf, the new per-feature reference R = max(ref, the block's maximum),
+    and exp(ref - R) <= 1, the factor that moves a state from ref to R."""
+    xk = tl.where(tile_key, xk, float("-inf"))
+    r = tl.maximum(ref, tl.max(xk, axis=0))
+    return xk, r, tl.exp(ref - r)
+
+
+def _exp_queries(xq, r, in_k, tile_k):
+    """exp(q_f + R_f - s), s = max_f (q_f + R_f) (a per-query constant: it cancels in the ratio), 0 on padding."""
+    xq = tl.where(in_k[None, :], xq + r[None, :], float("-inf"))  # tokens past n: a finite row maximum
+    return tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+
+
+def _state_tile(x, i_bh, o_k, o_e, D, E):
+    """The (d, e) block `o_k` x `o_e` of a contiguous fp32 (b, h, d, e) state, 0 on padding."""
+    return tl.load(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], (o_k < D)[:, None] & (o_e < E)[None, :], 0.0)
+
+
+def _store_state(x, value, i_bh, o_k, o_e, D, E):
+    tl.store(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], value, (o_k < D)[:, None] & (o_e < E)[None, :])
+
+
+_HELPERS = [
+    "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
+    "_exp_queries", "_state_tile", "_store_state",
+]  # fmt: skip
+
+
 def _forward_kernel(
     q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
     kv0, z0, m0, out, kv1, z1, m1, rise,
@@ -275,44 +366,25 @@ def _forward_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_e, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # value block, (batch, head)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, BT).to(tl.int64)  # int64 token offsets: n x stride may pass 2^31
-    o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    tile_de = in_k[:, None] & in_e[None, :]
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    real += i_b * s_rb
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(i_e, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
+    real += i_bh // H * s_rb
     out += i_bh * N * E
     state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T, (d, e)
     norm = tl.zeros([BK], dtype=tl.float32)  # sum_j B_j, (d,)
     if HAS_STATE:
-        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)
+        state += _state_tile(kv0, i_bh, o_k, o_e, D, E)
         norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
     ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)  # exp: the reference R the state is in, (d,)
     worst = tl.zeros([BK], dtype=tl.float32)  # exp: the largest rise of R above a real query's running maximum
     for t in range(tl.cdiv(N, BT)):
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
-        tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         if EXP:
-            xk = tl.where(tile_key, xk, float("-inf"))
-            r_c = tl.maximum(ref, tl.max(xk, axis=0))  # (d,)
-            scale = tl.exp(ref - r_c)  # <= 1
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             state *= scale[:, None]
             norm *= scale
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)  # (c, d), <= 1
+            a = _exp_queries(xq, r_c, in_k, tile_k)  # (c, d), <= 1
             bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
             # the steepness check: how far R_c lies above the running maximum at the chunk's first real query that
             # sees a key (the running maxima grow along the chunk; a query that sees none gives 0 at any scale)
@@ -324,21 +396,22 @@ def _forward_kernel(
             worst = tl.maximum(worst, tl.where(i0 < BT, r_c - at, 0.0))
             ref = r_c
         else:
-            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)  # (c, d)
-            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)  # (c, d)
-        a, bk = a.to(RD).to(DT), bk.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)  # (c, e)
+            a = tl.where(tile_k, _elu1(xq), 0.0)  # (c, d)
+            bk = tl.where(tile_key, _elu1(xk), 0.0)  # (c, d)
+        a, bk = _op(a, RD, DT), _op(bk, RD, DT)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)  # (c,)
-        num = tl.dot(p.to(RD).to(DT), vv, input_precision=PRECISION)
-        num += tl.dot(a, state.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        num = tl.dot(_op(p, RD, DT), vv, input_precision=PRECISION)
+        num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION)  # (c, e)
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
         tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
 
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
-    tl.store(kv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], state, tile_de)
+    _store_state(kv1, state, i_bh, o_k, o_e, D, E)
     if i_e == 0:
         tl.store(z1 + i_bh * D + o_k, norm, in_k)
         if EXP:
@@ -354,15 +427,9 @@ def _backward_dq_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    dout += i_b * s_db + i_h * s_dh
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(0, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
+    dout += _head(i_bh, H, s_db, s_dh)
     dq += i_bh * N * D  # contiguous (b, h, n, d)
     den_out += i_bh * N
     r_out += i_bh * N
@@ -371,50 +438,40 @@ def _backward_dq_kernel(
     state = tl.zeros([BK, BE], dtype=tl.float32)
     norm = tl.zeros([BK], dtype=tl.float32)
     if HAS_STATE:
-        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], in_k[:, None] & in_e[None, :], other=0.0)
+        state += _state_tile(kv0, i_bh, o_k, o_e, D, E)
         norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
     ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
     for t in range(nt):
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
-        tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         if EXP:
-            xk = tl.where(tile_key, xk, float("-inf"))
-            r_c = tl.maximum(ref, tl.max(xk, axis=0))
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             tl.store(refs + t * D + o_k, r_c, in_k)
-            scale = tl.exp(ref - r_c)
             state *= scale[:, None]
             norm *= scale
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a32 = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+            a32 = _exp_queries(xq, r_c, in_k, tile_k)
             da_dx = a32  # d exp(x + const) / dx
             bk = tl.exp(xk - r_c[None, :])
             ref = r_c
         else:
-            a32 = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
-            da_dx = tl.where(xq >= 0, 1.0, tl.exp(tl.minimum(xq, 0.0)))
-            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-        a, bk = a32.to(RD).to(DT), bk.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
-        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+            a32 = tl.where(tile_k, _elu1(xq), 0.0)
+            da_dx = _elu1_slope(xq)
+            bk = tl.where(tile_key, _elu1(xk), 0.0)
+        a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
+        do = _rows(dout, pos, s_dn, o_e, tile_e)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
         seen = den > 0
         den = tl.where(seen, den, 1.0)  # as linear_ops._ratio: no key, num / 1 (no reciprocal: a tiny den overflows it)
-        g = (do / den[:, None]).to(RD).to(DT)  # (c, e)
+        g = _op(do / den[:, None], RD, DT)  # (c, e)
         gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)  # (c, c): g_i . v_j
-        sg = tl.dot(g, tl.trans(state.to(RD).to(DT)), input_precision=PRECISION)  # (c, d): S g_i
+        sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)  # (c, d): S g_i
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
         dp = tl.where(causal, gv + r[:, None], 0.0)
-        da = tl.dot(dp.to(RD).to(DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
+        da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
         tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
         tl.store(den_out + pos, den, in_t)
         tl.store(r_out + pos, r, in_t)
@@ -431,61 +488,46 @@ def _backward_dkv_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    tile_de = in_k[:, None] & in_e[None, :]
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    dout += i_b * s_db + i_h * s_dh
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(0, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
     dk += i_bh * N * D  # contiguous, as dv
     dv += i_bh * N * E
+    dout += _head(i_bh, H, s_db, s_dh)
     den_in += i_bh * N
     r_in += i_bh * N
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
-    dstate = tl.load(dkv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)  # (d, e) fp32
+    dstate = _state_tile(dkv1, i_bh, o_k, o_e, D, E)  # (d, e) fp32
     dnorm = tl.load(dz1 + i_bh * D + o_k, in_k, other=0.0)  # (d,)
     ref0 = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
     for i in range(nt):
         t = nt - 1 - i
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
-        tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         if EXP:
             r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+            a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - r_c[None, :])
             db_dx = b32
         else:
-            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
-            b32 = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-            db_dx = tl.where(tile_key, tl.where(xk >= 0, 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-        a, bk = a.to(RD).to(DT), b32.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
-        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+            a = tl.where(tile_k, _elu1(xq), 0.0)
+            b32 = tl.where(tile_key, _elu1(xk), 0.0)
+            db_dx = tl.where(tile_key, _elu1_slope(xk), 0.0)
+        a, bk = _op(a, RD, DT), _op(b32, RD, DT)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
+        do = _rows(dout, pos, s_dn, o_e, tile_e)
         den = tl.load(den_in + pos, in_t, other=1.0)
         r = tl.load(r_in + pos, in_t, other=0.0)
-        g = (do / den[:, None]).to(RD).to(DT)
+        g = _op(do / den[:, None], RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
         dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
-        db = tl.dot(tl.trans(dp.to(RD).to(DT)), a, input_precision=PRECISION)  # (c, d)
-        db += tl.dot(vv, tl.trans(dstate.to(RD).to(DT)), input_precision=PRECISION) + dnorm[None, :]
+        db = tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION)  # (c, d)
+        db += tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]
         tl.store(dk + pos[:, None] * D + o_k[None, :], (db * db_dx).to(dk.dtype.element_ty), tile_k)
-        dvv = tl.dot(tl.trans(p.to(RD).to(DT)), g, input_precision=PRECISION)
-        dvv += tl.dot(bk, dstate.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION)
+        dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e)
         tl.store(dv + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
 
         dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
@@ -495,5 +537,5 @@ def _backward_dkv_kernel(
             scale = tl.exp(tl.where(t > 0, before, ref0) - r_c)
             dstate *= scale[:, None]
             dnorm *= scale
-    tl.store(dkv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], dstate, tile_de)
+    _store_state(dkv0, dstate, i_bh, o_k, o_e, D, E)
     tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
