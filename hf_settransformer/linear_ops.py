@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LinearAttentionState
-from .linear_triton import fused_causal_linear_attention, fused_causal_linear_attention_available
+from .linear_triton import fused_causal_linear_attention, fused_linear_attention, fused_linear_attention_available
 
 
 def _ratio(num, den):
@@ -63,7 +63,12 @@ def _elu_feature(x):
 
 
 def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
-    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) -> (b,h,n,e) fp32."""
+    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) ->
+    (b,h,n,e) fp32. On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
+    if fused_linear_attention_available(q, feature_map, v):
+        out = fused_linear_attention(q, k, v, key_mask, feature_map)
+        if out is not None:  # None: no query or no key
+            return out
     with _no_autocast(q):
         return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map)
 
@@ -157,7 +162,7 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
     """
     _check_drop(drop, k)
-    if fused_causal_linear_attention_available(q, feature_map):
+    if fused_linear_attention_available(q, feature_map, v):
         fused = fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
         if fused is not None:  # None: an "exp" chunk too steep for the chunked form, computed exactly below
             return fused

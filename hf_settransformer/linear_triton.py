@@ -1,9 +1,11 @@
-"""Fused Triton kernels for causal linear attention, forward and backward, with the elu or the exp feature map.
+"""Fused Triton kernels for linear attention, causal and not, forward and backward, with the elu or the exp feature
+map.
 
-Shape legend: b batch, h heads, n tokens, d query/key head dim, e value head dim, c chunk length (`BT`).
+Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
+(`BT`).
 
-The same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a d x e
-state carried between chunks), with:
+Causal: the same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a
+d x e state carried between chunks), with:
 - q, k, v read in their own dtype (bf16 or fp16 as autocast gives them, fp32 in the tests; no fp32 copy is made) and
   any (b, h, n) strides whose last one is 1 (the model's head views of its fused projection are read in place);
 - the feature maps computed in fp32 registers: elu(x) + 1 in its exact form, where(x >= 0, x + 1, exp(min(x, 0)))
@@ -24,14 +26,23 @@ Deciding that reads one number back to the host, as the PyTorch kernel's own che
 queries that see no key yet, e.g. the first one when its own key is dropped; their output is 0 at any scale, so the
 kernel does not.)
 
-Not fused: non-causal linear attention, the one-token step of generation, and the bidirectional prefix / leading keys
-of `prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order.
 
-One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order;
-block sizes and warps (`_blocks`) are chosen from the register use of the kernels compiled for an H100, not timed on a
-GPU.
+Non-causal: the same function as `linear_ops.linear_attention` (`fused_linear_attention`; exp is Shen et al.'s
+efficient attention, a softmax over the keys per feature), with the same dtypes, strides, feature maps and fp32
+accumulation, in four kernels: the key sums S = phi(K)^T V and z = phi(K)^T 1 (for exp with a running per-feature key
+maximum, so keys any distance apart stay exact), one program per split of the keys (at most 64 per (batch, head)),
+whose partial sums the host adds (exp: rescaled to the common maximum); the outputs, one program per block of
+queries; in the backward, the query gradients with the partial sums of dS and dz per split of the queries, then the
+key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask.
 
-Which implementation runs is decided per call by `fused_causal_linear_attention_available`: bf16/fp16 CUDA tensors,
+Not fused: the one-token step of generation, and the bidirectional prefix / leading keys of
+`prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+
+Block sizes and warps (`_blocks`) are chosen from the register use of the causal kernels compiled for an H100, not
+timed on a GPU.
+
+Which implementation runs is decided per call by `fused_linear_attention_available`: bf16/fp16 CUDA tensors,
 triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and
 CPU tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
 checkpoint.
@@ -46,7 +57,12 @@ import torch
 
 from .cache import LinearAttentionState
 
-__all__ = ["fused_causal_linear_attention", "fused_causal_linear_attention_available"]
+__all__ = [
+    "fused_causal_linear_attention",
+    "fused_causal_linear_attention_available",
+    "fused_linear_attention",
+    "fused_linear_attention_available",
+]
 
 FEATURE_MAPS = ("elu", "exp")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -73,12 +89,14 @@ def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
-def fused_causal_linear_attention_available(q, feature_map="elu"):
-    """Whether `causal_linear_attention` runs the fused kernels for queries `q`: the elu or exp feature map, a head
-    dim of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
+def fused_linear_attention_available(q, feature_map="elu", v=None):
+    """Whether `linear_attention` and `causal_linear_attention` run the fused kernels for queries `q` (and values
+    `v`): the elu or exp feature map, head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
     compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `HFST_FORCE_TRITON=1` also takes fp32
     inputs, and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
     if feature_map not in FEATURE_MAPS or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
+        return False
+    if v is not None and v.shape[-1] > MAX_HEAD_DIM:
         return False
     forced = _flag("HFST_FORCE_TRITON")
     if _flag("HFST_DISABLE_TRITON") or not (q.is_cuda or q.device.type == "cpu" and forced):
@@ -86,6 +104,9 @@ def fused_causal_linear_attention_available(q, feature_map="elu"):
     if q.dtype == torch.float32 and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS serves fp32 better
         return False
     return not torch.compiler.is_compiling() and _import_triton()
+
+
+fused_causal_linear_attention_available = fused_linear_attention_available  # its first name
 
 
 def fused_causal_linear_attention(
@@ -120,6 +141,25 @@ def fused_causal_linear_attention(
     if exp and bool((rise > spread).any()):  # one host read, as the PyTorch kernel's own steepness check
         return None
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
+
+
+def fused_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, split=None):
+    """Non-causal linear attention in Triton kernels; the arguments and result of
+    `linear_ops.linear_attention(q, k, v, key_mask, feature_map)`:
+
+    q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) bool (per head: key dropout's kept keys, with
+    the padding) -> out (b,h,n,e) fp32; a masked key is left out of every sum, and where no key is left the output is
+    0. `"exp"` is Shen et al.'s efficient attention (a softmax over the keys per feature). Gradients flow to q, k, v.
+    `chunk_size` (a power of 2, >= 16) and `split` (the tokens one program sums over; None: from the length) only set
+    how the work is cut. Returns None where there is no query or no key (the PyTorch op handles those)."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    if not _import_triton():
+        raise ImportError("fused_linear_attention needs triton (`pip install triton`).")
+    if not q.shape[2] or not k.shape[2]:
+        return None
+    keep = None if key_mask is None else key_mask[:, None, :] if key_mask.dim() == 2 else key_mask  # (b, 1 or h, m)
+    return _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
 
 
 def _inner_contiguous(x):
@@ -248,6 +288,77 @@ class _FusedCausal(torch.autograd.Function):
         return dq, dk, dv, None, None, dkv0, dz0, None, None, None
 
 
+def _split(length, bt, split):
+    """The tokens one program of a split sum takes (a multiple of the block `bt`; by default at least 4 blocks and at
+    most 64 programs per (batch, head)) and the number of splits."""
+    split = max(4 * bt, triton.cdiv(length, 64)) if split is None else split
+    split = triton.cdiv(split, bt) * bt
+    return split, triton.cdiv(length, split)
+
+
+def _key_sums(kv_part, z_part, mx_part, exp):
+    """The splits' partial key sums (b, h, splits, ...) -> S (b,h,d,e), z (b,h,d) and, for exp, K (b,h,d) the keys'
+    maximum and s (b,h,d) the softmax's denominator (1 where no key); S and z then of the softmax-normalised keys."""
+    if not exp:
+        return kv_part.sum(2), z_part.sum(2), None, None
+    k_ref = mx_part.amax(2)
+    scale = torch.exp(mx_part - k_ref[:, :, None])  # each split's reference to the common one, <= 1
+    total = (z_part * scale).sum(2)
+    total = torch.where(total > 0, total, 1.0)  # no key: every sum is 0
+    kv = (kv_part * scale[..., None]).sum(2) / total[..., None]
+    return kv, (z_part * scale).sum(2) / total, k_ref, total
+
+
+class _FusedNonCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, keep, exp, chunk_size, split):
+        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+        f32 = {"device": q.device, "dtype": torch.float32}
+        blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64
+        length, splits = _split(m, blocks["BT"], split)
+        kv_part = torch.empty(b, h, splits, d, e, **f32)
+        z_part, mx_part = torch.empty(b, h, splits, d, **f32), torch.empty(b, h, splits, d, **f32)
+        _run(
+            _key_sums_kernel, (triton.cdiv(e, blocks["BE"]), splits, b * h),
+            k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
+            h, m, d, e, length, EXP=exp, HAS_KEEP=keep is not None, **blocks,
+        )  # fmt: skip
+        kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, exp)
+        out = torch.empty(b, h, n, e, **f32)
+        _run(
+            _output_kernel, (triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"]), b * h),
+            q, kv, z, out, *q.stride()[:3], h, n, d, e, EXP=exp, **blocks,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, keep, kv, z, k_ref, k_sum)
+        ctx.exp, ctx.chunk_size, ctx.split = exp, chunk_size, split
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, keep, kv, z, k_ref, k_sum = ctx.saved_tensors
+        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+        dout = _inner_contiguous(dout.float())
+        dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+        blocks = _blocks(q, v, ctx.chunk_size, backward=True)
+        length, splits = _split(n, blocks["BT"], ctx.split)
+        dkv = torch.empty(b, h, splits, d, e, device=q.device, dtype=torch.float32)
+        dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
+        _run(
+            _query_grads_kernel, (splits, b * h),
+            q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length, EXP=ctx.exp,
+            **blocks,
+        )  # fmt: skip
+        dkv, dz = dkv.sum(2), dz.sum(2)
+        shift = (dkv * kv).sum(-1) + dz * z if ctx.exp else dz  # exp: sum_j B_jf dB_jf
+        _run(
+            _key_grads_kernel, (triton.cdiv(m, blocks["BT"]), b * h),
+            k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if ctx.exp else dz, k_sum if ctx.exp else dz, dk, dv,
+            *k.stride()[:3], *v.stride()[:3], h, m, d, e, EXP=ctx.exp, HAS_KEEP=keep is not None, **blocks,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels. Each program owns one (batch, head) and walks its chunks in order (reverse order for dk, dv), holding the
 # d x e state and the d normaliser in fp32. Tiles are padded to powers of 2: padded features and tokens past n get
@@ -342,6 +453,15 @@ def _exp_queries(xq, r, in_k, tile_k):
     return tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
 
 
+def _query_features(xq, in_k, tile_k, EXP: tl.constexpr):
+    """Non-causal query features (c, d) and their derivatives: exp(q - max_f q) (Shen et al.'s softmax over the
+    features but for its per-query normaliser, which cancels in the ratio), or elu(q) + 1; 0 on padding."""
+    if EXP:
+        a = _exp_queries(xq, tl.zeros_like(in_k).to(tl.float32), in_k, tile_k)
+        return a, a
+    return tl.where(tile_k, _elu1(xq), 0.0), _elu1_slope(xq)
+
+
 def _state_tile(x, i_bh, o_k, o_e, D, E):
     """The (d, e) block `o_k` x `o_e` of a contiguous fp32 (b, h, d, e) state, 0 on padding."""
     return tl.load(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], (o_k < D)[:, None] & (o_e < E)[None, :], 0.0)
@@ -353,7 +473,7 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 
 _HELPERS = [
     "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
-    "_exp_queries", "_state_tile", "_store_state",
+    "_exp_queries", "_state_tile", "_store_state", "_query_features",
 ]  # fmt: skip
 
 
@@ -539,3 +659,146 @@ def _backward_dkv_kernel(
             dnorm *= scale
     _store_state(dkv0, dstate, i_bh, o_k, o_e, D, E)
     tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Non-causal kernels. With A = phi(q) (n, d), B = phi(k) * keep (m, d), S = B^T V (d, e), z = B^T 1 (d):
+#   out_i = A_i S / A_i . z;
+# backward, with g_i, r_i as in the causal kernels: dA_i = S g_i + r_i z, dS = sum_i A_i g_i^T, dz = sum_i r_i A_i,
+#   dB_j = dS v_j + dz, dv_j = dS^T B_j.
+# exp (Shen et al.): B_jf = exp(k_jf - K_f) keep_j / s_f, K_f the keys' maximum and s_f = sum_j exp(k_jf - K_f) keep_j
+# (a softmax over the keys), so dk_jf = B_jf (dB_jf - c_f), c_f = sum_j B_jf dB_jf = sum_e dS_fe S_fe + dz_f z_f; the
+# queries' softmax over features is exp(q_i - max_f q_if) up to a per-query factor, which cancels in the ratio, so
+# dq = dA * A as in the causal kernel.
+# The sums over keys (S, z, and for exp K and s) and over queries (dS, dz) are cut into splits of L tokens, one
+# program each, whose partial sums the host adds (exp: rescaled to the largest maximum first).
+
+
+def _key_sums_kernel(
+    k, v, keep, s_mb, s_mh, s_mn, kv_part, z_part, mx_part,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, M, D, E, L,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_e, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # value block, split, (b, h)
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
+    k += _head(i_bh, H, s_kb, s_kh)
+    v += _head(i_bh, H, s_vb, s_vh)
+    keep += _head(i_bh, H, s_mb, s_mh)
+    state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T over the split (exp: in reference `ref`)
+    norm = tl.zeros([BK], dtype=tl.float32)
+    ref = tl.full([BK], -1e30, dtype=tl.float32)  # exp: the running per-feature key maximum
+    for t in range(L // BT):  # L: a multiple of BT
+        pos = i_s * L + t * BT + o_t
+        key = _kept(keep, pos, s_mn, pos < M, HAS_KEEP)
+        tile_key = key[:, None] & in_k[None, :]
+        xk = _rows(k, pos, s_kn, o_k, tile_key)
+        if EXP:
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            state *= scale[:, None]
+            norm *= scale
+            bk = tl.exp(xk - r_c[None, :])  # 0 where masked
+            ref = r_c
+        else:
+            bk = tl.where(tile_key, _elu1(xk), 0.0)
+        bk = _op(bk, RD, DT)
+        vv = _op(_rows(v, pos, s_vn, o_e, key[:, None] & in_e[None, :]), RD, DT)
+        state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
+        norm += tl.sum(bk.to(tl.float32), axis=0)
+    part = i_bh * tl.num_programs(1) + i_s
+    _store_state(kv_part, state, part, o_k, o_e, D, E)
+    if i_e == 0:
+        tl.store(z_part + part * D + o_k, norm, in_k)
+        tl.store(mx_part + part * D + o_k, ref, in_k)
+
+
+def _output_kernel(
+    q, kv, zs, out,
+    s_qb, s_qh, s_qn,
+    H, N, D, E,
+    EXP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_t, i_e, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # queries, value block, (b, h)
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
+    pos = i_t * BT + o_t
+    in_t = pos < N
+    tile_k = in_t[:, None] & in_k[None, :]
+    a, _ = _query_features(_rows(q + _head(i_bh, H, s_qb, s_qh), pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+    a = _op(a, RD, DT)
+    num = tl.dot(a, _op(_state_tile(kv, i_bh, o_k, o_e, D, E), RD, DT), input_precision=PRECISION)  # (c, e)
+    den = tl.sum(a.to(tl.float32) * tl.load(zs + i_bh * D + o_k, in_k, other=0.0)[None, :], axis=1)
+    o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
+    tl.store(out + i_bh * N * E + pos[:, None] * E + o_e[None, :], o, in_t[:, None] & in_e[None, :])
+
+
+def _query_grads_kernel(
+    q, dout, kv, zs, dq, dkv_part, dz_part,
+    s_qb, s_qh, s_qn, s_db, s_dh, s_dn,
+    H, N, D, E, L,
+    EXP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_s, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # split of the queries, (batch, head)
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
+    q += _head(i_bh, H, s_qb, s_qh)
+    dout += _head(i_bh, H, s_db, s_dh)
+    dq += i_bh * N * D  # contiguous (b, h, n, d)
+    kv_op = _op(_state_tile(kv, i_bh, o_k, o_e, D, E), RD, DT)  # S (d, e)
+    norm = tl.load(zs + i_bh * D + o_k, in_k, other=0.0)  # z (d,)
+    dstate = tl.zeros([BK, BE], dtype=tl.float32)  # sum_i A_i g_i^T over the split
+    dnorm = tl.zeros([BK], dtype=tl.float32)  # sum_i r_i A_i
+    for t in range(L // BT):
+        pos = i_s * L + t * BT + o_t
+        in_t = pos < N
+        tile_k = in_t[:, None] & in_k[None, :]
+        a, da_dx = _query_features(_rows(q, pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+        a = _op(a, RD, DT)
+        num = tl.dot(a, kv_op, input_precision=PRECISION)  # (c, e)
+        den = tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
+        seen = den > 0
+        den = tl.where(seen, den, 1.0)  # as linear_ops._ratio
+        g = _op(_rows(dout, pos, s_dn, o_e, in_t[:, None] & in_e[None, :]) / den[:, None], RD, DT)  # (c, e)
+        r = tl.where(seen, -tl.sum(g.to(tl.float32) * num, axis=1) / den, 0.0)  # -(dout_i . out_i) / den_i
+        da = tl.dot(g, tl.trans(kv_op), input_precision=PRECISION) + r[:, None] * norm[None, :]  # (c, d)
+        tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
+        dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
+        dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
+    part = i_bh * tl.num_programs(0) + i_s
+    _store_state(dkv_part, dstate, part, o_k, o_e, D, E)
+    tl.store(dz_part + part * D + o_k, dnorm, in_k)
+
+
+def _key_grads_kernel(
+    k, v, keep, s_mb, s_mh, s_mn, dkv, dz, shift, k_ref, k_sum, dk, dv,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, M, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # keys, (batch, head)
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
+    pos = i_t * BT + o_t
+    in_t = pos < M
+    tile_k = in_t[:, None] & in_k[None, :]
+    tile_e = in_t[:, None] & in_e[None, :]
+    key = _kept(keep + _head(i_bh, H, s_mb, s_mh), pos, s_mn, in_t, HAS_KEEP)
+    tile_key = key[:, None] & in_k[None, :]
+    xk = _rows(k + _head(i_bh, H, s_kb, s_kh), pos, s_kn, o_k, tile_k)
+    if EXP:
+        ref = tl.load(k_ref + i_bh * D + o_k, in_k, other=0.0)
+        total = tl.load(k_sum + i_bh * D + o_k, in_k, other=1.0)  # 1 where no key
+        b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - ref[None, :]) / total[None, :]
+    else:
+        b32 = tl.where(tile_key, _elu1(xk), 0.0)
+    vv = _op(_rows(v + _head(i_bh, H, s_vb, s_vh), pos, s_vn, o_e, tile_e), RD, DT)
+    ds = _op(_state_tile(dkv, i_bh, o_k, o_e, D, E), RD, DT)  # dS (d, e)
+    db = tl.dot(vv, tl.trans(ds), input_precision=PRECISION) + tl.load(dz + i_bh * D + o_k, in_k, other=0.0)[None, :]
+    if EXP:  # through the softmax over the keys
+        db = b32 * (db - tl.load(shift + i_bh * D + o_k, in_k, other=0.0)[None, :])
+    else:
+        db *= tl.where(tile_key, _elu1_slope(xk), 0.0)
+    tl.store(dk + i_bh * M * D + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
+    dvv = tl.dot(_op(b32, RD, DT), ds, input_precision=PRECISION)  # (c, e)
+    tl.store(dv + i_bh * M * E + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
