@@ -163,9 +163,7 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     """
     _check_drop(drop, k)
     if fused_linear_attention_available(q, feature_map, v):
-        fused = fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
-        if fused is not None:  # None: an "exp" chunk too steep for the chunked form, computed exactly below
-            return fused
+        return fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
         return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)

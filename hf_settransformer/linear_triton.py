@@ -19,12 +19,15 @@ d x e state carried between chunks), with:
   the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima,
   b x h x n/c x d), a second walks them backwards for dk, dv and the gradient of a carried-in state.
 
-The exp map's exact path is not fused: where a chunk's maximum rises more than `EXP_CHUNK_SPREAD` nats above the
-running maximum at a real query that sees a key, the kernel only reports it (the forward returns the largest such rise
-per head), and `causal_linear_attention` computes the whole call with the PyTorch kernel instead, which is exact there.
-Deciding that reads one number back to the host, as the PyTorch kernel's own check does. (That check also counts
-queries that see no key yet, e.g. the first one when its own key is dropped; their output is 0 at any scale, so the
-kernel does not.)
+The exp map's exact path is fused too: where a chunk's maximum R_c rises more than `spread` (`EXP_CHUNK_SPREAD`)
+nats above the running maximum at a real query that sees a key (the PyTorch kernel's test; it counts queries whose own
+key is dropped, not queries that see no key yet, whose output is 0 at any scale), the chunk's outputs are computed
+with each query's own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), as an
+explicit loop over the features, and the carried state read in its reference R_{c-1}: every exponent is <= 0 and none
+comes from a later key, so no output depends on a later key numerically either. The backward's dq kernel takes the
+same decision on its own (smaller) chunks, stores it per chunk, and computes that chunk's dq, normalisers and
+output-gradient products the same way; the dk, dv kernel follows it (and adds such a chunk's queries to the reverse
+state in reference R_{c-1}). No host read.
 
 One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order.
 
@@ -118,10 +121,9 @@ def fused_causal_linear_attention(
     q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
     `LinearAttentionState` or None -> (out (b,h,n,e) fp32, `LinearAttentionState` after the last token, fp32). A
     masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v and
-    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut.
-
-    Returns None for `"exp"` where a chunk is too steep for the chunked form (its key maximum rises more than `spread`
-    nats above a real query's running maximum, `linear_ops.EXP_CHUNK_SPREAD`): the caller computes those exactly."""
+    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"` computes a
+    chunk whose key maximum rises more than `spread` nats above a real query's running maximum
+    (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path."""
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
     if not _import_triton():
@@ -137,9 +139,7 @@ def fused_causal_linear_attention(
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
         m0 = state.k_max.float() if exp and state.k_max is not None else None
-    out, kv, z, k_max, rise = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size)
-    if exp and bool((rise > spread).any()):  # one host read, as the PyTorch kernel's own steepness check
-        return None
+    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
 
 
@@ -190,7 +190,8 @@ def _blocks(q, v, chunk_size, backward):
     Chosen so that the kernels compiled for an H100 (sm_90, ptxas) spill no or few registers at head dims 64: the
     forward in chunks of 64 over value blocks of 64, the backward (which holds a d x e state and more tiles) in chunks
     of 32; half that at head dims 128 (the backward's 128 x 128 reverse state still spills some). Not timed on a GPU.
-    The backward's chunks nest in the forward's, so an exp chunk the forward found not steep has no steep part."""
+    The backward's chunks nest in the forward's; it decides exp's exact path for its own chunks (either path is exact
+    where it is taken)."""
     d, e = q.shape[-1], v.shape[-1]
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"The fused kernel's chunk_size must be a power of 2 of at least 16, got {chunk_size}.")
@@ -221,14 +222,14 @@ def _mask_args(mask, q):
 
 class _FusedCausal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size):
+    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
         b, h, n, d = q.shape
         e = v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
         out = torch.empty(b, h, n, e, **f32)
         kv1, z1 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
-        m1, rise = torch.full((b, h, d), FLOOR, **f32), torch.zeros(b, h, **f32)
+        m1 = torch.full((b, h, d), FLOOR, **f32)
         has_state = kv0 is not None
         if has_state:
             kv0, z0 = kv0.contiguous(), z0.contiguous()
@@ -238,7 +239,7 @@ class _FusedCausal(torch.autograd.Function):
             _run(
                 _forward_kernel, (triton.cdiv(e, blocks["BE"]), b * h),
                 q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
-                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, rise,
+                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, float(spread),
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                 h, n, d, e, EXP=exp, HAS_KEEP=keep is not None, HAS_REAL=real is not None, HAS_STATE=has_state,
                 **blocks,
@@ -247,14 +248,14 @@ class _FusedCausal(torch.autograd.Function):
             kv1.copy_(kv0) if has_state else kv1.zero_()
             z1.copy_(z0) if has_state else z1.zero_()
             m1.copy_(m0)
-        ctx.save_for_backward(q, k, v, keep, kv0, z0, m0)
-        ctx.exp, ctx.chunk_size = exp, chunk_size
-        ctx.mark_non_differentiable(m1, rise)
-        return out, kv1, z1, m1, rise
+        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0)
+        ctx.exp, ctx.chunk_size, ctx.spread = exp, chunk_size, float(spread)
+        ctx.mark_non_differentiable(m1)
+        return out, kv1, z1, m1
 
     @staticmethod
-    def backward(ctx, dout, dkv1, dz1, _dm1, _drise):
-        q, k, v, keep, kv0, z0, m0 = ctx.saved_tensors
+    def backward(ctx, dout, dkv1, dz1, _dm1):
+        q, k, v, keep, real, kv0, z0, m0 = ctx.saved_tensors
         b, h, n, d = q.shape
         e = v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
@@ -268,24 +269,28 @@ class _FusedCausal(torch.autograd.Function):
             blocks = _blocks(q, v, ctx.chunk_size, backward=True)
             den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
             r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
-            refs = torch.empty(b, h, triton.cdiv(n, blocks["BT"]), d, **f32) if ctx.exp else den  # R_c (exp)
-            common = (*_mask_args(keep, q), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+            chunks = triton.cdiv(n, blocks["BT"])
+            refs = torch.empty(b, h, chunks, d, **f32) if ctx.exp else den  # R_c (exp)
+            steeps = torch.empty(b, h, chunks, **f32) if ctx.exp else den  # exp: 1 for a chunk on the exact path
+            strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
             flags = {"EXP": ctx.exp, "HAS_KEEP": keep is not None, **blocks}
             _run(
                 _backward_dq_kernel, (b * h,),
-                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs,
-                *common, h, n, d, e, HAS_STATE=has_state, **flags,
+                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs, steeps,
+                ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
+                HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
             )  # fmt: skip
             _run(
                 _backward_dkv_kernel, (b * h,),
-                q, k, v, dout, den, r, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0, *common, h, n, d, e, **flags,
+                q, k, v, dout, den, r, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0, *_mask_args(keep, q), *strides,
+                h, n, d, e, **flags,
             )  # fmt: skip
         else:
             dkv0.copy_(dkv1)
             dz0.copy_(dz1)
         if not has_state:
             dkv0 = dz0 = None
-        return dq, dk, dv, None, None, dkv0, dz0, None, None, None
+        return dq, dk, dv, None, None, dkv0, dz0, None, None, None, None
 
 
 def _split(length, bt, split):
@@ -462,6 +467,53 @@ def _query_features(xq, in_k, tile_k, EXP: tl.constexpr):
     return tl.where(tile_k, _elu1(xq), 0.0), _elu1_slope(xq)
 
 
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+def _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr, HAS_REAL: tl.constexpr):
+    """exp: whether a chunk is too steep for the chunked form: its reference R_c lies more than `spread` nats above
+    the running key maximum at its first real query that sees a key (the running maxima grow along the chunk; a query
+    that sees none gives 0 at any scale). `ref` is R_{c-1}, xk the chunk's keys with the masked ones at -inf."""
+    first = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
+    if HAS_REAL:
+        first = first & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
+    i0 = tl.min(tl.where(first, o_t, BT))
+    at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
+    return tl.max(tl.where(i0 < BT, r_c - at, 0.0), axis=0) > spread
+
+
+def _exact_term(xq, xk, s, mask, o_k, f):
+    """exp(q_if + k_jf - s_i) for feature f over `mask` (c, c), 0 elsewhere."""
+    qf = tl.max(tl.where(o_k[None, :] == f, xq, float("-inf")), axis=1)  # column f of the tile
+    kf = tl.max(tl.where(o_k[None, :] == f, xk, float("-inf")), axis=1)
+    return tl.exp(tl.where(mask, qf[:, None] + kf[None, :] - s[:, None], float("-inf")))
+
+
+def _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D):
+    """exp's exact path for a steep chunk, each query i with its own running key maximum M_i (through its position):
+    the shift s_i = max_f (q_if + M_if), the carried state's query features exp(q_i + ref - s_i) (the state in
+    reference `ref`, R_{c-1} <= M_i), and the weights w_ij = sum_f exp(q_if + k_jf - s_i) over `mask` (c, c), an
+    explicit sum over the features. Every exponent is <= 0 and none comes from a later key. xk: masked keys at -inf."""
+    at = tl.maximum(ref[None, :], tl.associative_scan(xk, 0, _max))  # (c, d): M_i
+    s = tl.max(tl.where(in_k[None, :], xq + at, float("-inf")), axis=1)  # (c,)
+    a_prev = tl.where(tile_k, tl.exp(xq + ref[None, :] - s[:, None]), 0.0)  # (c, d)
+    w = tl.where(mask, 0.0, 0.0)
+    for f in range(D):
+        w += _exact_term(xq, xk, s, mask, o_k, f)
+    return s, a_prev, w
+
+
+def _exact_grads(xq, xk, s, dp, mask, o_k, D, AXIS: tl.constexpr):
+    """The exact path's gradients through w: sum_j dp_ij exp(q_if + k_jf - s_i) (AXIS 1: d/dq) or sum_i of the same
+    (AXIS 0: d/dk), as a (c, d) tile."""
+    out = tl.zeros_like(xq)
+    for f in range(D):
+        col = tl.sum(dp * _exact_term(xq, xk, s, mask, o_k, f), axis=AXIS)
+        out = tl.where(o_k[None, :] == f, col[:, None], out)
+    return out
+
+
 def _state_tile(x, i_bh, o_k, o_e, D, E):
     """The (d, e) block `o_k` x `o_e` of a contiguous fp32 (b, h, d, e) state, 0 on padding."""
     return tl.load(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], (o_k < D)[:, None] & (o_e < E)[None, :], 0.0)
@@ -473,13 +525,14 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 
 _HELPERS = [
     "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
-    "_exp_queries", "_state_tile", "_store_state", "_query_features",
+    "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
+    "_exact_grads",
 ]  # fmt: skip
 
 
 def _forward_kernel(
     q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
-    kv0, z0, m0, out, kv1, z1, m1, rise,
+    kv0, z0, m0, out, kv1, z1, m1, spread,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, N, D, E,
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
@@ -496,37 +549,39 @@ def _forward_kernel(
         state += _state_tile(kv0, i_bh, o_k, o_e, D, E)
         norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
     ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)  # exp: the reference R the state is in, (d,)
-    worst = tl.zeros([BK], dtype=tl.float32)  # exp: the largest rise of R above a real query's running maximum
     for t in range(tl.cdiv(N, BT)):
         pos = t * BT + o_t
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
-            state *= scale[:, None]
-            norm *= scale
+            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            exact = tl.zeros([BT, BE], dtype=tl.float32)
+            if steep:  # rare: the outputs with each query's own running maximum, from the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                _, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+                den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
+                num_x = tl.dot(_op(w, RD, DT), vv, input_precision=PRECISION)
+                num_x += tl.dot(_op(a_prev, RD, DT), _op(state, RD, DT), input_precision=PRECISION)
+                exact = num_x / tl.where(den_x > 0, den_x, 1.0)[:, None]
+            state = state * scale[:, None]
+            norm = norm * scale
             a = _exp_queries(xq, r_c, in_k, tile_k)  # (c, d), <= 1
             bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
-            # the steepness check: how far R_c lies above the running maximum at the chunk's first real query that
-            # sees a key (the running maxima grow along the chunk; a query that sees none gives 0 at any scale)
-            first = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
-            if HAS_REAL:
-                first = first & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
-            i0 = tl.min(tl.where(first, o_t, BT))
-            at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
-            worst = tl.maximum(worst, tl.where(i0 < BT, r_c - at, 0.0))
             ref = r_c
         else:
             a = tl.where(tile_k, _elu1(xq), 0.0)  # (c, d)
             bk = tl.where(tile_key, _elu1(xk), 0.0)  # (c, d)
         a, bk = _op(a, RD, DT), _op(bk, RD, DT)
-        tile_e = in_t[:, None] & in_e[None, :]
-        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)  # (c,)
         num = tl.dot(_op(p, RD, DT), vv, input_precision=PRECISION)
         num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION)  # (c, e)
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
+        if EXP:
+            o = tl.where(steep, exact, o)
         tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
 
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
@@ -536,14 +591,14 @@ def _forward_kernel(
         tl.store(z1 + i_bh * D + o_k, norm, in_k)
         if EXP:
             tl.store(m1 + i_bh * D + o_k, ref, in_k)
-            tl.store(rise + i_bh, tl.max(worst, axis=0))
 
 
 def _backward_dq_kernel(
-    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs,
-    keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
+    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs, steeps, spread,
+    keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
+    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -553,8 +608,10 @@ def _backward_dq_kernel(
     dq += i_bh * N * D  # contiguous (b, h, n, d)
     den_out += i_bh * N
     r_out += i_bh * N
+    real += i_bh // H * s_rb
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
+    steeps += i_bh * nt
     state = tl.zeros([BK, BE], dtype=tl.float32)
     norm = tl.zeros([BK], dtype=tl.float32)
     if HAS_STATE:
@@ -564,11 +621,32 @@ def _backward_dq_kernel(
     for t in range(nt):
         pos = t * BT + o_t
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
+        do = _rows(dout, pos, s_dn, o_e, tile_e)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             tl.store(refs + t * D + o_k, r_c, in_k)
-            state *= scale[:, None]
-            norm *= scale
+            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            tl.store(steeps + t, steep.to(tl.float32))
+            dq_x = tl.zeros([BT, BK], dtype=tl.float32)
+            den_x = tl.zeros([BT], dtype=tl.float32)
+            r_x = tl.zeros([BT], dtype=tl.float32)
+            if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+                den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
+                seen_x = den_x > 0
+                den_x = tl.where(seen_x, den_x, 1.0)
+                g_x = _op(do / den_x[:, None], RD, DT)
+                gv_x = tl.dot(g_x, tl.trans(vv), input_precision=PRECISION)
+                sg_x = tl.dot(g_x, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)
+                r_x = tl.where(seen_x, -(tl.sum(w * gv_x, axis=1) + tl.sum(a_prev * sg_x, axis=1)) / den_x, 0.0)
+                dp_x = tl.where(mask, gv_x + r_x[:, None], 0.0)
+                dq_x = _exact_grads(xq, xk, s_i, dp_x, mask, o_k, D, 1)
+                dq_x += (sg_x + r_x[:, None] * norm[None, :]) * a_prev
+            state = state * scale[:, None]
+            norm = norm * scale
             a32 = _exp_queries(xq, r_c, in_k, tile_k)
             da_dx = a32  # d exp(x + const) / dx
             bk = tl.exp(xk - r_c[None, :])
@@ -578,9 +656,6 @@ def _backward_dq_kernel(
             da_dx = _elu1_slope(xq)
             bk = tl.where(tile_key, _elu1(xk), 0.0)
         a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
-        tile_e = in_t[:, None] & in_e[None, :]
-        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
-        do = _rows(dout, pos, s_dn, o_e, tile_e)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
@@ -592,7 +667,12 @@ def _backward_dq_kernel(
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
         dp = tl.where(causal, gv + r[:, None], 0.0)
         da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
-        tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
+        da = da * da_dx
+        if EXP:
+            da = tl.where(steep, dq_x, da)
+            den = tl.where(steep, den_x, den)
+            r = tl.where(steep, r_x, r)
+        tl.store(dq + pos[:, None] * D + o_k[None, :], da.to(dq.dtype.element_ty), tile_k)
         tl.store(den_out + pos, den, in_t)
         tl.store(r_out + pos, r, in_t)
 
@@ -601,7 +681,7 @@ def _backward_dq_kernel(
 
 
 def _backward_dkv_kernel(
-    q, k, v, dout, den_in, r_in, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0,
+    q, k, v, dout, den_in, r_in, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
@@ -617,6 +697,7 @@ def _backward_dkv_kernel(
     r_in += i_bh * N
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
+    steeps += i_bh * nt
     dstate = _state_tile(dkv1, i_bh, o_k, o_e, D, E)  # (d, e) fp32
     dnorm = tl.load(dz1 + i_bh * D + o_k, in_k, other=0.0)  # (d,)
     ref0 = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
@@ -626,8 +707,10 @@ def _backward_dkv_kernel(
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         if EXP:
             r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
+            before = tl.where(t > 0, tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30), ref0)
+            xk = tl.where(tile_key, xk, float("-inf"))
             a = _exp_queries(xq, r_c, in_k, tile_k)
-            b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - r_c[None, :])
+            b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
         else:
             a = tl.where(tile_k, _elu1(xq), 0.0)
@@ -643,20 +726,33 @@ def _backward_dkv_kernel(
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
         dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
-        db = tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION)  # (c, d)
-        db += tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]
-        tl.store(dk + pos[:, None] * D + o_k[None, :], (db * db_dx).to(dk.dtype.element_ty), tile_k)
+        later = tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]  # dS_>c, dz_>c
+        db = (tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION) + later) * db_dx  # (c, d)
         dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION)
         dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e)
+        if EXP:
+            # the reverse state into the reference of the chunk before (or of kv0, z0)
+            scale = tl.exp(before - r_c)
+            dstate_x = dstate * scale[:, None]
+            dnorm_x = dnorm * scale
+            steep = tl.load(steeps + t) != 0  # the dq kernel's exact path: its den and r are those of each query's
+            if steep:  # own running maximum (see `_exact_chunk`), and its queries read the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                s_i, a_prev, w = _exact_chunk(xq, xk, before, mask, in_k, tile_k, o_k, D)
+                db = _exact_grads(xq, xk, s_i, dp, mask, o_k, D, 0) + later * db_dx
+                dvv = tl.dot(tl.trans(_op(w, RD, DT)), g, input_precision=PRECISION)
+                dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)
+                dstate_x += tl.dot(tl.trans(_op(a_prev, RD, DT)), g, input_precision=PRECISION)
+                dnorm_x += tl.sum(r[:, None] * a_prev, axis=0)
+            else:
+                dstate_x += tl.dot(tl.trans(a), g, input_precision=PRECISION) * scale[:, None]
+                dnorm_x += tl.sum(r[:, None] * a.to(tl.float32), axis=0) * scale
+            dstate, dnorm = dstate_x, dnorm_x
+        else:
+            dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
+            dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
+        tl.store(dk + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
         tl.store(dv + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
-
-        dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
-        dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
-        if EXP:  # into the reference of the chunk before (or of kv0, z0)
-            before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
-            scale = tl.exp(tl.where(t > 0, before, ref0) - r_c)
-            dstate *= scale[:, None]
-            dnorm *= scale
     _store_state(dkv0, dstate, i_bh, o_k, o_e, D, E)
     tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
 

@@ -370,7 +370,7 @@ from hf_settransformer import linear_triton as lt
 
 assert lt._import_triton()
 pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
-            "real": "*u8"}
+            "real": "*u8", "spread": "fp32"}
 for feature_map, d in [("elu", 64), ("exp", 128)]:
     q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16, device="meta")  # `_blocks` reads the shape and dtype only
     forward = [lt._forward_kernel, lt._key_sums_kernel, lt._output_kernel]
@@ -422,42 +422,53 @@ def test_fused_exp_is_exact_for_keys_tens_of_nats_apart(pattern):
 
 
 @pytest.mark.parametrize("pattern", ["late_spike", "early_spike", "drift", "spikes"])
-def test_fused_exp_hands_steep_chunks_to_the_exact_pytorch_path(monkeypatch, pattern):
-    """Keys 300 nats apart: a chunk's maximum rises past EXP_CHUNK_SPREAD above a query's own running maximum, so the
-    fused kernel declines (None) and `causal_linear_attention` gives the PyTorch kernel's exact result."""
-    q, k, v = _keys_with(pattern, 300.0)
-    assert fused_causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK) is None
-    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
-    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8)
-    want = naive_linear_visible(q, k, v, torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril(), "exp")
+def test_fused_exp_is_exact_for_keys_hundreds_of_nats_apart(pattern):
+    """Keys 300 nats apart: a chunk's maximum rises past EXP_CHUNK_SPREAD above a query's own running maximum, and
+    the kernels' exact path (each query with its own running maximum, forward and backward) gives the float64
+    log-space outputs and gradients, with the key padding of row 0."""
+    q, k, v = _leaves(*_keys_with(pattern, 300.0))
+    key_mask = _key_mask("left", 64)
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, "exp", chunk_size=CHUNK)
+    allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & key_mask[:, None, None, :]
+    want = naive_linear_visible(q, k, v, allowed, "exp")
     _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
 
 
-def test_fused_exp_steepness_counts_a_query_whose_own_key_is_dropped(monkeypatch):
-    """Key 17 is 200 nats up; query 16 (the first of its chunk) has its own key dropped but still reads keys 0-15: the
-    steepness check counts the queries that are used, not the keys that are kept, so the chunk goes to the exact path
-    instead of underflowing query 16's output."""
-    q, k, v = _qkv(32, seed=11)
+def test_fused_exp_exact_path_with_a_carried_state_and_dropped_keys():
+    """Chunked prefill (21 tokens, then 43 from their state) with key dropout, keys 17 and 40 200 nats up: query 16
+    (the first of its chunk) has its own key dropped but reads keys 0-15, so the steepness check counts it (queries
+    that are used, not keys that are kept); the exact path reads the carried state in its own reference. Outputs and
+    gradients, through the state too, equal the float64 ones."""
+    q, k, v = _qkv(64, seed=11)
     k[:, :, 17, 0] += 200.0
-    drop = torch.ones(B, H, 32, dtype=torch.bool, device=DEVICE)
+    k[:, :, 40, 1] += 200.0
+    q, k, v = _leaves(q, k, v)
+    drop = torch.ones(B, H, 64, dtype=torch.bool, device=DEVICE)
     drop[:, :, 16] = False
-    assert fused_causal_linear_attention(q, k, v, None, "exp", drop=drop, chunk_size=CHUNK) is None
-    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
-    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
-    allowed = torch.ones(32, 32, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
-    _assert_close(out, naive_linear_visible(q, k, v, allowed, "exp"), 1e-5, 1e-4, "out")
+    drop[1, 0, 30:33] = False
+    first, state = fused_causal_linear_attention(q[:, :, :21], k[:, :, :21], v[:, :, :21], None, "exp",
+                                                 drop=drop[..., :21], chunk_size=CHUNK)  # fmt: skip
+    rest, _ = fused_causal_linear_attention(q[:, :, 21:], k[:, :, 21:], v[:, :, 21:], None, "exp", state,
+                                            drop=drop[..., 21:], chunk_size=CHUNK)  # fmt: skip
+    out = torch.cat([first, rest], dim=2)
+    allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
+    want = naive_linear_visible(q, k, v, allowed, "exp")
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
 
 
 @pytest.mark.parametrize("span", [30.0, 150.0])
-def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, span):
+def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, count_fused, span):
     """No output depends on a later key, numerically either: the first 40 outputs are the same when 24 tokens follow,
-    one of them `span` nats above the rest in the same chunk (30: the kernel; 150: the exact path)."""
+    one of them `span` nats above the rest in the same chunk (30: the chunked form; 150: the kernels' exact path)."""
     monkeypatch.setenv("HFST_FORCE_TRITON", "1")
     q, k, v = _qkv(64, seed=7)
     k[:, :, 45, 1] += span
     prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp")
     whole, _ = causal_linear_attention(q, k, v, None, "exp")
     _assert_close(whole[:, :, :40], prefix, 1e-6, 1e-5, "prefix")
+    assert count_fused == [True, True]
 
 
 # ---------------------------------------------------------------------------------------------------------------
