@@ -29,7 +29,8 @@ same decision on its own (smaller) chunks, stores it per chunk, and computes tha
 output-gradient products the same way; the dk, dv kernel follows it (and adds such a chunk's queries to the reverse
 state in reference R_{c-1}). No host read.
 
-One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order.
+One program runs per (batch, head) (the forward's per (batch, head, value block of 64)), walking the chunks in order.
+Every kernel puts (batch, head) in the grid's first dimension, which takes up to 2^31 - 1 programs (the others 65,535).
 
 Non-causal: the same function as `linear_ops.linear_attention` (`fused_linear_attention`; exp is Shen et al.'s
 efficient attention, a softmax over the keys per feature), with the same dtypes, strides, feature maps and fp32
@@ -237,7 +238,7 @@ class _FusedCausal(torch.autograd.Function):
         if n:
             blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64: more programs
             _run(
-                _forward_kernel, (triton.cdiv(e, blocks["BE"]), b * h),
+                _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
                 q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
                 kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, float(spread),
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
@@ -325,14 +326,14 @@ class _FusedNonCausal(torch.autograd.Function):
         kv_part = torch.empty(b, h, splits, d, e, **f32)
         z_part, mx_part = torch.empty(b, h, splits, d, **f32), torch.empty(b, h, splits, d, **f32)
         _run(
-            _key_sums_kernel, (triton.cdiv(e, blocks["BE"]), splits, b * h),
+            _key_sums_kernel, (b * h, splits, triton.cdiv(e, blocks["BE"])),
             k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
             h, m, d, e, length, EXP=exp, HAS_KEEP=keep is not None, **blocks,
         )  # fmt: skip
         kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, exp)
         out = torch.empty(b, h, n, e, **f32)
         _run(
-            _output_kernel, (triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"]), b * h),
+            _output_kernel, (b * h, triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"])),
             q, kv, z, out, *q.stride()[:3], h, n, d, e, EXP=exp, **blocks,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, keep, kv, z, k_ref, k_sum)
@@ -350,14 +351,14 @@ class _FusedNonCausal(torch.autograd.Function):
         dkv = torch.empty(b, h, splits, d, e, device=q.device, dtype=torch.float32)
         dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
         _run(
-            _query_grads_kernel, (splits, b * h),
+            _query_grads_kernel, (b * h, splits),
             q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length, EXP=ctx.exp,
             **blocks,
         )  # fmt: skip
         dkv, dz = dkv.sum(2), dz.sum(2)
         shift = (dkv * kv).sum(-1) + dz * z if ctx.exp else dz  # exp: sum_j B_jf dB_jf
         _run(
-            _key_grads_kernel, (triton.cdiv(m, blocks["BT"]), b * h),
+            _key_grads_kernel, (b * h, triton.cdiv(m, blocks["BT"])),
             k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if ctx.exp else dz, k_sum if ctx.exp else dz, dk, dv,
             *k.stride()[:3], *v.stride()[:3], h, m, d, e, EXP=ctx.exp, HAS_KEEP=keep is not None, **blocks,
         )  # fmt: skip
@@ -538,7 +539,7 @@ def _forward_kernel(
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_e, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # value block, (batch, head)
+    i_bh, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), value block
     o_t, o_k, o_e, in_k, in_e, causal = _offsets(i_e, BT, BK, BE, D, E)
     q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
     real += i_bh // H * s_rb
@@ -777,7 +778,7 @@ def _key_sums_kernel(
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_e, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # value block, split, (b, h)
+    i_bh, i_s, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), split, value block
     o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
     k += _head(i_bh, H, s_kb, s_kh)
     v += _head(i_bh, H, s_vb, s_vh)
@@ -816,7 +817,7 @@ def _output_kernel(
     EXP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_t, i_e, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # queries, value block, (b, h)
+    i_bh, i_t, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), queries, value block
     o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
     pos = i_t * BT + o_t
     in_t = pos < N
@@ -836,7 +837,7 @@ def _query_grads_kernel(
     EXP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_s, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # split of the queries, (batch, head)
+    i_bh, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), split of the queries
     o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
     q += _head(i_bh, H, s_qb, s_qh)
     dout += _head(i_bh, H, s_db, s_dh)
@@ -861,7 +862,7 @@ def _query_grads_kernel(
         tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
         dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
         dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
-    part = i_bh * tl.num_programs(0) + i_s
+    part = i_bh * tl.num_programs(1) + i_s
     _store_state(dkv_part, dstate, part, o_k, o_e, D, E)
     tl.store(dz_part + part * D + o_k, dnorm, in_k)
 
@@ -873,7 +874,7 @@ def _key_grads_kernel(
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # keys, (batch, head)
+    i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), keys
     o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
     pos = i_t * BT + o_t
     in_t = pos < M
