@@ -1,6 +1,7 @@
-"""Attention kernels alone: forward+backward time and peak memory as the sequence grows, 8 heads of 64, batch 1, fp32.
+"""Attention kernels alone: forward+backward time and peak memory as the sequence grows, 8 heads of 64.
 
-Contenders, alternated within each length (medians after warm-up, one run):
+CPU (the default without CUDA; batch 1, fp32). Contenders, alternated within each length (medians after warm-up, one
+run):
 - softmax (SDPA): `torch.nn.functional.scaled_dot_product_attention`, non-causal and causal;
 - linear elu / linear exp: `hf_settransformer.attention.linear_attention` (Katharopoulos et al. 2020; Shen et al. 2021);
 - causal linear (chunked): `hf_settransformer.attention.causal_linear_attention`, elu, chunk `--chunk_size`;
@@ -8,18 +9,38 @@ Contenders, alternated within each length (medians after warm-up, one run):
   (an n x d x e tensor), elu; skipped above `--naive_max`;
 - fast-transformers causal_dot_product: the CUDA/C++ kernel of fast-transformers (Katharopoulos et al.) with the same
   elu + 1 feature map and normalisation, when `pytorch_fast_transformers` can be imported (skipped otherwise).
-Peak memory is the most the allocator held above what was allocated before one forward+backward (CPU: measured by
-`torch.profiler` in a separate untimed pass). A second table sweeps the chunk size of the chunked kernel.
+A second table sweeps the chunk size of the chunked kernel.
 
-    python benchmarks/bench_attention.py                 # lengths 512 ... 16384
+CUDA (`--device cuda`; batch 4, bf16 inputs, lengths 1k ... 64k unless told otherwise):
+- SDPA and SDPA causal (flash attention for bf16/fp16);
+- ours, non-causal and causal, elu and exp, each twice: "(PyTorch)", the reference ops with `HFST_DISABLE_TRITON=1`,
+  and "(Triton)", the fused kernels of `hf_settransformer/linear_triton.py` (skipped where triton is unavailable);
+- fla chunk_linear_attn: flash-linear-attention's (0.6.0) causal Triton kernel, `normalize=True`, scale 1, with the
+  exact elu+1 feature map applied outside it (in fp32, cast back to the inputs' dtype), when `fla` can be imported
+  (`pip install flash-linear-attention==0.6.0`; skipped with the reason otherwise).
+Every linear contender is first checked against the fp32 PyTorch op at a short length. The chunk sweep runs the
+PyTorch kernel. The summary gives the issue's ratios per length: ours causal elu (Triton) against fla (time and
+memory), causal exp against causal elu, causal exp against SDPA causal.
+
+Peak memory is the most the allocator held above what was allocated before one forward+backward (the inputs are
+allocated before; CUDA: `torch.cuda.max_memory_allocated`; CPU: measured by `torch.profiler` in a separate untimed
+pass).
+
+    python benchmarks/bench_attention.py                 # CPU: lengths 512 ... 16384
+    python benchmarks/bench_attention.py --device cuda   # GPU: lengths 1024 ... 65536, bf16
+    python benchmarks/bench_attention.py --device cuda --lengths 1024 4096 --batch_size 2 --dtype float16
     python benchmarks/bench_attention.py --tiny          # seconds (the tests run this)
 
 fast-transformers is not on PyPI as a wheel; to compare with it build it against the installed torch
 (on a machine with no CUDA toolkit, or with CUDA_HOME set):
     pip install --no-build-isolation pytorch-fast-transformers
 
-Writes `<output_dir>/bench_attention.json` and `.png`.
+Writes `<output_dir>/bench_attention.json` and `.png`, naming the machine (the GPU on CUDA).
 """
+
+import contextlib
+import inspect
+import os
 
 import torch
 import torch.nn.functional as F
@@ -38,21 +59,32 @@ from bench_common import (
 )
 
 from hf_settransformer.linear_ops import causal_linear_attention, linear_attention
+from hf_settransformer.linear_triton import fused_linear_attention_available
+
+FLA = "fla chunk_linear_attn causal elu"
 
 
 def parse_args():
     p = base_parser(__doc__)
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help="default: 512-16384 (CPU), 1k-64k (CUDA)")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=64)
-    p.add_argument("--batch_size", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=None, help="default: 1 (CPU), 4 (CUDA)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="the inputs' dtype (default: float32 on CPU, bfloat16 on CUDA)")  # fmt: skip
     p.add_argument("--chunk_size", type=int, default=None, help="chunk of the chunked kernel (default: the config's)")
     p.add_argument("--chunk_sweep", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     p.add_argument("--sweep_lengths", type=int, nargs="*", default=[2048, 16384])
     p.add_argument("--naive_max", type=int, default=8192, help="longest sequence the naive cumsum form runs on")
-    p.add_argument("--softmax_max", type=int, default=16384, help="longest sequence softmax runs on")
+    p.add_argument("--softmax_max", type=int, default=None, help="longest sequence softmax runs on (CPU: 16384)")
     p.set_defaults(repeats=3, warmup=1)
     args = p.parse_args()
+    args.cuda = args.device.startswith("cuda")
+    if args.lengths is None:
+        args.lengths = [1024 * 2**i for i in range(7)] if args.cuda else [512, 1024, 2048, 4096, 8192, 16384]
+    args.batch_size = args.batch_size or (4 if args.cuda else 1)
+    args.dtype = args.dtype or ("bfloat16" if args.cuda else "float32")
+    args.softmax_max = args.softmax_max or (2**31 if args.cuda else 16384)
     if args.tiny:
         args.lengths, args.heads, args.head_dim, args.repeats, args.warmup = [32, 64], 2, 8, 2, 1
         args.chunk_sweep, args.sweep_lengths = [8, 16], [64]
@@ -88,6 +120,11 @@ def fast_transformers_causal(causal_dot_product):
 
 
 def contenders(args):
+    """name -> fn(q, k, v) -> out, or None for a contender that cannot run here; and name -> why not."""
+    return gpu_contenders(args) if args.cuda else cpu_contenders(args)
+
+
+def cpu_contenders(args):
     found = optional_peer("fast_transformers.causal_product")
     chunk = args.chunk_size
     table = {
@@ -103,7 +140,82 @@ def contenders(args):
         if found is None
         else fast_transformers_causal(found.causal_dot_product),
     }
-    return table
+    return table, {"causal linear elu (fast-transformers)": "not installed (pytorch-fast-transformers)"}
+
+
+@contextlib.contextmanager
+def triton_switch(enabled):
+    """The fused kernels on or off (`HFST_DISABLE_TRITON`, read at each call) for the duration."""
+    before = os.environ.get("HFST_DISABLE_TRITON")
+    os.environ["HFST_DISABLE_TRITON"] = "0" if enabled else "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HFST_DISABLE_TRITON"]
+        else:
+            os.environ["HFST_DISABLE_TRITON"] = before
+
+
+def ours(causal, feature_map, triton, chunk):
+    def attend(q, k, v):
+        with triton_switch(triton):
+            if causal:
+                return causal_linear_attention(q, k, v, feature_map=feature_map, chunk_size=chunk)[0]
+            return linear_attention(q, k, v, feature_map=feature_map)
+
+    return attend
+
+
+def exact_elu1(x):
+    """elu(x) + 1 computed in fp32 (where(x >= 0, x + 1, exp(x))), in x's dtype: in bf16 `elu(x) + 1` cancels to 0."""
+    y = x.float()
+    return torch.where(y >= 0, y + 1.0, torch.exp(torch.clamp(y, max=0.0))).to(x.dtype)
+
+
+def fla_causal(chunk_linear_attn):
+    # (b, n, h, d) inputs: fla's layout (older releases take head_first=True by default)
+    layout = {"head_first": False} if "head_first" in inspect.signature(chunk_linear_attn).parameters else {}
+
+    def attend(q, k, v):
+        q, k, v = (t.transpose(1, 2) for t in (exact_elu1(q), exact_elu1(k), v))
+        out, _ = chunk_linear_attn(q, k, v, scale=1.0, normalize=True, **layout)
+        return out.transpose(1, 2)
+
+    return attend
+
+
+def gpu_contenders(args):
+    probe = torch.empty(1, 1, 1, args.head_dim, device=args.device, dtype=getattr(torch, args.dtype))
+    fused = fused_linear_attention_available(probe)
+    table = {
+        "SDPA": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        "SDPA causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
+    skipped = {}
+    for causal in (False, True):
+        for feature_map in ("elu", "exp"):
+            for triton in (False, True):
+                name = f"ours {'causal' if causal else 'linear'} {feature_map} ({'Triton' if triton else 'PyTorch'})"
+                table[name] = ours(causal, feature_map, triton, args.chunk_size) if fused or not triton else None
+                if table[name] is None:
+                    skipped[name] = f"triton unavailable or not taken for {args.dtype} (HFST_DISABLE_TRITON?)"
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except ImportError as error:
+        table[FLA], skipped[FLA] = None, f"not installed (flash-linear-attention 0.6.0): {error}"
+    else:
+        table[FLA] = fla_causal(chunk_linear_attn)
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}")
+    return table, skipped
+
+
+def reference(name, chunk):
+    """The fp32 PyTorch op a linear contender computes, or None (softmax)."""
+    if "softmax" in name or name.startswith("SDPA"):
+        return None
+    return ours("causal" in name, "exp" if " exp" in name else "elu", False, chunk)
 
 
 def runnable(name, n, args):
@@ -117,15 +229,29 @@ def runnable(name, n, args):
 def inputs(args, n):
     g = torch.Generator().manual_seed(n)
     shape = (args.batch_size, args.heads, n, args.head_dim)
-    q, k, v, grad = (torch.randn(shape, generator=g).to(args.device) for _ in range(4))
+    q, k, v, grad = (torch.randn(shape, generator=g).to(args.device, getattr(torch, args.dtype)) for _ in range(4))
     return [t.requires_grad_() for t in (q, k, v)], grad
+
+
+def check(active, args):
+    """Every linear contender agrees with the fp32 PyTorch op on the same inputs (max abs difference)."""
+    qkv, _ = inputs(args, 96 if not args.tiny else 40)
+    tolerance = 1e-4 if args.dtype == "float32" else 5e-2
+    for name, fn in active.items():
+        ref = reference(name, args.chunk_size)
+        if ref is not None:
+            with torch.no_grad():
+                err = (fn(*qkv).float() - ref(*(t.float() for t in qkv))).abs().max().item()
+            if not err <= tolerance:
+                raise SystemExit(f"{name} disagrees with the fp32 PyTorch op: max abs difference {err:.2e}")
 
 
 def forward_backward(fn, qkv, grad):
     def run():
         for t in qkv:
             t.grad = None
-        fn(*qkv).backward(grad)
+        out = fn(*qkv)
+        out.backward(grad.to(out.dtype))  # ours give fp32 outputs, SDPA and fla the inputs' dtype
 
     return run
 
@@ -134,19 +260,14 @@ def main():
     args = parse_args()
     setup_device(args)
     machine = describe_machine(args.device)
-    setup = f"{machine} | batch {args.batch_size}, {args.heads} heads x {args.head_dim}, fp32, forward+backward"
+    setup = (
+        f"{machine} | batch {args.batch_size}, {args.heads} heads x {args.head_dim}, {args.dtype} inputs, "
+        "forward+backward"
+    )
     print(setup)
-    table = contenders(args)
-    skipped = {name: "not installed (pytorch-fast-transformers)" for name, fn in table.items() if fn is None}
+    table, skipped = contenders(args)
     active = {name: fn for name, fn in table.items() if fn is not None}
-    # correctness first: every causal contender agrees with the chunked kernel
-    qkv, _ = inputs(args, 96 if not args.tiny else 40)
-    ref = causal_linear_attention(*qkv, feature_map="elu", chunk_size=args.chunk_size)[0]
-    for name, fn in active.items():
-        if name.startswith("causal linear"):
-            err = (fn(*qkv) - ref).abs().max().item()
-            if err > 1e-4:
-                raise SystemExit(f"{name} disagrees with the chunked kernel: max abs difference {err:.2e}")
+    check(active, args)  # correctness first
 
     rows = []
     for n in args.lengths:
@@ -175,15 +296,10 @@ def main():
 
     sweep = []
     if args.chunk_sweep:
-        print("\nchunk size of the causal linear kernel (forward+backward ms, medians; alternated per length)")
+        print("\nchunk size of the causal linear PyTorch kernel (forward+backward ms, medians; alternated per length)")
         for n in args.sweep_lengths:
             qkv, grad = inputs(args, n)
-            here = {
-                c: forward_backward(
-                    lambda q, k, v, c=c: causal_linear_attention(q, k, v, feature_map="elu", chunk_size=c)[0], qkv, grad
-                )
-                for c in args.chunk_sweep
-            }
+            here = {c: forward_backward(ours(True, "elu", False, c), qkv, grad) for c in args.chunk_sweep}
             timing = time_alternating(here, args.device, args.repeats, args.warmup)
             sweep.append({"length": n, **{str(c): 1e3 * timing[c]["median_s"] for c in args.chunk_sweep}})
         markdown_table(
@@ -191,10 +307,13 @@ def main():
             [[s["length"]] + [f"{s[str(c)]:.1f}" for c in args.chunk_sweep] for s in sweep],
         )
 
-    summary = summarize(rows, table, args)
+    summary = summarize_gpu(rows) if args.cuda else summarize(rows, table, args)
     for line in summary["lines"]:
         print(line)
-    path = write_json(args, "bench_attention", {"setup": setup, "rows": rows, "chunk_sweep": sweep, "summary": summary})
+    payload = {"setup": setup, "machine": machine, "rows": rows, "chunk_sweep": sweep, "summary": summary}
+    if args.cuda:
+        payload["gpu"] = torch.cuda.get_device_name()
+    path = write_json(args, "bench_attention", payload)
     plt = pyplot()
     if plt is not None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -228,6 +347,30 @@ def summarize(rows, table, args):
         ratio = by_length[16384][chunked]["peak_mib"] / by_length[8192][chunked]["peak_mib"]
         summary["chunked_peak_memory_16384_over_8192"] = ratio
         lines.append(f"chunked causal linear peak memory 16384 / 8192 = {ratio:.2f}x (target <= 2.1x)")
+    summary["lines"] = lines
+    return summary
+
+
+def summarize_gpu(rows):
+    """The issue's targets per length (issue 37): ours causal elu (Triton) at least as fast as fla, with no more peak
+    memory; causal exp within 1.5x of causal elu; causal exp faster than SDPA causal from 8k tokens on."""
+    elu, exp = "ours causal elu (Triton)", "ours causal exp (Triton)"
+    lines, summary = [], {}
+    for r in rows:
+        n, got = r["length"], {}
+        for key, a, b, field in [
+            ("elu_over_fla_time", elu, FLA, "ms"),
+            ("elu_over_fla_peak", elu, FLA, "peak_mib"),
+            ("exp_over_elu_time", exp, elu, "ms"),
+            ("exp_over_sdpa_causal_time", exp, "SDPA causal", "ms"),
+        ]:
+            if field in r.get(a, {}) and field in r.get(b, {}):
+                got[key] = r[a][field] / r[b][field]
+        summary[str(n)] = got
+        words = {"elu_over_fla_time": "causal elu / fla time {:.2f}x (target <= 1)",
+                 "elu_over_fla_peak": "peak {:.2f}x (<= 1)", "exp_over_elu_time": "exp / elu {:.2f}x (<= 1.5)",
+                 "exp_over_sdpa_causal_time": "exp / SDPA causal {:.2f}x (< 1 from 8k)"}  # fmt: skip
+        lines.append(f"n={n}: " + (", ".join(words[k].format(v) for k, v in got.items()) or "no ratio measured"))
     summary["lines"] = lines
     return summary
 

@@ -2,7 +2,9 @@
 same width, depth, heads, feed-forward size, vocabulary and sequence length, measured in one run.
 
 A step is what a training loop does per batch: `zero_grad`, a forward that returns the next-token loss, the backward,
-and a `torch.optim.AdamW` step. Every contender is fp32, has tied input/output embeddings and no dropout, and gets its
+and a `torch.optim.AdamW` step. Every contender has fp32 parameters (with `--dtype bfloat16` its forward runs under
+`torch.autocast(dtype=torch.bfloat16)`, as a mixed-precision training loop does; on a GPU our linear attention then
+takes the fused Triton kernels), tied input/output embeddings and no dropout, and gets its
 own copy of the same fixed random token ids. The contenders alternate step by step (a, b, c, d, a, b, ...); the first
 `--warmup` steps are dropped and medians reported. Each contender runs in its library's default training call
 (`labels=input_ids` for the Hugging Face models, so they also fill the `DynamicCache` their config's `use_cache` asks
@@ -15,6 +17,7 @@ for) and keeps its library's default feed-forward activation:
 - "hfst decoder (softmax, gelu_new)": the same as the first with GPT-2's activation instead of our default ReLU, to show how much of
   a difference is the activation's.
 - "hfst decoder (linear elu)": the same as the first with causal linear attention, elu(x)+1 feature map, in chunks of 64 tokens.
+- "hfst decoder (linear exp)": the same with the exp feature map.
 - "transformers GPT2LMHeadModel": LayerNorm, learned positions, gelu_new, `attn_implementation="sdpa"`; the same loss.
 - "x-transformers decoder": `TransformerWrapper` + `Decoder`, LayerNorm, learned positions, GELU, no biases in the
   attention projections, `attn_flash=True` (scaled_dot_product_attention); cross entropy of the shifted logits.
@@ -23,11 +26,12 @@ for) and keeps its library's default feed-forward activation:
 Model FLOPs utilisation: the FLOPs of one forward+backward are counted once per contender with
 `torch.utils.flop_counter.FlopCounterMode` (matmuls and attention; causal attention is counted as full, the CPU
 attention kernels with the same formula as the CUDA ones); achieved FLOP/s = that / median step time, and MFU =
-achieved / the FLOP/s of a large fp32 matmul measured in the same run.
+achieved / the FLOP/s of a large matmul (fp32, or bf16 with `--dtype bfloat16`) measured in the same run.
 
     python benchmarks/bench_training.py                                # hidden 512, 8 layers, sequence 512, batch 4
     python benchmarks/bench_training.py --repeats 3 --warmup 1 --batch_size 2
     python benchmarks/bench_training.py --tiny                         # seconds: proves it works (the tests run this)
+    python benchmarks/bench_training.py --device cuda --dtype bfloat16 --seq_len 4096   # GPU step against GPT-2
 
 Writes `<output_dir>/bench_training.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`).
 """
@@ -52,6 +56,7 @@ from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCau
 
 HFST_SOFTMAX = "hfst decoder (softmax)"
 HFST_LINEAR = "hfst decoder (linear elu)"
+HFST_LINEAR_EXP = "hfst decoder (linear exp)"
 HFST_GELU = "hfst decoder (softmax, gelu_new)"
 HFST_CHUNKED = "hfst decoder (softmax, chunked loss)"
 GPT2 = "transformers GPT2LMHeadModel"
@@ -92,6 +97,8 @@ def parse_args():
     p.add_argument("--matmul_size", type=int, default=4096, help="side of the square matmul that MFU is relative to")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument("--lm_loss_chunk_size", type=int, default=128, help="positions per chunk of the chunked loss")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="bfloat16: each forward under torch.autocast(dtype=torch.bfloat16), parameters fp32")  # fmt: skip
     args = p.parse_args()
     if args.tiny:
         args.hidden_size, args.num_hidden_layers, args.num_attention_heads, args.intermediate_size = 32, 2, 4, 64
@@ -181,17 +188,21 @@ BUILDERS = {
     HFST_CHUNKED: lambda args: build_hfst(args, attention_type="softmax", lm_loss_chunk_size=args.lm_loss_chunk_size),
     HFST_GELU: lambda args: build_hfst(args, attention_type="softmax", hidden_act="gelu_new"),
     HFST_LINEAR: lambda args: build_hfst(args, attention_type="linear", feature_map="elu"),
+    HFST_LINEAR_EXP: lambda args: build_hfst(args, attention_type="linear", feature_map="exp"),
     GPT2: build_gpt2,
     XTRANSFORMERS: build_x_transformers,
 }
 
 
-def make_step(model, loss_fn, ids, lr):
+def make_step(model, loss_fn, ids, lr, dtype="float32"):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    autocast = torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
     def forward_backward():
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(model, ids).backward()
+        with autocast:
+            loss = loss_fn(model, ids)
+        loss.backward()
 
     def step():
         forward_backward()
@@ -241,7 +252,7 @@ def main():
             continue
         model, loss_fn, attention = made
         model = model.to(args.device, torch.float32).train()
-        step, forward_backward = make_step(model, loss_fn, ids.clone().to(args.device), args.lr)
+        step, forward_backward = make_step(model, loss_fn, ids.clone().to(args.device), args.lr, args.dtype)
         built[name] = {
             "parameters": sum(p.numel() for p in model.parameters()),  # shared (tied) tensors counted once
             "attention": attention,
@@ -251,7 +262,7 @@ def main():
         print(f"{name}: {built[name]['parameters']:,} parameters, attention {attention}", flush=True)
 
     timings = time_alternating(steps, args.device, args.repeats, args.warmup)
-    matmul = matmul_flops_per_second(args.device, size=args.matmul_size)
+    matmul = matmul_flops_per_second(args.device, size=args.matmul_size, dtype=getattr(torch, args.dtype))
     for name in BUILDERS:
         if name not in built:
             continue
@@ -285,15 +296,17 @@ def main():
         "seq_len": args.seq_len,
         "batch_size": args.batch_size,
         "tokens_per_step": tokens,
-        "dtype": "float32",
+        "dtype": args.dtype,
+        "autocast": args.dtype != "float32",
         "step": "zero_grad + forward with loss + backward + AdamW step",
     }
     title = (
         f"{machine} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, {args.num_attention_heads} heads, "
-        f"ff {args.intermediate_size}, vocab {args.vocab_size}, seq {args.seq_len}, batch {args.batch_size}, fp32"
+        f"ff {args.intermediate_size}, vocab {args.vocab_size}, seq {args.seq_len}, batch {args.batch_size}, "
+        + ("fp32" if args.dtype == "float32" else "bf16 autocast")
     )
     print(title)
-    print(f"matmul {args.matmul_size}x{args.matmul_size} fp32: {matmul / 1e9:.1f} GFLOP/s (the MFU denominator)")
+    print(f"matmul {args.matmul_size}x{args.matmul_size} {args.dtype}: {matmul / 1e9:.1f} GFLOP/s (MFU denominator)")
     header = ["contender", "parameters", "ms/step", "tokens/s", "vs GPT-2", "GFLOP/step", "achieved GFLOP/s", "MFU"]
     table = []
     for r in rows:
@@ -324,6 +337,11 @@ def main():
     if ours["ratio_to_gpt2"] is not None:
         print(f"{HFST_SOFTMAX} / GPT-2 tokens/s = {ours['ratio_to_gpt2']:.2f}x (target >= 1.2x)")
         print(f"{HFST_CHUNKED} / GPT-2 tokens/s = {chunked['ratio_to_gpt2']:.2f}x (target >= 1.2x)")
+    for name, key, target in [(HFST_LINEAR, "elu", 1.5), (HFST_LINEAR_EXP, "exp", 1.3)]:  # issue 37, bf16 at 4096
+        ratio = next(r for r in rows if r["contender"] == name)["ratio_to_gpt2"]
+        summary[f"hfst_linear_{key}_over_gpt2_tokens_per_second"] = ratio
+        if ratio is not None:
+            print(f"{name} / GPT-2 tokens/s = {ratio:.2f}x (issue 37: >= {target}x on a GPU, bf16, 4096 tokens)")
     payload = {"setup": setup, "matmul_flops_per_second": matmul, "rows": rows, "summary": summary}
     json_path = write_json(args, "bench_training", payload)
     png = plot(rows, args, title)

@@ -53,7 +53,7 @@ class RecurrentStateLayer(CacheLayerMixin):
 
     `is_compileable` stays False even then: `generate()` would compile the forward on a GPU and feed it an attention
     mask that grows by one column per step (a new shape each step); compile the step yourself (see
-    `scripts/bench_generation.py --compile`)."""
+    `benchmarks/bench_generation.py --compile`)."""
 
     is_compileable = False
     is_sliding = False

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LinearAttentionState
-from .linear_triton import fused_causal_linear_attention, fused_causal_linear_attention_available
+from .linear_triton import fused_causal_linear_attention, fused_linear_attention, fused_linear_attention_available
 
 
 def _ratio(num, den):
@@ -63,7 +63,12 @@ def _elu_feature(x):
 
 
 def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
-    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) -> (b,h,n,e) fp32."""
+    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) ->
+    (b,h,n,e) fp32. On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
+    if fused_linear_attention_available(q, feature_map, v):
+        out = fused_linear_attention(q, k, v, key_mask, feature_map)
+        if out is not None:  # None: no query or no key
+            return out
     with _no_autocast(q):
         return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map)
 
@@ -141,7 +146,7 @@ def exclusive_prefix_sum(x):
 
     On CPU, torch.cumsum over this non-innermost dim (plus the flips of its backward) measured slower than k in-place
     additions of whole chunk states, each a large contiguous block (forward+backward of the chunked kernel at
-    n = 16384, 8 heads of 64, chunk 64: 1125 ms with cumsum, 936 ms with the loop; scripts/bench_attention.py). On
+    n = 16384, 8 heads of 64, chunk 64: 1125 ms with cumsum, 936 ms with the loop; benchmarks/bench_attention.py). On
     other devices, where each addition is a kernel launch, cumsum."""
     if x.device.type == "cpu":
         return _ExclusivePrefixSumLoop.apply(x)
@@ -157,10 +162,8 @@ def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_siz
     On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
     """
     _check_drop(drop, k)
-    if fused_causal_linear_attention_available(q, feature_map):
-        fused = fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
-        if fused is not None:  # None: an "exp" chunk too steep for the chunked form, computed exactly below
-            return fused
+    if fused_linear_attention_available(q, feature_map, v):
+        return fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
         return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)

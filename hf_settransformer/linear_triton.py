@@ -1,9 +1,11 @@
-"""Fused Triton kernels for causal linear attention, forward and backward, with the elu or the exp feature map.
+"""Fused Triton kernels for linear attention, causal and not, forward and backward, with the elu or the exp feature
+map.
 
-Shape legend: b batch, h heads, n tokens, d query/key head dim, e value head dim, c chunk length (`BT`).
+Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
+(`BT`).
 
-The same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a d x e
-state carried between chunks), with:
+Causal: the same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a
+d x e state carried between chunks), with:
 - q, k, v read in their own dtype (bf16 or fp16 as autocast gives them, fp32 in the tests; no fp32 copy is made) and
   any (b, h, n) strides whose last one is 1 (the model's head views of its fused projection are read in place);
 - the feature maps computed in fp32 registers: elu(x) + 1 in its exact form, where(x >= 0, x + 1, exp(min(x, 0)))
@@ -17,21 +19,34 @@ state carried between chunks), with:
   the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima,
   b x h x n/c x d), a second walks them backwards for dk, dv and the gradient of a carried-in state.
 
-The exp map's exact path is not fused: where a chunk's maximum rises more than `EXP_CHUNK_SPREAD` nats above the
-running maximum at a real query that sees a key, the kernel only reports it (the forward returns the largest such rise
-per head), and `causal_linear_attention` computes the whole call with the PyTorch kernel instead, which is exact there.
-Deciding that reads one number back to the host, as the PyTorch kernel's own check does. (That check also counts
-queries that see no key yet, e.g. the first one when its own key is dropped; their output is 0 at any scale, so the
-kernel does not.)
+The exp map's exact path is fused too: where a chunk's maximum R_c rises more than `spread` (`EXP_CHUNK_SPREAD`)
+nats above the running maximum at a real query that sees a key (the PyTorch kernel's test; it counts queries whose own
+key is dropped, not queries that see no key yet, whose output is 0 at any scale), the chunk's outputs are computed
+with each query's own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), as an
+explicit loop over the features, and the carried state read in its reference R_{c-1}: every exponent is <= 0 and none
+comes from a later key, so no output depends on a later key numerically either. The backward's dq kernel takes the
+same decision on its own (smaller) chunks, stores it per chunk, and computes that chunk's dq, normalisers and
+output-gradient products the same way; the dk, dv kernel follows it (and adds such a chunk's queries to the reverse
+state in reference R_{c-1}). No host read.
 
-Not fused: non-causal linear attention, the one-token step of generation, and the bidirectional prefix / leading keys
-of `prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+One program runs per (batch, head) (the forward's per (batch, head, value block of 64)), walking the chunks in order.
+Every kernel puts (batch, head) in the grid's first dimension, which takes up to 2^31 - 1 programs (the others 65,535).
 
-One program runs per (batch, head) (the forward's per (value block of 64, batch, head)), walking the chunks in order;
-block sizes and warps (`_blocks`) are chosen from the register use of the kernels compiled for an H100, not timed on a
-GPU.
+Non-causal: the same function as `linear_ops.linear_attention` (`fused_linear_attention`; exp is Shen et al.'s
+efficient attention, a softmax over the keys per feature), with the same dtypes, strides, feature maps and fp32
+accumulation, in four kernels: the key sums S = phi(K)^T V and z = phi(K)^T 1 (for exp with a running per-feature key
+maximum, so keys any distance apart stay exact), one program per split of the keys (at most 64 per (batch, head)),
+whose partial sums the host adds (exp: rescaled to the common maximum); the outputs, one program per block of
+queries; in the backward, the query gradients with the partial sums of dS and dz per split of the queries, then the
+key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask.
 
-Which implementation runs is decided per call by `fused_causal_linear_attention_available`: bf16/fp16 CUDA tensors,
+Not fused: the one-token step of generation, and the bidirectional prefix / leading keys of
+`prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+
+Block sizes and warps (`_blocks`) are chosen from the register use of the causal kernels compiled for an H100, not
+timed on a GPU.
+
+Which implementation runs is decided per call by `fused_linear_attention_available`: bf16/fp16 CUDA tensors,
 triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and
 CPU tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
 checkpoint.
@@ -46,7 +61,12 @@ import torch
 
 from .cache import LinearAttentionState
 
-__all__ = ["fused_causal_linear_attention", "fused_causal_linear_attention_available"]
+__all__ = [
+    "fused_causal_linear_attention",
+    "fused_causal_linear_attention_available",
+    "fused_linear_attention",
+    "fused_linear_attention_available",
+]
 
 FEATURE_MAPS = ("elu", "exp")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -64,6 +84,8 @@ def _import_triton():
             import triton.language as tl
         except ImportError:
             return False
+        for name in _HELPERS:  # the kernels call them as triton functions
+            globals()[name] = triton.jit(globals()[name])
     return True
 
 
@@ -71,12 +93,14 @@ def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
-def fused_causal_linear_attention_available(q, feature_map="elu"):
-    """Whether `causal_linear_attention` runs the fused kernels for queries `q`: the elu or exp feature map, a head
-    dim of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
+def fused_linear_attention_available(q, feature_map="elu", v=None):
+    """Whether `linear_attention` and `causal_linear_attention` run the fused kernels for queries `q` (and values
+    `v`): the elu or exp feature map, head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
     compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `HFST_FORCE_TRITON=1` also takes fp32
     inputs, and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
     if feature_map not in FEATURE_MAPS or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
+        return False
+    if v is not None and v.shape[-1] > MAX_HEAD_DIM:
         return False
     forced = _flag("HFST_FORCE_TRITON")
     if _flag("HFST_DISABLE_TRITON") or not (q.is_cuda or q.device.type == "cpu" and forced):
@@ -84,6 +108,9 @@ def fused_causal_linear_attention_available(q, feature_map="elu"):
     if q.dtype == torch.float32 and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS serves fp32 better
         return False
     return not torch.compiler.is_compiling() and _import_triton()
+
+
+fused_causal_linear_attention_available = fused_linear_attention_available  # its first name
 
 
 def fused_causal_linear_attention(
@@ -95,10 +122,9 @@ def fused_causal_linear_attention(
     q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
     `LinearAttentionState` or None -> (out (b,h,n,e) fp32, `LinearAttentionState` after the last token, fp32). A
     masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v and
-    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut.
-
-    Returns None for `"exp"` where a chunk is too steep for the chunked form (its key maximum rises more than `spread`
-    nats above a real query's running maximum, `linear_ops.EXP_CHUNK_SPREAD`): the caller computes those exactly."""
+    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"` computes a
+    chunk whose key maximum rises more than `spread` nats above a real query's running maximum
+    (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path."""
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
     if not _import_triton():
@@ -114,10 +140,27 @@ def fused_causal_linear_attention(
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
         m0 = state.k_max.float() if exp and state.k_max is not None else None
-    out, kv, z, k_max, rise = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size)
-    if exp and bool((rise > spread).any()):  # one host read, as the PyTorch kernel's own steepness check
-        return None
+    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
+
+
+def fused_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, split=None):
+    """Non-causal linear attention in Triton kernels; the arguments and result of
+    `linear_ops.linear_attention(q, k, v, key_mask, feature_map)`:
+
+    q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) bool (per head: key dropout's kept keys, with
+    the padding) -> out (b,h,n,e) fp32; a masked key is left out of every sum, and where no key is left the output is
+    0. `"exp"` is Shen et al.'s efficient attention (a softmax over the keys per feature). Gradients flow to q, k, v.
+    `chunk_size` (a power of 2, >= 16) and `split` (the tokens one program sums over; None: from the length) only set
+    how the work is cut. Returns None where there is no query or no key (the PyTorch op handles those)."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    if not _import_triton():
+        raise ImportError("fused_linear_attention needs triton (`pip install triton`).")
+    if not q.shape[2] or not k.shape[2]:
+        return None
+    keep = None if key_mask is None else key_mask[:, None, :] if key_mask.dim() == 2 else key_mask  # (b, 1 or h, m)
+    return _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
 
 
 def _inner_contiguous(x):
@@ -148,7 +191,8 @@ def _blocks(q, v, chunk_size, backward):
     Chosen so that the kernels compiled for an H100 (sm_90, ptxas) spill no or few registers at head dims 64: the
     forward in chunks of 64 over value blocks of 64, the backward (which holds a d x e state and more tiles) in chunks
     of 32; half that at head dims 128 (the backward's 128 x 128 reverse state still spills some). Not timed on a GPU.
-    The backward's chunks nest in the forward's, so an exp chunk the forward found not steep has no steep part."""
+    The backward's chunks nest in the forward's; it decides exp's exact path for its own chunks (either path is exact
+    where it is taken)."""
     d, e = q.shape[-1], v.shape[-1]
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"The fused kernel's chunk_size must be a power of 2 of at least 16, got {chunk_size}.")
@@ -179,14 +223,14 @@ def _mask_args(mask, q):
 
 class _FusedCausal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size):
+    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
         b, h, n, d = q.shape
         e = v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
         out = torch.empty(b, h, n, e, **f32)
         kv1, z1 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
-        m1, rise = torch.full((b, h, d), FLOOR, **f32), torch.zeros(b, h, **f32)
+        m1 = torch.full((b, h, d), FLOOR, **f32)
         has_state = kv0 is not None
         if has_state:
             kv0, z0 = kv0.contiguous(), z0.contiguous()
@@ -194,9 +238,9 @@ class _FusedCausal(torch.autograd.Function):
         if n:
             blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64: more programs
             _run(
-                _forward_kernel, (triton.cdiv(e, blocks["BE"]), b * h),
+                _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
                 q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
-                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, rise,
+                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, float(spread),
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                 h, n, d, e, EXP=exp, HAS_KEEP=keep is not None, HAS_REAL=real is not None, HAS_STATE=has_state,
                 **blocks,
@@ -205,14 +249,14 @@ class _FusedCausal(torch.autograd.Function):
             kv1.copy_(kv0) if has_state else kv1.zero_()
             z1.copy_(z0) if has_state else z1.zero_()
             m1.copy_(m0)
-        ctx.save_for_backward(q, k, v, keep, kv0, z0, m0)
-        ctx.exp, ctx.chunk_size = exp, chunk_size
-        ctx.mark_non_differentiable(m1, rise)
-        return out, kv1, z1, m1, rise
+        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0)
+        ctx.exp, ctx.chunk_size, ctx.spread = exp, chunk_size, float(spread)
+        ctx.mark_non_differentiable(m1)
+        return out, kv1, z1, m1
 
     @staticmethod
-    def backward(ctx, dout, dkv1, dz1, _dm1, _drise):
-        q, k, v, keep, kv0, z0, m0 = ctx.saved_tensors
+    def backward(ctx, dout, dkv1, dz1, _dm1):
+        q, k, v, keep, real, kv0, z0, m0 = ctx.saved_tensors
         b, h, n, d = q.shape
         e = v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
@@ -226,24 +270,99 @@ class _FusedCausal(torch.autograd.Function):
             blocks = _blocks(q, v, ctx.chunk_size, backward=True)
             den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
             r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
-            refs = torch.empty(b, h, triton.cdiv(n, blocks["BT"]), d, **f32) if ctx.exp else den  # R_c (exp)
-            common = (*_mask_args(keep, q), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+            chunks = triton.cdiv(n, blocks["BT"])
+            refs = torch.empty(b, h, chunks, d, **f32) if ctx.exp else den  # R_c (exp)
+            steeps = torch.empty(b, h, chunks, **f32) if ctx.exp else den  # exp: 1 for a chunk on the exact path
+            strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
             flags = {"EXP": ctx.exp, "HAS_KEEP": keep is not None, **blocks}
             _run(
                 _backward_dq_kernel, (b * h,),
-                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs,
-                *common, h, n, d, e, HAS_STATE=has_state, **flags,
+                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs, steeps,
+                ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
+                HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
             )  # fmt: skip
             _run(
                 _backward_dkv_kernel, (b * h,),
-                q, k, v, dout, den, r, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0, *common, h, n, d, e, **flags,
+                q, k, v, dout, den, r, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0, *_mask_args(keep, q), *strides,
+                h, n, d, e, **flags,
             )  # fmt: skip
         else:
             dkv0.copy_(dkv1)
             dz0.copy_(dz1)
         if not has_state:
             dkv0 = dz0 = None
-        return dq, dk, dv, None, None, dkv0, dz0, None, None, None
+        return dq, dk, dv, None, None, dkv0, dz0, None, None, None, None
+
+
+def _split(length, bt, split):
+    """The tokens one program of a split sum takes (a multiple of the block `bt`; by default at least 4 blocks and at
+    most 64 programs per (batch, head)) and the number of splits."""
+    split = max(4 * bt, triton.cdiv(length, 64)) if split is None else split
+    split = triton.cdiv(split, bt) * bt
+    return split, triton.cdiv(length, split)
+
+
+def _key_sums(kv_part, z_part, mx_part, exp):
+    """The splits' partial key sums (b, h, splits, ...) -> S (b,h,d,e), z (b,h,d) and, for exp, K (b,h,d) the keys'
+    maximum and s (b,h,d) the softmax's denominator (1 where no key); S and z then of the softmax-normalised keys."""
+    if not exp:
+        return kv_part.sum(2), z_part.sum(2), None, None
+    k_ref = mx_part.amax(2)
+    scale = torch.exp(mx_part - k_ref[:, :, None])  # each split's reference to the common one, <= 1
+    total = (z_part * scale).sum(2)
+    total = torch.where(total > 0, total, 1.0)  # no key: every sum is 0
+    kv = (kv_part * scale[..., None]).sum(2) / total[..., None]
+    return kv, (z_part * scale).sum(2) / total, k_ref, total
+
+
+class _FusedNonCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, keep, exp, chunk_size, split):
+        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+        f32 = {"device": q.device, "dtype": torch.float32}
+        blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64
+        length, splits = _split(m, blocks["BT"], split)
+        kv_part = torch.empty(b, h, splits, d, e, **f32)
+        z_part, mx_part = torch.empty(b, h, splits, d, **f32), torch.empty(b, h, splits, d, **f32)
+        _run(
+            _key_sums_kernel, (b * h, splits, triton.cdiv(e, blocks["BE"])),
+            k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
+            h, m, d, e, length, EXP=exp, HAS_KEEP=keep is not None, **blocks,
+        )  # fmt: skip
+        kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, exp)
+        out = torch.empty(b, h, n, e, **f32)
+        _run(
+            _output_kernel, (b * h, triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"])),
+            q, kv, z, out, *q.stride()[:3], h, n, d, e, EXP=exp, **blocks,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, keep, kv, z, k_ref, k_sum)
+        ctx.exp, ctx.chunk_size, ctx.split = exp, chunk_size, split
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, keep, kv, z, k_ref, k_sum = ctx.saved_tensors
+        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+        dout = _inner_contiguous(dout.float())
+        dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+        blocks = _blocks(q, v, ctx.chunk_size, backward=True)
+        length, splits = _split(n, blocks["BT"], ctx.split)
+        dkv = torch.empty(b, h, splits, d, e, device=q.device, dtype=torch.float32)
+        dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
+        _run(
+            _query_grads_kernel, (b * h, splits),
+            q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length, EXP=ctx.exp,
+            **blocks,
+        )  # fmt: skip
+        dkv, dz = dkv.sum(2), dz.sum(2)
+        shift = (dkv * kv).sum(-1) + dz * z if ctx.exp else dz  # exp: sum_j B_jf dB_jf
+        _run(
+            _key_grads_kernel, (b * h, triton.cdiv(m, blocks["BT"])),
+            k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if ctx.exp else dz, k_sum if ctx.exp else dz, dk, dv,
+            *k.stride()[:3], *v.stride()[:3], h, m, d, e, EXP=ctx.exp, HAS_KEEP=keep is not None, **blocks,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,156 +385,295 @@ class _FusedCausal(torch.autograd.Function):
 # exp(R_{c-1} - R_c) on leaving chunk c backwards); kv0 and z0 are in reference m0, the state's k_max.
 
 
+# Helpers shared by the kernels (made triton functions by `_import_triton`).
+
+
+def _elu1(x):
+    """elu(x) + 1 in its exact form: `elu(x) + 1` in bf16 cancels to 0 for negative x."""
+    return tl.where(x >= 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+
+
+def _elu1_slope(x):
+    """d(elu(x) + 1)/dx."""
+    return tl.where(x >= 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+
+
+def _op(x, RD: tl.constexpr, DT: tl.constexpr):
+    """A dot operand: rounded to RD (bf16 for bf16 inputs), held as DT (see `_blocks`)."""
+    return x.to(RD).to(DT)
+
+
+def _head(i_bh, H, s_b, s_h):
+    """The offset of (batch, head) number i_bh in a tensor of batch stride s_b and head stride s_h."""
+    return i_bh // H * s_b + i_bh % H * s_h
+
+
+def _offsets(i_e, BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, D, E):
+    """Offsets of a block: tokens (int64: n x stride may pass 2^31), features, the values of value block i_e; which
+    features and values are real; the causal (c, c) mask."""
+    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
+    return o_t, o_k, o_e, o_k < D, o_e < E, o_t[:, None] >= o_t[None, :]
+
+
+def _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh):
+    """q, k, v and the key mask moved to (batch, head) number i_bh."""
+    return (q + _head(i_bh, H, s_qb, s_qh), k + _head(i_bh, H, s_kb, s_kh), v + _head(i_bh, H, s_vb, s_vh),
+            keep + _head(i_bh, H, s_mb, s_mh))  # fmt: skip
+
+
+def _rows(x, pos, s_n, offs, mask):
+    """The rows `pos` (int64) and columns `offs` of a tensor whose rows are s_n apart and columns adjacent, as fp32,
+    0 outside `mask`."""
+    return tl.load(x + pos[:, None] * s_n + offs[None, :], mask, other=0.0).to(tl.float32)
+
+
+def _kept(keep, pos, s_mn, in_t, HAS_KEEP: tl.constexpr):
+    """Which of the tokens `pos` are keys that count: real (in_t) and, with a mask, kept by it."""
+    if HAS_KEEP:
+        return in_t & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
+    return in_t
+
+
+def _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP: tl.constexpr):
+    """A block of tokens `pos`: whether each is one (pos < N), the (c, d) tile mask, q and k rows in fp32 (0 past N),
+    which keys count (real and kept) and their tile mask."""
+    in_t = pos < N
+    tile_k = in_t[:, None] & in_k[None, :]
+    key = _kept(keep, pos, s_mn, in_t, HAS_KEEP)
+    xq = _rows(q, pos, s_qn, o_k, tile_k)
+    xk = _rows(k, pos, s_kn, o_k, tile_k)
+    return in_t, tile_k, xq, xk, key, key[:, None] & in_k[None, :]
+
+
+def _exp_reference(ref, xk, tile_key):
+    """exp: the keys with the masked ones at -inf, the new per-feature reference R = max(ref, the block's maximum),
+    and exp(ref - R) <= 1, the factor that moves a state from ref to R."""
+    xk = tl.where(tile_key, xk, float("-inf"))
+    r = tl.maximum(ref, tl.max(xk, axis=0))
+    return xk, r, tl.exp(ref - r)
+
+
+def _exp_queries(xq, r, in_k, tile_k):
+    """exp(q_f + R_f - s), s = max_f (q_f + R_f) (a per-query constant: it cancels in the ratio), 0 on padding."""
+    xq = tl.where(in_k[None, :], xq + r[None, :], float("-inf"))  # tokens past n: a finite row maximum
+    return tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+
+
+def _query_features(xq, in_k, tile_k, EXP: tl.constexpr):
+    """Non-causal query features (c, d) and their derivatives: exp(q - max_f q) (Shen et al.'s softmax over the
+    features but for its per-query normaliser, which cancels in the ratio), or elu(q) + 1; 0 on padding."""
+    if EXP:
+        a = _exp_queries(xq, tl.zeros_like(in_k).to(tl.float32), in_k, tile_k)
+        return a, a
+    return tl.where(tile_k, _elu1(xq), 0.0), _elu1_slope(xq)
+
+
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+def _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr, HAS_REAL: tl.constexpr):
+    """exp: whether a chunk is too steep for the chunked form: its reference R_c lies more than `spread` nats above
+    the running key maximum at its first real query that sees a key (the running maxima grow along the chunk; a query
+    that sees none gives 0 at any scale). `ref` is R_{c-1}, xk the chunk's keys with the masked ones at -inf."""
+    first = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
+    if HAS_REAL:
+        first = first & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
+    i0 = tl.min(tl.where(first, o_t, BT))
+    at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
+    return tl.max(tl.where(i0 < BT, r_c - at, 0.0), axis=0) > spread
+
+
+def _exact_term(xq, xk, s, mask, o_k, f):
+    """exp(q_if + k_jf - s_i) for feature f over `mask` (c, c), 0 elsewhere."""
+    qf = tl.max(tl.where(o_k[None, :] == f, xq, float("-inf")), axis=1)  # column f of the tile
+    kf = tl.max(tl.where(o_k[None, :] == f, xk, float("-inf")), axis=1)
+    return tl.exp(tl.where(mask, qf[:, None] + kf[None, :] - s[:, None], float("-inf")))
+
+
+def _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D):
+    """exp's exact path for a steep chunk, each query i with its own running key maximum M_i (through its position):
+    the shift s_i = max_f (q_if + M_if), the carried state's query features exp(q_i + ref - s_i) (the state in
+    reference `ref`, R_{c-1} <= M_i), and the weights w_ij = sum_f exp(q_if + k_jf - s_i) over `mask` (c, c), an
+    explicit sum over the features. Every exponent is <= 0 and none comes from a later key. xk: masked keys at -inf."""
+    at = tl.maximum(ref[None, :], tl.associative_scan(xk, 0, _max))  # (c, d): M_i
+    s = tl.max(tl.where(in_k[None, :], xq + at, float("-inf")), axis=1)  # (c,)
+    a_prev = tl.where(tile_k, tl.exp(xq + ref[None, :] - s[:, None]), 0.0)  # (c, d)
+    w = tl.where(mask, 0.0, 0.0)
+    for f in range(D):
+        w += _exact_term(xq, xk, s, mask, o_k, f)
+    return s, a_prev, w
+
+
+def _exact_grads(xq, xk, s, dp, mask, o_k, D, AXIS: tl.constexpr):
+    """The exact path's gradients through w: sum_j dp_ij exp(q_if + k_jf - s_i) (AXIS 1: d/dq) or sum_i of the same
+    (AXIS 0: d/dk), as a (c, d) tile."""
+    out = tl.zeros_like(xq)
+    for f in range(D):
+        col = tl.sum(dp * _exact_term(xq, xk, s, mask, o_k, f), axis=AXIS)
+        out = tl.where(o_k[None, :] == f, col[:, None], out)
+    return out
+
+
+def _state_tile(x, i_bh, o_k, o_e, D, E):
+    """The (d, e) block `o_k` x `o_e` of a contiguous fp32 (b, h, d, e) state, 0 on padding."""
+    return tl.load(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], (o_k < D)[:, None] & (o_e < E)[None, :], 0.0)
+
+
+def _store_state(x, value, i_bh, o_k, o_e, D, E):
+    tl.store(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], value, (o_k < D)[:, None] & (o_e < E)[None, :])
+
+
+_HELPERS = [
+    "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
+    "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
+    "_exact_grads",
+]  # fmt: skip
+
+
 def _forward_kernel(
     q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
-    kv0, z0, m0, out, kv1, z1, m1, rise,
+    kv0, z0, m0, out, kv1, z1, m1, spread,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, N, D, E,
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    i_e, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # value block, (batch, head)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, BT).to(tl.int64)  # int64 token offsets: n x stride may pass 2^31
-    o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    tile_de = in_k[:, None] & in_e[None, :]
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    real += i_b * s_rb
+    i_bh, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), value block
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(i_e, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
+    real += i_bh // H * s_rb
     out += i_bh * N * E
     state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T, (d, e)
     norm = tl.zeros([BK], dtype=tl.float32)  # sum_j B_j, (d,)
     if HAS_STATE:
-        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)
+        state += _state_tile(kv0, i_bh, o_k, o_e, D, E)
         norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
     ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)  # exp: the reference R the state is in, (d,)
-    worst = tl.zeros([BK], dtype=tl.float32)  # exp: the largest rise of R above a real query's running maximum
     for t in range(tl.cdiv(N, BT)):
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
         if EXP:
-            xk = tl.where(tile_key, xk, float("-inf"))
-            r_c = tl.maximum(ref, tl.max(xk, axis=0))  # (d,)
-            scale = tl.exp(ref - r_c)  # <= 1
-            state *= scale[:, None]
-            norm *= scale
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)  # (c, d), <= 1
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            exact = tl.zeros([BT, BE], dtype=tl.float32)
+            if steep:  # rare: the outputs with each query's own running maximum, from the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                _, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+                den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
+                num_x = tl.dot(_op(w, RD, DT), vv, input_precision=PRECISION)
+                num_x += tl.dot(_op(a_prev, RD, DT), _op(state, RD, DT), input_precision=PRECISION)
+                exact = num_x / tl.where(den_x > 0, den_x, 1.0)[:, None]
+            state = state * scale[:, None]
+            norm = norm * scale
+            a = _exp_queries(xq, r_c, in_k, tile_k)  # (c, d), <= 1
             bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
-            # the steepness check: how far R_c lies above the running maximum at the chunk's first real query that
-            # sees a key (the running maxima grow along the chunk; a query that sees none gives 0 at any scale)
-            first = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
-            if HAS_REAL:
-                first = first & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
-            i0 = tl.min(tl.where(first, o_t, BT))
-            at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
-            worst = tl.maximum(worst, tl.where(i0 < BT, r_c - at, 0.0))
             ref = r_c
         else:
-            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)  # (c, d)
-            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)  # (c, d)
-        a, bk = a.to(RD).to(DT), bk.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)  # (c, e)
+            a = tl.where(tile_k, _elu1(xq), 0.0)  # (c, d)
+            bk = tl.where(tile_key, _elu1(xk), 0.0)  # (c, d)
+        a, bk = _op(a, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)  # (c,)
-        num = tl.dot(p.to(RD).to(DT), vv, input_precision=PRECISION)
-        num += tl.dot(a, state.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        num = tl.dot(_op(p, RD, DT), vv, input_precision=PRECISION)
+        num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION)  # (c, e)
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
+        if EXP:
+            o = tl.where(steep, exact, o)
         tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
 
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
-    tl.store(kv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], state, tile_de)
+    _store_state(kv1, state, i_bh, o_k, o_e, D, E)
     if i_e == 0:
         tl.store(z1 + i_bh * D + o_k, norm, in_k)
         if EXP:
             tl.store(m1 + i_bh * D + o_k, ref, in_k)
-            tl.store(rise + i_bh, tl.max(worst, axis=0))
 
 
 def _backward_dq_kernel(
-    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs,
-    keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
+    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs, steeps, spread,
+    keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
+    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    dout += i_b * s_db + i_h * s_dh
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(0, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
+    dout += _head(i_bh, H, s_db, s_dh)
     dq += i_bh * N * D  # contiguous (b, h, n, d)
     den_out += i_bh * N
     r_out += i_bh * N
+    real += i_bh // H * s_rb
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
+    steeps += i_bh * nt
     state = tl.zeros([BK, BE], dtype=tl.float32)
     norm = tl.zeros([BK], dtype=tl.float32)
     if HAS_STATE:
-        state += tl.load(kv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], in_k[:, None] & in_e[None, :], other=0.0)
+        state += _state_tile(kv0, i_bh, o_k, o_e, D, E)
         norm += tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
     ref = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
     for t in range(nt):
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
+        do = _rows(dout, pos, s_dn, o_e, tile_e)
         if EXP:
-            xk = tl.where(tile_key, xk, float("-inf"))
-            r_c = tl.maximum(ref, tl.max(xk, axis=0))
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             tl.store(refs + t * D + o_k, r_c, in_k)
-            scale = tl.exp(ref - r_c)
-            state *= scale[:, None]
-            norm *= scale
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a32 = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
+            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            tl.store(steeps + t, steep.to(tl.float32))
+            dq_x = tl.zeros([BT, BK], dtype=tl.float32)
+            den_x = tl.zeros([BT], dtype=tl.float32)
+            r_x = tl.zeros([BT], dtype=tl.float32)
+            if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+                den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
+                seen_x = den_x > 0
+                den_x = tl.where(seen_x, den_x, 1.0)
+                g_x = _op(do / den_x[:, None], RD, DT)
+                gv_x = tl.dot(g_x, tl.trans(vv), input_precision=PRECISION)
+                sg_x = tl.dot(g_x, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)
+                r_x = tl.where(seen_x, -(tl.sum(w * gv_x, axis=1) + tl.sum(a_prev * sg_x, axis=1)) / den_x, 0.0)
+                dp_x = tl.where(mask, gv_x + r_x[:, None], 0.0)
+                dq_x = _exact_grads(xq, xk, s_i, dp_x, mask, o_k, D, 1)
+                dq_x += (sg_x + r_x[:, None] * norm[None, :]) * a_prev
+            state = state * scale[:, None]
+            norm = norm * scale
+            a32 = _exp_queries(xq, r_c, in_k, tile_k)
             da_dx = a32  # d exp(x + const) / dx
             bk = tl.exp(xk - r_c[None, :])
             ref = r_c
         else:
-            a32 = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
-            da_dx = tl.where(xq >= 0, 1.0, tl.exp(tl.minimum(xq, 0.0)))
-            bk = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-        a, bk = a32.to(RD).to(DT), bk.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
-        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+            a32 = tl.where(tile_k, _elu1(xq), 0.0)
+            da_dx = _elu1_slope(xq)
+            bk = tl.where(tile_key, _elu1(xk), 0.0)
+        a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
         seen = den > 0
         den = tl.where(seen, den, 1.0)  # as linear_ops._ratio: no key, num / 1 (no reciprocal: a tiny den overflows it)
-        g = (do / den[:, None]).to(RD).to(DT)  # (c, e)
+        g = _op(do / den[:, None], RD, DT)  # (c, e)
         gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)  # (c, c): g_i . v_j
-        sg = tl.dot(g, tl.trans(state.to(RD).to(DT)), input_precision=PRECISION)  # (c, d): S g_i
+        sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)  # (c, d): S g_i
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
         dp = tl.where(causal, gv + r[:, None], 0.0)
-        da = tl.dot(dp.to(RD).to(DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
-        tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
+        da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
+        da = da * da_dx
+        if EXP:
+            da = tl.where(steep, dq_x, da)
+            den = tl.where(steep, den_x, den)
+            r = tl.where(steep, r_x, r)
+        tl.store(dq + pos[:, None] * D + o_k[None, :], da.to(dq.dtype.element_ty), tile_k)
         tl.store(den_out + pos, den, in_t)
         tl.store(r_out + pos, r, in_t)
 
@@ -424,76 +682,220 @@ def _backward_dq_kernel(
 
 
 def _backward_dkv_kernel(
-    q, k, v, dout, den_in, r_in, refs, m0, dkv1, dz1, dk, dv, dkv0, dz0,
+    q, k, v, dout, den_in, r_in, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
     EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t, o_k, o_e = tl.arange(0, BT).to(tl.int64), tl.arange(0, BK), tl.arange(0, BE)
-    in_k, in_e = o_k < D, o_e < E
-    tile_de = in_k[:, None] & in_e[None, :]
-    causal = o_t[:, None] >= o_t[None, :]
-    q += i_b * s_qb + i_h * s_qh
-    k += i_b * s_kb + i_h * s_kh
-    v += i_b * s_vb + i_h * s_vh
-    keep += i_b * s_mb + i_h * s_mh
-    dout += i_b * s_db + i_h * s_dh
+    o_t, o_k, o_e, in_k, in_e, causal = _offsets(0, BT, BK, BE, D, E)
+    q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
     dk += i_bh * N * D  # contiguous, as dv
     dv += i_bh * N * E
+    dout += _head(i_bh, H, s_db, s_dh)
     den_in += i_bh * N
     r_in += i_bh * N
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
-    dstate = tl.load(dkv1 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], tile_de, other=0.0)  # (d, e) fp32
+    steeps += i_bh * nt
+    dstate = _state_tile(dkv1, i_bh, o_k, o_e, D, E)  # (d, e) fp32
     dnorm = tl.load(dz1 + i_bh * D + o_k, in_k, other=0.0)  # (d,)
     ref0 = tl.load(m0 + i_bh * D + o_k, in_k, other=-1e30)
     for i in range(nt):
         t = nt - 1 - i
         pos = t * BT + o_t
-        in_t = pos < N
-        tile_k = in_t[:, None] & in_k[None, :]
-        tile_e = in_t[:, None] & in_e[None, :]
-        xq = tl.load(q + pos[:, None] * s_qn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        xk = tl.load(k + pos[:, None] * s_kn + o_k[None, :], tile_k, other=0.0).to(tl.float32)
-        key = in_t
-        if HAS_KEEP:
-            key = key & (tl.load(keep + pos * s_mn, in_t, other=0) != 0)
-        tile_key = key[:, None] & in_k[None, :]
+        in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         if EXP:
             r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
-            xq = tl.where(in_k[None, :], xq + r_c[None, :], float("-inf"))  # tokens past n: finite
-            a = tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
-            b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - r_c[None, :])
+            before = tl.where(t > 0, tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30), ref0)
+            xk = tl.where(tile_key, xk, float("-inf"))
+            a = _exp_queries(xq, r_c, in_k, tile_k)
+            b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
         else:
-            a = tl.where(tile_k, tl.where(xq >= 0, xq + 1.0, tl.exp(tl.minimum(xq, 0.0))), 0.0)
-            b32 = tl.where(tile_key, tl.where(xk >= 0, xk + 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-            db_dx = tl.where(tile_key, tl.where(xk >= 0, 1.0, tl.exp(tl.minimum(xk, 0.0))), 0.0)
-        a, bk = a.to(RD).to(DT), b32.to(RD).to(DT)
-        vv = tl.load(v + pos[:, None] * s_vn + o_e[None, :], tile_e, other=0.0).to(RD).to(DT)
-        do = tl.load(dout + pos[:, None] * s_dn + o_e[None, :], tile_e, other=0.0).to(tl.float32)
+            a = tl.where(tile_k, _elu1(xq), 0.0)
+            b32 = tl.where(tile_key, _elu1(xk), 0.0)
+            db_dx = tl.where(tile_key, _elu1_slope(xk), 0.0)
+        a, bk = _op(a, RD, DT), _op(b32, RD, DT)
+        tile_e = in_t[:, None] & in_e[None, :]
+        vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
+        do = _rows(dout, pos, s_dn, o_e, tile_e)
         den = tl.load(den_in + pos, in_t, other=1.0)
         r = tl.load(r_in + pos, in_t, other=0.0)
-        g = (do / den[:, None]).to(RD).to(DT)
+        g = _op(do / den[:, None], RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
         dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
-        db = tl.dot(tl.trans(dp.to(RD).to(DT)), a, input_precision=PRECISION)  # (c, d)
-        db += tl.dot(vv, tl.trans(dstate.to(RD).to(DT)), input_precision=PRECISION) + dnorm[None, :]
-        tl.store(dk + pos[:, None] * D + o_k[None, :], (db * db_dx).to(dk.dtype.element_ty), tile_k)
-        dvv = tl.dot(tl.trans(p.to(RD).to(DT)), g, input_precision=PRECISION)
-        dvv += tl.dot(bk, dstate.to(RD).to(DT), input_precision=PRECISION)  # (c, e)
+        later = tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]  # dS_>c, dz_>c
+        db = (tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION) + later) * db_dx  # (c, d)
+        dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION)
+        dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e)
+        if EXP:
+            # the reverse state into the reference of the chunk before (or of kv0, z0)
+            scale = tl.exp(before - r_c)
+            dstate_x = dstate * scale[:, None]
+            dnorm_x = dnorm * scale
+            steep = tl.load(steeps + t) != 0  # the dq kernel's exact path: its den and r are those of each query's
+            if steep:  # own running maximum (see `_exact_chunk`), and its queries read the state in reference R_{c-1}
+                mask = causal & key[None, :]
+                s_i, a_prev, w = _exact_chunk(xq, xk, before, mask, in_k, tile_k, o_k, D)
+                db = _exact_grads(xq, xk, s_i, dp, mask, o_k, D, 0) + later * db_dx
+                dvv = tl.dot(tl.trans(_op(w, RD, DT)), g, input_precision=PRECISION)
+                dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)
+                dstate_x += tl.dot(tl.trans(_op(a_prev, RD, DT)), g, input_precision=PRECISION)
+                dnorm_x += tl.sum(r[:, None] * a_prev, axis=0)
+            else:
+                dstate_x += tl.dot(tl.trans(a), g, input_precision=PRECISION) * scale[:, None]
+                dnorm_x += tl.sum(r[:, None] * a.to(tl.float32), axis=0) * scale
+            dstate, dnorm = dstate_x, dnorm_x
+        else:
+            dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
+            dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
+        tl.store(dk + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
         tl.store(dv + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
+    _store_state(dkv0, dstate, i_bh, o_k, o_e, D, E)
+    tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Non-causal kernels. With A = phi(q) (n, d), B = phi(k) * keep (m, d), S = B^T V (d, e), z = B^T 1 (d):
+#   out_i = A_i S / A_i . z;
+# backward, with g_i, r_i as in the causal kernels: dA_i = S g_i + r_i z, dS = sum_i A_i g_i^T, dz = sum_i r_i A_i,
+#   dB_j = dS v_j + dz, dv_j = dS^T B_j.
+# exp (Shen et al.): B_jf = exp(k_jf - K_f) keep_j / s_f, K_f the keys' maximum and s_f = sum_j exp(k_jf - K_f) keep_j
+# (a softmax over the keys), so dk_jf = B_jf (dB_jf - c_f), c_f = sum_j B_jf dB_jf = sum_e dS_fe S_fe + dz_f z_f; the
+# queries' softmax over features is exp(q_i - max_f q_if) up to a per-query factor, which cancels in the ratio, so
+# dq = dA * A as in the causal kernel.
+# The sums over keys (S, z, and for exp K and s) and over queries (dS, dz) are cut into splits of L tokens, one
+# program each, whose partial sums the host adds (exp: rescaled to the largest maximum first).
+
+
+def _key_sums_kernel(
+    k, v, keep, s_mb, s_mh, s_mn, kv_part, z_part, mx_part,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, M, D, E, L,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_s, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), split, value block
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
+    k += _head(i_bh, H, s_kb, s_kh)
+    v += _head(i_bh, H, s_vb, s_vh)
+    keep += _head(i_bh, H, s_mb, s_mh)
+    state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T over the split (exp: in reference `ref`)
+    norm = tl.zeros([BK], dtype=tl.float32)
+    ref = tl.full([BK], -1e30, dtype=tl.float32)  # exp: the running per-feature key maximum
+    for t in range(L // BT):  # L: a multiple of BT
+        pos = i_s * L + t * BT + o_t
+        key = _kept(keep, pos, s_mn, pos < M, HAS_KEEP)
+        tile_key = key[:, None] & in_k[None, :]
+        xk = _rows(k, pos, s_kn, o_k, tile_key)
+        if EXP:
+            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            state *= scale[:, None]
+            norm *= scale
+            bk = tl.exp(xk - r_c[None, :])  # 0 where masked
+            ref = r_c
+        else:
+            bk = tl.where(tile_key, _elu1(xk), 0.0)
+        bk = _op(bk, RD, DT)
+        vv = _op(_rows(v, pos, s_vn, o_e, key[:, None] & in_e[None, :]), RD, DT)
+        state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
+        norm += tl.sum(bk.to(tl.float32), axis=0)
+    part = i_bh * tl.num_programs(1) + i_s
+    _store_state(kv_part, state, part, o_k, o_e, D, E)
+    if i_e == 0:
+        tl.store(z_part + part * D + o_k, norm, in_k)
+        tl.store(mx_part + part * D + o_k, ref, in_k)
+
+
+def _output_kernel(
+    q, kv, zs, out,
+    s_qb, s_qh, s_qn,
+    H, N, D, E,
+    EXP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_t, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), queries, value block
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(i_e, BT, BK, BE, D, E)
+    pos = i_t * BT + o_t
+    in_t = pos < N
+    tile_k = in_t[:, None] & in_k[None, :]
+    a, _ = _query_features(_rows(q + _head(i_bh, H, s_qb, s_qh), pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+    a = _op(a, RD, DT)
+    num = tl.dot(a, _op(_state_tile(kv, i_bh, o_k, o_e, D, E), RD, DT), input_precision=PRECISION)  # (c, e)
+    den = tl.sum(a.to(tl.float32) * tl.load(zs + i_bh * D + o_k, in_k, other=0.0)[None, :], axis=1)
+    o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
+    tl.store(out + i_bh * N * E + pos[:, None] * E + o_e[None, :], o, in_t[:, None] & in_e[None, :])
+
+
+def _query_grads_kernel(
+    q, dout, kv, zs, dq, dkv_part, dz_part,
+    s_qb, s_qh, s_qn, s_db, s_dh, s_dn,
+    H, N, D, E, L,
+    EXP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), split of the queries
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
+    q += _head(i_bh, H, s_qb, s_qh)
+    dout += _head(i_bh, H, s_db, s_dh)
+    dq += i_bh * N * D  # contiguous (b, h, n, d)
+    kv_op = _op(_state_tile(kv, i_bh, o_k, o_e, D, E), RD, DT)  # S (d, e)
+    norm = tl.load(zs + i_bh * D + o_k, in_k, other=0.0)  # z (d,)
+    dstate = tl.zeros([BK, BE], dtype=tl.float32)  # sum_i A_i g_i^T over the split
+    dnorm = tl.zeros([BK], dtype=tl.float32)  # sum_i r_i A_i
+    for t in range(L // BT):
+        pos = i_s * L + t * BT + o_t
+        in_t = pos < N
+        tile_k = in_t[:, None] & in_k[None, :]
+        a, da_dx = _query_features(_rows(q, pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+        a = _op(a, RD, DT)
+        num = tl.dot(a, kv_op, input_precision=PRECISION)  # (c, e)
+        den = tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
+        seen = den > 0
+        den = tl.where(seen, den, 1.0)  # as linear_ops._ratio
+        g = _op(_rows(dout, pos, s_dn, o_e, in_t[:, None] & in_e[None, :]) / den[:, None], RD, DT)  # (c, e)
+        r = tl.where(seen, -tl.sum(g.to(tl.float32) * num, axis=1) / den, 0.0)  # -(dout_i . out_i) / den_i
+        da = tl.dot(g, tl.trans(kv_op), input_precision=PRECISION) + r[:, None] * norm[None, :]  # (c, d)
+        tl.store(dq + pos[:, None] * D + o_k[None, :], (da * da_dx).to(dq.dtype.element_ty), tile_k)
         dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
         dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
-        if EXP:  # into the reference of the chunk before (or of kv0, z0)
-            before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
-            scale = tl.exp(tl.where(t > 0, before, ref0) - r_c)
-            dstate *= scale[:, None]
-            dnorm *= scale
-    tl.store(dkv0 + i_bh * D * E + o_k[:, None] * E + o_e[None, :], dstate, tile_de)
-    tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
+    part = i_bh * tl.num_programs(1) + i_s
+    _store_state(dkv_part, dstate, part, o_k, o_e, D, E)
+    tl.store(dz_part + part * D + o_k, dnorm, in_k)
+
+
+def _key_grads_kernel(
+    k, v, keep, s_mb, s_mh, s_mn, dkv, dz, shift, k_ref, k_sum, dk, dv,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, M, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), keys
+    o_t, o_k, o_e, in_k, in_e, _ = _offsets(0, BT, BK, BE, D, E)
+    pos = i_t * BT + o_t
+    in_t = pos < M
+    tile_k = in_t[:, None] & in_k[None, :]
+    tile_e = in_t[:, None] & in_e[None, :]
+    key = _kept(keep + _head(i_bh, H, s_mb, s_mh), pos, s_mn, in_t, HAS_KEEP)
+    tile_key = key[:, None] & in_k[None, :]
+    xk = _rows(k + _head(i_bh, H, s_kb, s_kh), pos, s_kn, o_k, tile_k)
+    if EXP:
+        ref = tl.load(k_ref + i_bh * D + o_k, in_k, other=0.0)
+        total = tl.load(k_sum + i_bh * D + o_k, in_k, other=1.0)  # 1 where no key
+        b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - ref[None, :]) / total[None, :]
+    else:
+        b32 = tl.where(tile_key, _elu1(xk), 0.0)
+    vv = _op(_rows(v + _head(i_bh, H, s_vb, s_vh), pos, s_vn, o_e, tile_e), RD, DT)
+    ds = _op(_state_tile(dkv, i_bh, o_k, o_e, D, E), RD, DT)  # dS (d, e)
+    db = tl.dot(vv, tl.trans(ds), input_precision=PRECISION) + tl.load(dz + i_bh * D + o_k, in_k, other=0.0)[None, :]
+    if EXP:  # through the softmax over the keys
+        db = b32 * (db - tl.load(shift + i_bh * D + o_k, in_k, other=0.0)[None, :])
+    else:
+        db *= tl.where(tile_key, _elu1_slope(xk), 0.0)
+    tl.store(dk + i_bh * M * D + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
+    dvv = tl.dot(_op(b32, RD, DT), ds, input_precision=PRECISION)  # (c, e)
+    tl.store(dv + i_bh * M * E + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)

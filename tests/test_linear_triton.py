@@ -1,7 +1,7 @@
 """The fused Triton kernels (hf_settransformer/linear_triton.py) against float64 references: outputs, final states and
 gradients of q, k, v and of a carried state, for both feature maps, with key masks, key dropout, lengths that are not
-a multiple of the chunk, low-precision inputs, and exp keys hundreds of nats apart; and the dispatch from
-`causal_linear_attention` and through a whole decoder.
+a multiple of the chunk, low-precision inputs, and exp keys hundreds of nats apart, causal and not; and the dispatch
+from `causal_linear_attention` and `linear_attention` and through a whole decoder and encoder.
 
 Without a GPU the kernels run on CPU tensors in triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before
 triton is imported): small shapes keep it fast. Skipped where triton is not installed.
@@ -14,13 +14,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import batch_of_tokens, decoder
+from conftest import batch_of_tokens, decoder, make_model, tiny_config
+
+import hf_settransformer as hfst
 
 from hf_settransformer import linear_ops
 from hf_settransformer.cache import LinearAttentionState
-from hf_settransformer.linear_naive import naive_causal_linear_attention, naive_linear_visible, phi
-from hf_settransformer.linear_ops import causal_linear_attention
-from hf_settransformer.linear_triton import fused_causal_linear_attention, fused_causal_linear_attention_available
+from hf_settransformer.linear_naive import (
+    naive_causal_linear_attention,
+    naive_linear_attention,
+    naive_linear_visible,
+    phi,
+)
+from hf_settransformer.linear_ops import causal_linear_attention, linear_attention
+from hf_settransformer.linear_triton import (
+    fused_causal_linear_attention,
+    fused_causal_linear_attention_available,
+    fused_linear_attention,
+    fused_linear_attention_available,
+)
 
 pytest.importorskip("triton")
 
@@ -262,6 +274,94 @@ def test_fused_largest_heads(feature_map):
     _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv", atol=5e-5)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the non-causal kernels
+
+
+def _noncausal_inputs(n, m, seed, b=B, h=H, d=D, e=E, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, h, n, d), (b, h, m, d), (b, h, m, e)]
+    return tuple(torch.randn(shape, generator=g).to(DEVICE, dtype) for shape in shapes)
+
+
+def _noncausal_mask(kind, m, seed=1):
+    """None; 'random' key padding (b, m) with row 1 all padding (its outputs are 0); 'dropout' per head (b, h, m), as
+    `linear_attention` gets key dropout's kept keys with the padding."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "none":
+        return None
+    if kind == "random":
+        mask = torch.rand(B, m, generator=g) > 0.4
+        mask[1] = False
+    else:
+        mask = (torch.rand(B, H, m, generator=g) >= 0.3) & (torch.rand(B, 1, m, generator=g) > 0.2)
+    return mask.to(DEVICE)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "random", "dropout"])
+@pytest.mark.parametrize(("n", "m"), [(1, 1), (21, 37), (48, 16)])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_noncausal_matches_float64_reference_with_gradients(feature_map, n, m, mask_kind):
+    """Non-causal (exp: Shen et al.'s softmax over the keys): outputs and d/d(q, k, v) against float64 autograd, for
+    query and key counts that are not a multiple of the block, several splits of the sums (split 16), key padding
+    (a row of all padding gives 0) and per-head key dropout (a dropped key gets no gradient)."""
+    q, k, v = _leaves(*_noncausal_inputs(n, m, seed=20))
+    key_mask = _noncausal_mask(mask_kind, m)
+    out = fused_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK, split=CHUNK)
+    assert out.shape == (B, H, n, E) and out.dtype == torch.float32
+    want = naive_linear_attention(q, k, v, key_mask, feature_map)
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    got_grads = _grads([out], (q, k, v))
+    _assert_grads_close(got_grads, _grads([want], (q, k, v)), "qkv")
+    if mask_kind == "random":
+        assert torch.equal(out[1].cpu(), torch.zeros(H, n, E))
+    if key_mask is not None:
+        dropped = ~key_mask.expand(B, H, m) if key_mask.dim() == 3 else ~key_mask[:, None].expand(B, H, m)
+        assert torch.equal(got_grads[1][dropped].cpu(), torch.zeros_like(got_grads[1][dropped]).cpu())
+
+
+def test_fused_noncausal_exp_keys_hundreds_of_nats_apart():
+    """Keys 300 nats apart in one feature: the per-feature maximum over every split (each split's sums rescaled to
+    it) keeps the softmax over the keys exact, as in float64."""
+    q, k, v = _noncausal_inputs(8, 40, seed=21)
+    k[:, :, 33, 0] += 300.0
+    k[:, :, 3, 1] -= 300.0
+    q, k, v = _leaves(q, k, v)
+    out = fused_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK, split=CHUNK)
+    want = naive_linear_attention(q, k, v, None, "exp")
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_noncausal_low_precision_inputs_read_in_place(feature_map, dtype):
+    """bf16/fp16 head views of one fused projection (strided, read in place), head dims 32 and 24: fp32 outputs,
+    gradients in the input dtype, within low-precision error of the float64 reference of the same inputs."""
+    n, d, e = 40, 32, 24
+    qkv = torch.randn(B, n, 3, H, d, generator=torch.Generator().manual_seed(22)).to(DEVICE, dtype).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    v = v[..., :e]
+    key_mask = _noncausal_mask("dropout", n)
+    out = fused_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    want = naive_linear_attention(q, k, v, key_mask, feature_map)
+    _assert_close(out, want, 2e-2, 2e-2, "out")
+    (got,) = _grads([out], (qkv,))
+    (want,) = _grads([want], (qkv,))
+    assert got.dtype == dtype
+    _assert_close(got, want, 3e-2, 5e-2, "d/dqkv")
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_noncausal_largest_heads(feature_map):
+    """Head dim 128 and value dim 96 (two value blocks in the forward, the second padded), the default split."""
+    q, k, v = _leaves(*_noncausal_inputs(33, 70, seed=23, b=1, h=1, d=128, e=96))
+    out = fused_linear_attention(q, k, v, None, feature_map)
+    want = naive_linear_attention(q, k, v, None, feature_map)
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
+
+
 COMPILE_FOR_H100 = """
 import torch, triton
 from triton.backends.compiler import GPUTarget
@@ -270,12 +370,14 @@ from hf_settransformer import linear_triton as lt
 
 assert lt._import_triton()
 pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
-            "real": "*u8"}
+            "real": "*u8", "spread": "fp32"}
 for feature_map, d in [("elu", 64), ("exp", 128)]:
     q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16, device="meta")  # `_blocks` reads the shape and dtype only
-    for kernel in [lt._forward_kernel, lt._backward_dq_kernel, lt._backward_dkv_kernel]:
+    forward = [lt._forward_kernel, lt._key_sums_kernel, lt._output_kernel]
+    backward = [lt._backward_dq_kernel, lt._backward_dkv_kernel, lt._query_grads_kernel, lt._key_grads_kernel]
+    for kernel in forward + backward:
         fn = triton.runtime.jit.JITFunction(kernel)
-        blocks = lt._blocks(q, q, 64, backward=kernel is not lt._forward_kernel)
+        blocks = lt._blocks(q, q, 64, backward=kernel in backward)
         options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
         flags = {"EXP": feature_map == "exp", "HAS_KEEP": True, "HAS_REAL": True, "HAS_STATE": True}
         constexprs = {**blocks, **{name: flags[name] for name in flags if name in fn.arg_names}}
@@ -288,7 +390,8 @@ for feature_map, d in [("elu", 64), ("exp", 128)]:
 
 
 def test_kernels_compile_for_an_h100_without_one():
-    """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all three for sm_90 (H100),
+    """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all seven (causal and
+    non-causal) for sm_90 (H100),
     with the ptxas triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp) would (`_blocks`' sizes); in a
     process of its own, without the interpreter."""
     pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
@@ -297,7 +400,7 @@ def test_kernels_compile_for_an_h100_without_one():
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], check=False, cwd=Path(__file__).parents[1],
                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("compiled ") == 6
+    assert result.stdout.count("compiled ") == 14
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,42 +422,53 @@ def test_fused_exp_is_exact_for_keys_tens_of_nats_apart(pattern):
 
 
 @pytest.mark.parametrize("pattern", ["late_spike", "early_spike", "drift", "spikes"])
-def test_fused_exp_hands_steep_chunks_to_the_exact_pytorch_path(monkeypatch, pattern):
-    """Keys 300 nats apart: a chunk's maximum rises past EXP_CHUNK_SPREAD above a query's own running maximum, so the
-    fused kernel declines (None) and `causal_linear_attention` gives the PyTorch kernel's exact result."""
-    q, k, v = _keys_with(pattern, 300.0)
-    assert fused_causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK) is None
-    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
-    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8)
-    want = naive_linear_visible(q, k, v, torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril(), "exp")
+def test_fused_exp_is_exact_for_keys_hundreds_of_nats_apart(pattern):
+    """Keys 300 nats apart: a chunk's maximum rises past EXP_CHUNK_SPREAD above a query's own running maximum, and
+    the kernels' exact path (each query with its own running maximum, forward and backward) gives the float64
+    log-space outputs and gradients, with the key padding of row 0."""
+    q, k, v = _leaves(*_keys_with(pattern, 300.0))
+    key_mask = _key_mask("left", 64)
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, "exp", chunk_size=CHUNK)
+    allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & key_mask[:, None, None, :]
+    want = naive_linear_visible(q, k, v, allowed, "exp")
     _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
 
 
-def test_fused_exp_steepness_counts_a_query_whose_own_key_is_dropped(monkeypatch):
-    """Key 17 is 200 nats up; query 16 (the first of its chunk) has its own key dropped but still reads keys 0-15: the
-    steepness check counts the queries that are used, not the keys that are kept, so the chunk goes to the exact path
-    instead of underflowing query 16's output."""
-    q, k, v = _qkv(32, seed=11)
+def test_fused_exp_exact_path_with_a_carried_state_and_dropped_keys():
+    """Chunked prefill (21 tokens, then 43 from their state) with key dropout, keys 17 and 40 200 nats up: query 16
+    (the first of its chunk) has its own key dropped but reads keys 0-15, so the steepness check counts it (queries
+    that are used, not keys that are kept); the exact path reads the carried state in its own reference. Outputs and
+    gradients, through the state too, equal the float64 ones."""
+    q, k, v = _qkv(64, seed=11)
     k[:, :, 17, 0] += 200.0
-    drop = torch.ones(B, H, 32, dtype=torch.bool, device=DEVICE)
+    k[:, :, 40, 1] += 200.0
+    q, k, v = _leaves(q, k, v)
+    drop = torch.ones(B, H, 64, dtype=torch.bool, device=DEVICE)
     drop[:, :, 16] = False
-    assert fused_causal_linear_attention(q, k, v, None, "exp", drop=drop, chunk_size=CHUNK) is None
-    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
-    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
-    allowed = torch.ones(32, 32, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
-    _assert_close(out, naive_linear_visible(q, k, v, allowed, "exp"), 1e-5, 1e-4, "out")
+    drop[1, 0, 30:33] = False
+    first, state = fused_causal_linear_attention(q[:, :, :21], k[:, :, :21], v[:, :, :21], None, "exp",
+                                                 drop=drop[..., :21], chunk_size=CHUNK)  # fmt: skip
+    rest, _ = fused_causal_linear_attention(q[:, :, 21:], k[:, :, 21:], v[:, :, 21:], None, "exp", state,
+                                            drop=drop[..., 21:], chunk_size=CHUNK)  # fmt: skip
+    out = torch.cat([first, rest], dim=2)
+    allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
+    want = naive_linear_visible(q, k, v, allowed, "exp")
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
 
 
 @pytest.mark.parametrize("span", [30.0, 150.0])
-def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, span):
+def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, count_fused, span):
     """No output depends on a later key, numerically either: the first 40 outputs are the same when 24 tokens follow,
-    one of them `span` nats above the rest in the same chunk (30: the kernel; 150: the exact path)."""
+    one of them `span` nats above the rest in the same chunk (30: the chunked form; 150: the kernels' exact path)."""
     monkeypatch.setenv("HFST_FORCE_TRITON", "1")
     q, k, v = _qkv(64, seed=7)
     k[:, :, 45, 1] += span
     prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp")
     whole, _ = causal_linear_attention(q, k, v, None, "exp")
     _assert_close(whole[:, :, :40], prefix, 1e-6, 1e-5, "prefix")
+    assert count_fused == [True, True]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -374,22 +488,35 @@ def test_fused_kernel_is_chosen_by_device_and_environment(monkeypatch):
     assert not fused_causal_linear_attention_available(q, "softmax")
     assert not fused_causal_linear_attention_available(q.double())
     assert not fused_causal_linear_attention_available(torch.zeros(1, 1, 4, 129, device=DEVICE))
+    assert not fused_linear_attention_available(q, "elu", torch.zeros(1, 1, 4, 129, device=DEVICE))  # value dim
     monkeypatch.setenv("HFST_DISABLE_TRITON", "1")
     assert not fused_causal_linear_attention_available(q)
+    assert not fused_linear_attention_available(q)
+
+
+def _count_calls(monkeypatch, name):
+    """The calls of `linear_ops.<name>` (a fused kernel's entry point): True for each that gave the result."""
+    calls, fused = [], getattr(linear_ops, name)
+
+    def counted(*args, **kwargs):
+        result = fused(*args, **kwargs)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(linear_ops, name, counted)
+    return calls
 
 
 @pytest.fixture
 def count_fused(monkeypatch):
-    """The calls of the fused kernels from `causal_linear_attention`: True for each that gave the result."""
-    calls = []
+    """The calls of the fused causal kernels from `causal_linear_attention`."""
+    return _count_calls(monkeypatch, "fused_causal_linear_attention")
 
-    def counted(*args, **kwargs):
-        result = fused_causal_linear_attention(*args, **kwargs)
-        calls.append(result is not None)
-        return result
 
-    monkeypatch.setattr(linear_ops, "fused_causal_linear_attention", counted)
-    return calls
+@pytest.fixture
+def count_fused_noncausal(monkeypatch):
+    """The calls of the fused non-causal kernels from `linear_attention`."""
+    return _count_calls(monkeypatch, "fused_linear_attention")
 
 
 def _both_paths(monkeypatch, run):
@@ -429,10 +556,16 @@ def test_decoder_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch
     """A tiny linear decoder, forward and backward on a padded batch, with and without the fused kernels (in training
     mode with key dropout, drawn the same way by both): same logits, same parameter gradients."""
     model = decoder("linear", feature_map, attention_probs_dropout_prob=0.1 if training else 0.0).to(DEVICE)
-    model.train(training)
-    input_ids = batch_of_tokens(2, 7).to(DEVICE)
-    attention_mask = torch.ones_like(input_ids)
+    attention_mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
     attention_mask[0, :2] = 0  # left padding
+    _assert_same_step_with_the_kernel(monkeypatch, model.train(training), attention_mask)
+    assert count_fused == [True] * model.config.num_hidden_layers
+
+
+def _assert_same_step_with_the_kernel(monkeypatch, model, attention_mask):
+    """One forward and backward of `model` (an LM head: labels = inputs) on a padded batch, with the PyTorch kernels
+    and with the fused ones (key dropout drawn the same way by both): same logits, same parameter gradients."""
+    input_ids = batch_of_tokens(*attention_mask.shape).to(DEVICE)
 
     def run():
         model.zero_grad()
@@ -442,7 +575,40 @@ def test_decoder_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch
         return output.logits, {name: p.grad.clone() for name, p in model.named_parameters()}
 
     pytorch, fused = _both_paths(monkeypatch, run)
-    assert count_fused == [True] * model.config.num_hidden_layers
     _assert_close(fused[0], pytorch[0], 1e-5, 1e-4, "logits")
     for name, grad in fused[1].items():
         _assert_close(grad, pytorch[1][name], 1e-5, 1e-4, name)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch, count_fused_noncausal, feature_map):
+    """`linear_attention` with per-head kept keys: the same outputs and gradients whichever implementation runs; no
+    query (n = 0) stays with the PyTorch op."""
+    q, k, v = _leaves(*_noncausal_inputs(19, 37, seed=24))
+    key_mask = _noncausal_mask("dropout", 37)
+
+    def run():
+        out = linear_attention(q, k, v, key_mask, feature_map)
+        return (out, *_grads([out], (q, k, v)))
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused_noncausal == [True]
+    for name, a, b in zip(["out", "dq", "dk", "dv"], fused, pytorch):
+        _assert_close(a, b, 2e-5, 1e-4, name)
+    assert linear_attention(q[:, :, :0], k, v, None, feature_map).shape == (B, H, 0, E)
+    assert count_fused_noncausal == [True, False]
+
+
+@pytest.mark.parametrize(("feature_map", "training"), [("elu", False), ("exp", True)], ids=["elu-eval", "exp-train"])
+def test_encoder_gives_the_same_logits_and_gradients_with_the_kernel(
+    monkeypatch, count_fused_noncausal, feature_map, training
+):
+    """A tiny linear encoder (masked LM), forward and backward on a padded batch, with and without the fused
+    non-causal kernels (in training mode with key dropout, drawn the same way by both): same logits and gradients.
+    (Two of the four cases: the decoder's test covers the rest of the model path.)"""
+    config = tiny_config("encoder", "linear", feature_map, attention_probs_dropout_prob=0.1 if training else 0.0)
+    model = make_model(hfst.TransformerEncoderForMaskedLM, config).to(DEVICE)
+    attention_mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
+    attention_mask[0, 5:] = 0  # right padding
+    _assert_same_step_with_the_kernel(monkeypatch, model.train(training), attention_mask)
+    assert count_fused_noncausal == [True] * config.num_hidden_layers

@@ -269,6 +269,7 @@ TRAINING_CONTENDERS = {  # name in the report -> the package it needs
     "hfst decoder (softmax, gelu_new)": "hf_settransformer",
     "hfst decoder (softmax, chunked loss)": "hf_settransformer",
     "hfst decoder (linear elu)": "hf_settransformer",
+    "hfst decoder (linear exp)": "hf_settransformer",
     "transformers GPT2LMHeadModel": "transformers",
     "x-transformers decoder": "x_transformers",
 }
