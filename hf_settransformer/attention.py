@@ -5,7 +5,9 @@ Shape legend: b batch, n queries, m keys, h heads, d query/key head dim, e value
 Two questions are kept apart:
 - *what* is computed, `config.attention_type`: `"softmax"` (Vaswani et al. 2017) or `"linear"` with
   `config.feature_map` `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021);
-- *how* softmax is computed, transformers' `config._attn_implementation`: `"sdpa"` or `"eager"`.
+- *how* softmax is computed, transformers' `config._attn_implementation` (`"sdpa"`, `"eager"`, `"flash_attention_2"`,
+  `"flex_attention"`, ...): the softmax kernel calls `ALL_ATTENTION_FUNCTIONS`, as Llama does (`softmax_ops.py`).
+  Linear attention has no softmax to compute: it runs under `"sdpa"` (the default) or `"eager"` and refuses others.
 
 The ops live one concern a file: `masks.py` (`AttentionMask`), `softmax_ops.py`, `linear_ops.py` (with their naive
 references in `linear_naive.py`). `ATTENTION_KERNELS` maps each `attention_type` to an `AttentionKernel` entry (its
@@ -30,7 +32,7 @@ from .linear_ops import (
     prefix_causal_linear_attention,
 )
 from .masks import AttentionMask, causal_pattern
-from .softmax_ops import SOFTMAX_KERNELS, softmax_attention_eager, softmax_attention_sdpa
+from .softmax_ops import softmax_attention
 
 __all__ = [
     "ATTENTION_KERNELS",
@@ -51,25 +53,27 @@ __all__ = [
 # computation, the cache `generate()` keeps, whether weights exist, the config fields read) is asked of the entry.
 
 
-def softmax_kernel(q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=False, implementation="sdpa", **_):
+def softmax_kernel(
+    q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=False, implementation="sdpa", module=None, **_
+):
     """Softmax attention (Vaswani et al. 2017): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> (out (b,h,n,e), weights
     (b,h,n,m) when `need_weights` else None, state).
 
     `state`: the layer's `DynamicLayer` while generating: the new keys and values are appended to it and the queries
     attend to all of them; or a `StaticLayer` (transformers' `StaticCache`): they are written into its fixed buffers,
     all of whose slots the queries see, the unwritten ones masked by `mask.query_positions` (the same shapes at every
-    step). `implementation`: transformers' `config._attn_implementation` (`"sdpa"` or `"eager"`); weights need the
-    eager kernel."""
-    kernel = softmax_attention_eager if need_weights else SOFTMAX_KERNELS.get(implementation, softmax_attention_sdpa)
+    step). `implementation`: transformers' `config._attn_implementation`, the `ALL_ATTENTION_FUNCTIONS` entry that
+    computes it (weights are computed eagerly); `module`: the calling layer, which those functions read."""
+    options = {"module": module, "dropout_p": dropout_p, "need_weights": need_weights}
     if state is None:
-        out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+        out, weights = softmax_attention(q, k, v, mask, implementation, **options)
         return out, weights, state
     k, v = state.update(k, v)  # (b, h, past + n, d); a StaticLayer's (b, h, max_cache_len, d)
     # A growing cache has a new key length at every step. SDPA's cuDNN backend (preferred on Hopper GPUs) builds an
     # execution graph per shape, tens to hundreds of ms each (seen with cuDNN attention in pytorch/torchtune#1652,
     # sgl-project/sglang#4650, ml-explore/mlx#2743): decoding steps use the other backends, which need no planning.
     with sdpa_kernel(_DECODE_BACKENDS):
-        out, weights = kernel(q, k, v, mask, dropout_p=dropout_p)
+        out, weights = softmax_attention(q, k, v, mask, implementation, **options)
     return out, weights, state
 
 
@@ -111,7 +115,8 @@ class AttentionKernel:
     forward: `(q, k, v, mask, state, **options) -> (out, weights or None, state)`, shapes as in `softmax_kernel`.
         `mask` is an `AttentionMask`; `state` is this layer's cache layer (a `cache_layer_class`) when a causal
         self-attention reads and extends a cache, else None. `options`: the layer's `layer_options(config)` and, per
-        call, `dropout_p`, `need_weights` and `implementation` (keywords a kernel may ignore).
+        call, `dropout_p`, `need_weights`, `implementation` (`config._attn_implementation`) and `module` (the calling
+        `MultiHeadAttention`): keywords a kernel may ignore.
     cache_class: the `Cache` a causal model builds for `generate()`, as `cache_class(config=config)`; its layers are
         `cache_layer_class`.
     static_cache_layer_class: the layer of transformers' `StaticCache` (fixed-size key and value buffers, for a
@@ -122,6 +127,8 @@ class AttentionKernel:
     returns_weights: whether `output_attentions=True` can return attention weights.
     describe: config -> (short tag, words) naming the kernel as configured, for model cards and result tables
         (`("linear-elu", "linear (elu feature map)")`); default: the `attention_type` twice.
+    implementations: the `attn_implementation` values the kernel runs under (others are refused when a layer is
+        called), or None for all: softmax, which transformers' `ALL_ATTENTION_FUNCTIONS` computes.
     """
 
     forward: Callable
@@ -132,6 +139,7 @@ class AttentionKernel:
     config_fields: tuple = ()
     returns_weights: bool = False
     describe: Callable = lambda config: (config.attention_type, config.attention_type)
+    implementations: tuple | None = None
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {
@@ -152,6 +160,7 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
         },
         config_fields=("feature_map", "linear_attention_chunk_size"),
         describe=lambda config: (f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"),
+        implementations=("sdpa", "eager"),  # the default, and the one asked for attention weights
     ),
 }
 
@@ -176,6 +185,18 @@ def attention_kernel(config_or_name) -> AttentionKernel:
     return ATTENTION_KERNELS[name]
 
 
+def check_implementation(kernel: AttentionKernel, config) -> None:
+    """Refuse an `attn_implementation` the config's kernel does not run under (flash or flex attention with linear
+    attention: they compute softmax, which linear attention replaces)."""
+    implementation = config._attn_implementation
+    if None not in (kernel.implementations, implementation) and implementation not in kernel.implementations:
+        raise ValueError(
+            f"attn_implementation={implementation!r} chooses how softmax attention is computed, but "
+            f"attention_type={config.attention_type!r} computes no softmax: use attn_implementation in "
+            f"{list(kernel.implementations)} (or leave it unset) with this attention type."
+        )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -198,6 +219,7 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.kernel = attention_kernel(config)
         self.kernel_options = self.kernel.layer_options(config)
+        self.is_causal = causal  # read by transformers' attention functions
         self.dropout = config.attention_probs_dropout_prob
         if self_attention:
             self.qkv_proj = nn.Linear(self.hidden_size, 3 * self.hidden_size)
@@ -233,6 +255,7 @@ class MultiHeadAttention(nn.Module):
 
         `past_key_values`: for causal self-attention, the stack's cache (the kernel's `cache_class`), whose layer
         `layer_idx` this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
+        check_implementation(self.kernel, self.config)
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
         q, k, v = self.project(hidden_states, context, past_key_values)
         state = None
@@ -253,6 +276,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=output_attentions,
             implementation=self.config._attn_implementation,
+            module=self,
             **self.kernel_options,
         )
         b, _, n, _ = out.shape

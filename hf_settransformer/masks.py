@@ -12,8 +12,9 @@ import torch
 @dataclass
 class AttentionMask:
     """Which keys each query sees: built once per forward and handed to every attention layer that shares it. Each
-    kernel reads the form it needs: the linear kernels `key_mask` and `causal`, the softmax kernels `dense_form`,
-    which is made from them on first use (so no mask is "for" one kind of kernel).
+    kernel reads the form it needs: the linear kernels `key_mask` and `causal`, the softmax kernels the form of their
+    `attn_implementation` (`dense_form`, `additive_form`, `block_mask`, or `key_mask` for flash attention), made
+    from them on first use (so no mask is "for" one kind of kernel).
 
     key_mask: (b, m) bool, True for real keys, or None when every key is real.
     causal: query i sees keys j <= i + (m - n): the n queries are the last n of the m key positions (self-attention
@@ -57,11 +58,48 @@ class AttentionMask:
         dense: (b or 1, 1, n or 1, m) bool, or None (no mask, or plain causal: the kernel's own causal path).
         has_keys: (b or 1, 1, n or 1, 1) bool, False for queries that see no key at all (their output is set to 0),
         or None."""
-        forms = self.__dict__.setdefault("_dense", {})
         device = torch.device(device)
-        if device not in forms:
-            forms[device] = self._make_dense(device)
-        return forms[device]
+        return self._memo(("dense", device), lambda: self._make_dense(device))
+
+    def additive_form(self, dense, dtype):
+        """`dense` (a bool form of this mask) as the additive float mask eager attention takes: 0 where a key is seen,
+        the dtype's minimum elsewhere; kept for the other layers."""
+        return self._memo(
+            ("additive", dense.shape, dense.device, dtype),
+            lambda: torch.zeros((), dtype=dtype, device=dense.device).masked_fill(~dense, torch.finfo(dtype).min),
+        )
+
+    def block_mask(self, n, m, device):
+        """flex attention's `BlockMask` for n queries and m keys, made from the mask's rule (`mask_mod`), or None when
+        every query sees every key; kept for the other layers of the same shapes."""
+        device = torch.device(device)
+        if self.key_mask is None and not (self.causal and (n > 1 or self.query_positions is not None)):
+            return None
+        return self._memo(("block", n, m, device), lambda: self._make_block_mask(n, m, device))
+
+    def _make_block_mask(self, n, m, device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        key_mask = None if self.key_mask is None else self.key_mask.to(device)
+        positions = None if self.query_positions is None else self.query_positions.to(device)
+        offset, prefix, causal = m - n, self.prefix_length, self.causal
+
+        def mask_mod(batch, head, q, kv):
+            allowed = kv >= 0
+            if causal:  # causal_pattern's rule; a static cache's queries sit at their slots
+                allowed = kv <= (q + offset if positions is None else positions[q])
+                if prefix:
+                    allowed = allowed | ((q < prefix) & (kv < offset + prefix))
+            return allowed if key_mask is None else allowed & key_mask[batch, kv]
+
+        batch = None if key_mask is None else key_mask.shape[0]
+        return create_block_mask(mask_mod, batch, None, n, m, device=device)
+
+    def _memo(self, key, make):
+        forms = self.__dict__.setdefault("_forms", {})
+        if key not in forms:
+            forms[key] = make()
+        return forms[key]
 
     def _make_dense(self, device):
         key_mask = None if self.key_mask is None else self.key_mask.to(device)

@@ -212,7 +212,12 @@ class HfstPreTrainedModel(PreTrainedModel):
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
+    # softmax attention goes through transformers' ALL_ATTENTION_FUNCTIONS (`softmax_ops.py`), so every
+    # attn_implementation is accepted; linear attention refuses all but "sdpa" (the default) and "eager" when called
     _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
     _no_split_modules = ["MAB", "ISAB", "PMA"]
 
     def __init__(self, config, *args, **kwargs):

@@ -126,3 +126,18 @@ def quiet_training_args(output_dir, cls=None, **fields):
 
     defaults = dict(report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
     return (cls or TrainingArguments)(output_dir=str(output_dir), **{**defaults, **fields})
+
+
+@pytest.fixture
+def uncompiled_flex(monkeypatch):
+    """transformers compiles flex attention once per process; on CPU, torch 2.13's inductor fails to build the kernel
+    once shapes turn dynamic (`cur_qSplitSize1` undeclared), which the many shapes of these tests reach. The
+    same `flex_attention_forward`, with its BlockMask, runs here without the compile (torch's reference path)."""
+
+    import transformers.integrations.flex_attention as hf_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def run(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", run)

@@ -33,7 +33,7 @@ from hf_settransformer.linear_ops import (
     prefix_causal_linear_attention,
 )
 from hf_settransformer.masks import AttentionMask
-from hf_settransformer.softmax_ops import softmax_attention_eager, softmax_attention_sdpa
+from hf_settransformer.softmax_ops import softmax_attention
 
 FEATURE_MAPS = ["elu", "exp"]
 B, H, D, E = 2, 2, 4, 3
@@ -349,20 +349,22 @@ SOFTMAX_CASES = {
 
 
 @pytest.mark.parametrize("case", list(SOFTMAX_CASES))
-def test_softmax_kernels_match_naive(case):
+def test_softmax_kernels_match_naive(uncompiled_flex, case):
+    """Every attn_implementation transformers runs on CPU gives the naive result, through ALL_ATTENTION_FUNCTIONS."""
     n, m, mask_kind, causal = SOFTMAX_CASES[case]
     q, k, v = _qkv(n, m, d=8)
     key_mask = torch.ones(B, m, dtype=torch.bool) if mask_kind == "all_true" else _key_mask(mask_kind, B, m)
     mask = AttentionMask.build(key_mask, causal=causal, num_queries=n)
     expected = ref_softmax(q, k, v, key_mask, causal)
 
-    out_sdpa, no_weights = softmax_attention_sdpa(q, k, v, mask)
-    out_eager, weights = softmax_attention_eager(q, k, v, mask)
-    assert no_weights is None
-    assert out_sdpa.shape == out_eager.shape == (B, H, n, E)
-    _check(out_sdpa, expected)
+    outputs = {}
+    for implementation in ("sdpa", "eager", "flex_attention"):
+        outputs[implementation], no_weights = softmax_attention(q, k, v, mask, implementation)
+        assert no_weights is None
+        assert outputs[implementation].shape == (B, H, n, E)
+        _check(outputs[implementation], expected)
+    out_eager, weights = softmax_attention(q, k, v, mask, "sdpa", need_weights=True)
     _check(out_eager, expected)
-    _check(out_sdpa, out_eager)
 
     # weights: (b, h, n, m), zero on invisible keys, rows sum to 1, or to 0 when the query sees no key
     allowed = _allowed(n, m, key_mask, causal).expand(B, H, n, m)
@@ -374,8 +376,8 @@ def test_softmax_kernels_match_naive(case):
     if mask_kind == "row_masked" or (mask_kind == "left" and n == m):  # some queries see only padding
         assert not has_key.all()
     if not has_key.all():  # rows without a visible key give exactly 0, not NaN
-        assert torch.equal(out_sdpa[~has_key], torch.zeros_like(out_sdpa[~has_key]))
-        assert torch.equal(out_eager[~has_key], torch.zeros_like(out_eager[~has_key]))
+        for out in (*outputs.values(), out_eager):
+            assert torch.equal(out[~has_key], torch.zeros_like(out[~has_key]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
