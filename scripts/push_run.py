@@ -61,9 +61,8 @@ def main(argv=None):
         raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: {err}") from None
     check_finished_run(args.run_dir)
 
-    from train_lm import refresh_model_card  # torch and transformers: after the cheap checks
-
-    from hf_settransformer.toolkit import OutputDirLock, OutputDirLockedError, push_folder_to_hub
+    # torch and transformers: after the cheap checks
+    from hf_settransformer.toolkit import OutputDirLock, OutputDirLockedError, push_folder_to_hub, refresh_model_card
 
     try:
         with OutputDirLock(args.run_dir, " ".join(sys.argv)):

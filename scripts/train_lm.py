@@ -82,6 +82,7 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
+    MLM_PROBABILITY,
     PerplexityLoggingTrainer,
     build_word_tokenizer,
     check_checkpoint_matches,
@@ -93,7 +94,6 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     gpu_training_defaults,
     is_masked_lm,
     lm_flops_per_token,
-    lm_model_card_fields,
     lm_training_dataset,
     lock_output_dir,
     max_steps_for_budget,
@@ -106,10 +106,9 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     token_stream,
     tokens_per_step,
     train_and_measure,
-    write_model_card,
+    write_lm_model_card,
     write_text_atomically,
 )
-from hf_settransformer.modeling_common import HfstPreTrainedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
@@ -249,7 +248,8 @@ class DataArguments:
     )
     eval_stride: int | None = field(default=None, metadata={"help": "Decoder evaluation stride (block_size // 2)."})
     mlm_probability: float = field(
-        default=0.15, metadata={"help": "--objective mlm: share of each block's tokens masked (BERT's 0.15)."}
+        default=MLM_PROBABILITY,
+        metadata={"help": "--objective mlm: share of each block's tokens masked (BERT's 0.15)."},
     )
     train_token_budget: int | None = field(
         default=None,
@@ -389,7 +389,6 @@ def parse_overrides(text, config_class):
     """'k=v,k=v' -> dict (JSON values, else strings; commas inside [...] belong to a list value, e.g.
     adaptive_input_cutoffs=[2000,10000]); a key the config does not have is an error naming the nearest."""
     import difflib
-    import re
 
     known = set(config_class().to_dict())
     overrides = {}
@@ -639,60 +638,6 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
         repo_id = trainer.args.hub_model_id or out.name
         info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
         print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
-
-
-def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
-    """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
-    perplexities; the template by objective (`model_cards/`)."""
-    mlm_probability = results.get("mlm_probability", DataArguments.mlm_probability)
-    fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
-    template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
-    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
-
-
-CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
-
-
-def refresh_model_card(run_dir, repo_id=None):
-    """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
-    config.json and training_args.json (for runs made before a change to the card; the weights are not read), for the
-    Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command comes from
-    all_results.json, or, for runs that did not record it, from the card it replaces. Returns the card's path."""
-    run_dir = Path(run_dir)
-    results = json.loads((run_dir / "all_results.json").read_text())
-    missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
-    if missing:
-        raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
-                         "evaluated model.")
-    command = results.get("command")
-    if command is None:
-        old = run_dir / "README.md"
-        found = CARD_COMMAND.search(old.read_text()) if old.is_file() else None
-        if found is None:
-            raise ValueError(f"{run_dir}: the command that made the run is neither in all_results.json nor in a "
-                             "model card (README.md) there.")
-        command = found.group(1)
-    if results.get("objective") == "mlm" and "mlm_probability" not in results:
-        mlm = re.search(r"--mlm_probability[ =](\S+)", command)
-        results["mlm_probability"] = float(mlm.group(1)) if mlm else DataArguments.mlm_probability
-    config = AutoConfig.from_pretrained(run_dir)
-    name = (getattr(config, "architectures", None) or [None])[0]
-    model_class = getattr(hfst, name, None) if isinstance(name, str) else None
-    if not (isinstance(model_class, type) and issubclass(model_class, HfstPreTrainedModel)):
-        # never call a class by a name read from a file without checking it is one of ours
-        raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
-                         "model class.")
-    with torch.device("meta"):  # the card reads the config and the class; no weights needed
-        model = model_class(config)
-    args_file = run_dir / "training_args.json"
-    if repo_id is None:
-        repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
-    # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
-    # `hyperparameters`
-    length = results.get("hyperparameters", {}).get("sequence_length")
-    if length is None:
-        length = json.loads((run_dir / "tokenizer_config.json").read_text())["model_max_length"]
-    return write_lm_model_card(run_dir, model, results, length, repo_id, command)
 
 
 # ----------------------------------------------------------------------------------------------------------- main

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 import hf_settransformer  # noqa: E402
+from hf_settransformer import toolkit  # noqa: E402
 from hf_settransformer.toolkit.training import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
@@ -193,7 +194,7 @@ def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     # the card written again from the folder (lm_results.py --refresh_cards) is the one the run wrote
     assert results["mlm_probability"] == 0.15 and results["command"].startswith("python scripts/train_lm.py")
     card = (out / "README.md").read_text()
-    assert train_lm_module().refresh_model_card(out).read_text() == card
+    assert toolkit.refresh_model_card(out).read_text() == card
 
 
 def test_offline_dataset_gives_a_clear_message(tmp_path):
@@ -436,7 +437,7 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     long_id = "user/" + "x" * 200
     assert "is not a valid Hub repository id" in refused(folder, long_id)  # refused before anything is written
     assert card.read_text() == "the card as it was"
-    hold = ("import sys, time; from hf_settransformer import OutputDirLock; "
+    hold = ("import sys, time; from hf_settransformer.toolkit import OutputDirLock; "
             "lock = OutputDirLock(sys.argv[1], 'a live run').acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -588,13 +589,12 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
     assert "| context | 16 tokens |" in card  # the tiny preset's block
 
-    script = train_lm_module()
     (out / "README.md").unlink()
     with pytest.raises(ValueError, match="the command that made the run"):
-        script.refresh_model_card(out)
+        toolkit.refresh_model_card(out)
     (out / "all_results.json").write_text(json.dumps({"family": "decoder"}))
     with pytest.raises(ValueError, match="no validation_perplexity, test_perplexity, train_tokens"):
-        script.refresh_model_card(out)
+        toolkit.refresh_model_card(out)
 
 
 def test_the_preset_follows_the_device_and_a_given_flag_beats_the_preset(tmp_path):
@@ -699,11 +699,10 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
 
 @pytest.mark.parametrize("architecture", ["OutputDirLock", "FAMILIES", "NoSuchClass", None])
 def test_a_card_is_never_made_by_calling_a_class_named_in_a_file_unless_it_is_a_model_of_ours(tmp_path, architecture):
-    script = train_lm_module()
     config = hf_settransformer.TransformerDecoderConfig(vocab_size=50, hidden_size=32, num_attention_heads=4, num_hidden_layers=1)
     config.architectures = None if architecture is None else [architecture]
     config.save_pretrained(tmp_path)
     (tmp_path / "all_results.json").write_text(json.dumps(
         {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x"}))
     with pytest.raises(ValueError, match=f"architecture {architecture!r}, which is not an hf_settransformer model"):
-        script.refresh_model_card(tmp_path)
+        toolkit.refresh_model_card(tmp_path)

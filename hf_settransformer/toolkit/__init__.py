@@ -1,12 +1,20 @@
 """The toolkit of hf_settransformer: what trains, evaluates and publishes the models, as the scripts in `scripts/`
 use it. Language-modelling data and evaluation (`language_modeling`), the Set Transformer paper's set tasks
 (`set_tasks`, `data`), and training around the Trainer: time budgets, resumable checkpoints, output-folder locks,
-model cards, Hub uploads (`training`).
+Hub uploads (`training`), and model cards (`cards`, with their templates as package data).
 
 Nothing here travels with a checkpoint: the modeling files in `hf_settransformer/` never import this package. It needs
 torch and transformers (and `tokenizers`, `huggingface_hub`, which transformers brings), not accelerate or datasets.
 """
 
+from .cards import (
+    CARD_TEMPLATES,
+    MLM_PROBABILITY,
+    lm_model_card_fields,
+    refresh_model_card,
+    write_lm_model_card,
+    write_model_card,
+)
 from .data import (
     DataCollatorForSets,
 )
@@ -23,7 +31,6 @@ from .language_modeling import (
     example_length,
     is_masked_lm,
     lm_flops_per_token,
-    lm_model_card_fields,
     lm_training_dataset,
     masked_positions,
     target_windows,
@@ -87,17 +94,18 @@ from .training import (
     train_and_measure,
     train_unless_finished,
     whole_run_train_loss,
-    write_model_card,
     write_text_atomically,
 )
 
 __all__ = [
     "BUDGET_FILE",
+    "CARD_TEMPLATES",
     "CLOCKS",
     "COMPLETE_MARKER",
     "GPU_PEAK_TFLOPS",
     "GPU_TRAINING_DEFAULTS",
     "LOCK_FILE",
+    "MLM_PROBABILITY",
     "PAPER_RESULTS",
     "PUSH_IGNORE_PATTERNS",
     "RUN_FILES",
@@ -136,6 +144,7 @@ __all__ = [
     "push_folder_to_hub",
     "random_rotation",
     "read_marker",
+    "refresh_model_card",
     "replace_atomically",
     "replica_checksums",
     "resolve_resume",
@@ -151,6 +160,7 @@ __all__ = [
     "train_and_measure",
     "train_unless_finished",
     "whole_run_train_loss",
+    "write_lm_model_card",
     "write_model_card",
     "write_text_atomically",
     "BlockDataset",

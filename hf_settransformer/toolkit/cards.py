@@ -1,0 +1,212 @@
+"""Model cards: the `README.md` a run's folder and its Hub repository carry, filled from the run's results.
+
+The templates are package data (`model_cards/` beside this module, `CARD_TEMPLATES`), so an installed package writes
+cards as a checkout does. `lm_model_card_fields` turns a language-model run's `all_results.json` into the templates'
+`${name}` fields, `write_lm_model_card` writes the card of a trained model, and `refresh_model_card` writes it again
+from a finished run's folder (for another Hub name, or after a change to the templates) without reading the weights.
+
+Needs torch and transformers only; the modeling files never import it.
+"""
+
+import json
+import re
+from pathlib import Path
+from string import Template
+
+import torch
+import transformers
+
+from ..attention import attention_kernel
+from .language_modeling import is_masked_lm
+from .training import write_text_atomically
+
+CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
+MLM_PROBABILITY = 0.15  # train_lm.py's --mlm_probability default (BERT's), for masked-LM results that do not record it
+
+
+def write_model_card(output_dir, template, **fields):
+    """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
+    given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
+    look for a model card. Returns the card's path."""
+    card = Template(Path(template).read_text()).safe_substitute(**fields)
+    path = Path(output_dir) / "README.md"
+    write_text_atomically(path, card)
+    return path
+
+
+def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=MLM_PROBABILITY):
+    """The `${name}` fields of the language-model card templates (`CARD_TEMPLATES`: lm_model_card.md, and
+    mlm_model_card.md for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
+    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
+    wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
+    device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
+    `model_flops_utilization`). `family` defaults to the one `model_type` names. `repo_id` and `command` are the
+    caller's to add; then `write_model_card(output_dir, template, **fields)`."""
+    config, masked = model.config, is_masked_lm(model)
+    family = family or config.model_type.removeprefix("hfst_")
+    attention_tag, attention = attention_kernel(config).describe(config)
+    return dict(
+        family=family,
+        model_class=type(model).__name__,
+        attention=attention,
+        attention_tag=attention_tag,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        context=block_size if family == "decoder" else config.context_length,
+        mlm_percent=f"{mlm_probability:.0%}",
+        parameters=f"{results['parameters']:,}",
+        vocab_size=config.vocab_size,
+        val_ppl=f"{results['validation_perplexity']:.2f}",
+        test_ppl=f"{results['test_perplexity']:.2f}",
+        val_acc=f"{results['validation_accuracy']:.4f}",
+        test_acc=f"{results['test_accuracy']:.4f}",
+        train_tokens=f"{results['train_tokens']:,}",
+        training_speed=_card_training_speed(results),
+        model_flops=_card_model_flops(results),
+        weights=_card_weights(results),
+        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
+            f" (the last process: resumed at step {results['resumed_from_step']:,})"
+            if results.get("resumed_from_step") else ""),
+        design=_card_design(config, family, masked),
+        output_layer=(
+            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
+            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
+            if config.adaptive_softmax_cutoffs
+            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
+        ) + (
+            f"; input embedding: adaptive input (Baevski & Auli 2019), clusters {config.adaptive_input_cutoffs}, div "
+            f"value {config.adaptive_input_div_value}"
+            if config.adaptive_input_cutoffs
+            else ""
+        ),
+        protocol=results["eval_protocol"],
+        cpu_model=results["cpu_model"],
+        hardware=(f"{results['gpu_name']}, CPU {results['cpu_model']}" if results.get("gpu_name")
+                  else results["cpu_model"]),
+        threads=results["threads_per_process"],
+        precision=results["precision"],
+        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
+        train_steps=f"{results['train_steps']:,}",
+        config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
+        transformers_version=transformers.__version__,
+        torch_version=torch.__version__,
+        device=results["device"],
+    )
+
+
+def _card_training_speed(results):
+    """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
+    (the same whether or not other work shared the cores); else, and on a GPU, this process's tokens per wall
+    second."""
+    if results.get("train_cpu_minutes") and not results.get("gpu_name"):
+        return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
+    return f"{results['train_tokens_per_second'] or float('nan'):,.0f} tokens per wall second"
+
+
+def _card_model_flops(results):
+    """The model FLOPs of training and their utilisation of the device's peak (`model_flops_utilization`)."""
+    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_second")
+    if per_token is None:
+        return "not recorded (a run made before train_lm.py counted them, or one that did not train)"
+    text = f"{per_token / 1e6:,.1f} MFLOP per training token ({results['model_flops_formula']})"
+    if achieved is None:
+        return f"{text}; no training step timed in this process"
+    text += f"; {achieved / 1e12:,.3g} TFLOP/s"
+    if results.get("mfu") is None:
+        return f"{text}; MFU not measured: {results['mfu_note']}"
+    return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"
+
+
+def _card_weights(results):
+    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`."""
+    step = results.get("selected_step")
+    if step is None:
+        return f"the last step ({results['train_steps']:,})"
+    if str(results.get("selected_by", "")).startswith("best"):
+        return (f"step {step:,} of {results['train_steps']:,}: the checkpoint with the lowest validation loss of the "
+                "periodic evaluations during training")
+    return f"the last step ({step:,})"
+
+
+def _card_design(config, family, masked=False):
+    if masked:
+        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
+                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
+                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
+                           else "") + ".")
+    if family == "decoder":
+        return "Causal LM: the decoder predicts every next token of its block."
+    if config.next_token_mode == "window":
+        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
+                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token. This is the "
+                "design document's literal head, kept as a baseline: a pass learns from one target, where the "
+                "many-target head (`next_token_mode=\"many\"`) learns from many at about the same cost, so at equal "
+                "training time it sees far fewer targets and its evaluation takes one pass per scored token. Prefer a "
+                "many-target checkpoint for use.")
+    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
+            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
+            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
+            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
+            "position's state) reads the states up to it. No prediction sees its own target or a later token.")
+
+
+def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
+    """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
+    perplexities; the template by objective (`CARD_TEMPLATES`)."""
+    mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
+    fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
+    template = CARD_TEMPLATES / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
+    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
+
+
+_CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
+
+
+def refresh_model_card(run_dir, repo_id=None):
+    """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
+    config.json and training_args.json (for runs made before a change to the card; the weights are not read), for the
+    Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command comes from
+    all_results.json, or, for runs that did not record it, from the card it replaces. Returns the card's path."""
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "all_results.json").read_text())
+    missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
+    if missing:
+        raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
+                         "evaluated model.")
+    command = results.get("command")
+    if command is None:
+        old = run_dir / "README.md"
+        found = _CARD_COMMAND.search(old.read_text()) if old.is_file() else None
+        if found is None:
+            raise ValueError(f"{run_dir}: the command that made the run is neither in all_results.json nor in a "
+                             "model card (README.md) there.")
+        command = found.group(1)
+    if results.get("objective") == "mlm" and "mlm_probability" not in results:
+        mlm = re.search(r"--mlm_probability[ =](\S+)", command)
+        results["mlm_probability"] = float(mlm.group(1)) if mlm else MLM_PROBABILITY
+    config = transformers.AutoConfig.from_pretrained(run_dir)
+    name = (getattr(config, "architectures", None) or [None])[0]
+    model_class = _model_classes().get(name) if isinstance(name, str) else None
+    if model_class is None:
+        # never call a class by a name read from a file without checking it is one of ours
+        raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
+                         "model class.")
+    with torch.device("meta"):  # the card reads the config and the class; no weights needed
+        model = model_class(config)
+    args_file = run_dir / "training_args.json"
+    if repo_id is None:
+        repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
+    # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
+    # `hyperparameters`
+    length = results.get("hyperparameters", {}).get("sequence_length")
+    if length is None:
+        length = json.loads((run_dir / "tokenizer_config.json").read_text())["model_max_length"]
+    return write_lm_model_card(run_dir, model, results, length, repo_id, command)
+
+
+def _model_classes():
+    """Class name -> class, for every model class of every family (`families.FAMILIES`)."""
+    from ..families import FAMILIES
+
+    return {cls.__name__: cls for family in FAMILIES.values() for cls in family.model_classes().values()}
