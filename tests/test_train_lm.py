@@ -563,20 +563,15 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
 
 
-def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corpus):
-    """lm_results.py --refresh_cards: a run that recorded no command (made before all_results.json had it) gets the
-    current card with the command of the card it replaces; a folder without results or command is refused."""
-    out = tmp_path / "old"
+def test_refresh_model_card_writes_the_card_again_from_what_the_run_recorded(tmp_path, corpus):
+    """lm_results.py --refresh_cards: a run's card is written again from its all_results.json (the recorded command and
+    sequence length), replacing whatever card is there; a folder of results alone is passed over; a run that did not
+    record its command or sequence length is refused, naming what is missing (an old card is not parsed for them)."""
+    out = tmp_path / "run"
     run(common_args(corpus, out, "decoder", steps=8))
     results = json.loads((out / "all_results.json").read_text())
-    command = results.pop("command")
-    del results["hyperparameters"]  # older still: the block size comes from the tokenizer
-    (out / "all_results.json").write_text(json.dumps(results))
-    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
-    assert tokenizer_config["model_max_length"] == 1024  # today: what the model can take (max_position_embeddings)
-    tokenizer_config["model_max_length"] = 16  # runs of that age saved their training block there
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
+    command = results["command"]
+    (out / "README.md").write_text("# an old card\n\n## Training\n\n```bash\npython an old command\n```\n")
     (tmp_path / "copied").mkdir()  # a results folder as --copy_to keeps it
     (tmp_path / "copied" / "all_results.json").write_text(json.dumps(results))
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path), "--refresh_cards"],
@@ -586,12 +581,15 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     assert f"not refreshed {tmp_path / 'copied'}: no saved model" in result.stdout  # results alone: nothing to read
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
-    assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
-    assert "| context | 16 tokens |" in card  # the tiny preset's block
+    assert f"```bash\n{command}\n```" in card and "an old command" not in card
+    assert f"{results['test_perplexity']:.2f}" in card and "| context | 16 tokens |" in card  # the tiny preset's block
 
-    (out / "README.md").unlink()
-    with pytest.raises(ValueError, match="the command that made the run"):
+    (out / "README.md").write_text(card.replace(command, "python an old command"))
+    del results["command"], results["hyperparameters"]  # a run made before train_lm.py recorded them
+    (out / "all_results.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="does not record the run's command, hyperparameters.sequence_length"):
         toolkit.refresh_model_card(out)
+    assert "python an old command" in (out / "README.md").read_text()  # left as it was
     (out / "all_results.json").write_text(json.dumps({"family": "decoder"}))
     with pytest.raises(ValueError, match="no validation_perplexity, test_perplexity, train_tokens"):
         toolkit.refresh_model_card(out)
@@ -703,6 +701,7 @@ def test_a_card_is_never_made_by_calling_a_class_named_in_a_file_unless_it_is_a_
     config.architectures = None if architecture is None else [architecture]
     config.save_pretrained(tmp_path)
     (tmp_path / "all_results.json").write_text(json.dumps(
-        {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x"}))
+        {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x",
+         "hyperparameters": {"sequence_length": 16}}))
     with pytest.raises(ValueError, match=f"architecture {architecture!r}, which is not an hf_settransformer model"):
         toolkit.refresh_model_card(tmp_path)

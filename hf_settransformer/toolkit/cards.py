@@ -9,7 +9,6 @@ Needs torch and transformers only; the modeling files never import it.
 """
 
 import json
-import re
 from pathlib import Path
 from string import Template
 
@@ -160,31 +159,26 @@ def write_lm_model_card(output_dir, model, results, block_size, repo_id, command
     return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
 
 
-_CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
-
-
 def refresh_model_card(run_dir, repo_id=None):
     """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
-    config.json and training_args.json (for runs made before a change to the card; the weights are not read), for the
-    Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command comes from
-    all_results.json, or, for runs that did not record it, from the card it replaces. Returns the card's path."""
+    config.json and training_args.json (after a change to the card, or for another Hub name; the weights are not
+    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command
+    and the sequence length are the ones all_results.json records; a run that did not record them (made before
+    train_lm.py did) is refused with a ValueError. Returns the card's path."""
     run_dir = Path(run_dir)
     results = json.loads((run_dir / "all_results.json").read_text())
     missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
     if missing:
         raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
                          "evaluated model.")
-    command = results.get("command")
-    if command is None:
-        old = run_dir / "README.md"
-        found = _CARD_COMMAND.search(old.read_text()) if old.is_file() else None
-        if found is None:
-            raise ValueError(f"{run_dir}: the command that made the run is neither in all_results.json nor in a "
-                             "model card (README.md) there.")
-        command = found.group(1)
+    length = results.get("hyperparameters", {}).get("sequence_length")
+    unrecorded = [name for name, value in (("command", results.get("command")),
+                                           ("hyperparameters.sequence_length", length)) if value is None]
     if results.get("objective") == "mlm" and "mlm_probability" not in results:
-        mlm = re.search(r"--mlm_probability[ =](\S+)", command)
-        results["mlm_probability"] = float(mlm.group(1)) if mlm else MLM_PROBABILITY
+        unrecorded.append("mlm_probability")
+    if unrecorded:
+        raise ValueError(f"{run_dir}: all_results.json does not record the run's {', '.join(unrecorded)} (a run made "
+                         "before train_lm.py recorded them); its model card cannot be written again from the folder.")
     config = transformers.AutoConfig.from_pretrained(run_dir)
     name = (getattr(config, "architectures", None) or [None])[0]
     model_class = _model_classes().get(name) if isinstance(name, str) else None
@@ -197,12 +191,7 @@ def refresh_model_card(run_dir, repo_id=None):
     args_file = run_dir / "training_args.json"
     if repo_id is None:
         repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
-    # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
-    # `hyperparameters`
-    length = results.get("hyperparameters", {}).get("sequence_length")
-    if length is None:
-        length = json.loads((run_dir / "tokenizer_config.json").read_text())["model_max_length"]
-    return write_lm_model_card(run_dir, model, results, length, repo_id, command)
+    return write_lm_model_card(run_dir, model, results, length, repo_id, results["command"])
 
 
 def _model_classes():
