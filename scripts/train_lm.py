@@ -87,6 +87,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     build_word_tokenizer,
     check_checkpoint_matches,
     check_output_dir,
+    data_file_record,
     evaluate_perplexity,
     evaluation_protocol,
     example_length,
@@ -824,6 +825,9 @@ def main(argv=None):
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     if masked:
         results["mlm_probability"] = data_args.mlm_probability
+    files = {split: getattr(data_args, f"{split}_file") for split in ("train", "validation", "test")}
+    if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
+        results["data_files"] = data_file_record({split: path for split, path in files.items() if path})
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length))
         results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],

@@ -2,6 +2,7 @@
 data parallelism with accelerate, kill-and-resume, a push to a Hub double, the README's command and bad flags. The
 package pieces it calls are tested in test_language_modeling.py and test_training.py."""
 
+import hashlib
 import json
 import math
 import os
@@ -583,6 +584,10 @@ def test_refresh_model_card_writes_the_card_again_from_what_the_run_recorded(tmp
     assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
     assert f"```bash\n{command}\n```" in card and "an old command" not in card
     assert f"{results['test_perplexity']:.2f}" in card and "| context | 16 tokens |" in card  # the tiny preset's block
+    # the run read local files that are not WikiText-2's: the card keeps the command and says so
+    assert results["data_files"]["train"] == {"path": str(corpus / "train.txt"), "sha256": hashlib.sha256(
+        (corpus / "train.txt").read_bytes()).hexdigest()}
+    assert "The run read local text files (`train.txt`, `valid.txt`, `test.txt`), which are not published" in card
 
     (out / "README.md").write_text(card.replace(command, "python an old command"))
     del results["command"], results["hyperparameters"]  # a run made before train_lm.py recorded them

@@ -8,6 +8,7 @@ from a finished run's folder (for another Hub name, or after a change to the tem
 Needs torch and transformers only; the modeling files never import it.
 """
 
+import hashlib
 import json
 from pathlib import Path
 from string import Template
@@ -15,12 +16,35 @@ from string import Template
 import torch
 import transformers
 
-from ..attention import attention_kernel
+from ..attention import ATTENTION_KERNELS, attention_kernel
 from .language_modeling import is_masked_lm
 from .training import write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
-MLM_PROBABILITY = 0.15  # train_lm.py's --mlm_probability default (BERT's), for masked-LM results that do not record it
+MLM_PROBABILITY = 0.15  # train_lm.py's --mlm_probability default (BERT's)
+# WikiText-2's three files (`wikitext-2-v1`; PyTorch's word_language_model ships them byte-identical as train.txt,
+# valid.txt, test.txt): a run that read these is described to a Hub reader by the `datasets` name of the same data
+WIKITEXT2_SHA256 = {
+    "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",  # wiki.train.tokens
+    "validation": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",  # wiki.valid.tokens
+    "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",  # wiki.test.tokens
+}
+WIKITEXT2_DATASET_FLAGS = "--dataset_name wikitext --dataset_config_name wikitext-2-v1"
+# train_lm.py's data flags: split -> local file flag, and the `datasets` ones
+_FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
+_DATA_FLAGS = (*_FILE_FLAGS.values(), "--dataset_name", "--dataset_config_name")
+# config fields that bear on a language model only in some cases: field -> (config, head) -> whether it does, where
+# head is "causal" (the decoder), "next_token" (the *ForNextTokenPrediction heads) or "masked" (*ForMaskedLM)
+_FIELD_APPLIES = {
+    "input_size": lambda config, head: config.input_size is not None,  # the language models read token ids
+    "pooling": lambda config, head: head == "next_token",
+    "context_length": lambda config, head: head != "causal",  # the decoder's window is its block
+    "next_token_mode": lambda config, head: head == "next_token",
+    "target_length": lambda config, head: head == "next_token" and config.next_token_mode == "many",
+    "adaptive_softmax_div_value": lambda config, head: config.adaptive_softmax_cutoffs is not None,
+    "adaptive_input_div_value": lambda config, head: config.adaptive_input_cutoffs is not None,
+    "num_output_queries": lambda config, head: getattr(config, "output_query_type", None) == "learned",
+}
 
 
 def write_model_card(output_dir, template, **fields):
@@ -67,7 +91,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
             f" (the last process: resumed at step {results['resumed_from_step']:,})"
             if results.get("resumed_from_step") else ""),
-        design=_card_design(config, family, masked),
+        design=_card_design(config, family, masked, mlm_probability),
         output_layer=(
             f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
             f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
@@ -87,7 +111,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         precision=results["precision"],
         cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
         train_steps=f"{results['train_steps']:,}",
-        config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
+        config_json=json.dumps(card_config(model), indent=2),
         transformers_version=transformers.__version__,
         torch_version=torch.__version__,
         device=results["device"],
@@ -128,11 +152,11 @@ def _card_weights(results):
     return f"the last step ({step:,})"
 
 
-def _card_design(config, family, masked=False):
+def _card_design(config, family, masked=False, mlm_probability=MLM_PROBABILITY):
     if masked:
         return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
-                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
-                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
+                f"training {mlm_probability:.0%} of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a "
+                "random word, 10% kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
                            else "") + ".")
     if family == "decoder":
         return "Causal LM: the decoder predicts every next token of its block."
@@ -150,13 +174,79 @@ def _card_design(config, family, masked=False):
             "position's state) reads the states up to it. No prediction sees its own target or a later token.")
 
 
+def card_config(model):
+    """`model`'s config as config.json holds it (less `auto_map`), with only the fields that bear on this model: none
+    of another attention kernel (`feature_map` under softmax), none of the next-token windows on the decoder or a
+    masked LM (`pooling`, `target_length`, ...), no width divisor of an adaptive layer that is off (`_FIELD_APPLIES`).
+    The weights load from config.json itself; this is what a card's reader needs to know of the model."""
+    config = model.config
+    head = "masked" if is_masked_lm(model) else "next_token" if config.windowed_heads else "causal"
+    kernel_fields = attention_kernel(config).config_fields
+    other_kernels = {f for kernel in ATTENTION_KERNELS.values() for f in kernel.config_fields} - set(kernel_fields)
+    return {key: value for key, value in config.to_diff_dict().items()
+            if key != "auto_map" and key not in other_kernels
+            and (key not in _FIELD_APPLIES or _FIELD_APPLIES[key](config, head))}
+
+
+def data_file_record(files):
+    """{split: path} of the local text files a run read -> {split: {"path", "sha256"}}, what train_lm.py records in
+    all_results.json as `data_files`: the card can then tell WikiText-2's own files (`WIKITEXT2_SHA256`) from other
+    text, whatever their names."""
+    return {split: {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+            for split, path in files.items()}
+
+
+def hub_training_command(command, data_files=None):
+    """The training command as a card gives it, and a sentence on the data -> (command, sentence). A Hub reader has
+    no copy of the run's local files: a run that read WikiText-2's own files (train and validation at least, by
+    SHA-256 in `data_files`, see `data_file_record`) gets the `datasets` form of the same data in place of its file
+    flags (`WIKITEXT2_DATASET_FLAGS`); a run that read other local files keeps its command, and the sentence says the
+    data were local files. A run that loaded a dataset through `datasets` keeps its command and gets no sentence."""
+    words, dropped = [], []
+    remaining = iter(command.split())
+    for word in remaining:
+        flag = _data_flag(word)
+        if flag is None:
+            words.append(word)
+            continue
+        dropped.append(flag)
+        if "=" not in word:
+            next(remaining, None)  # its value
+    file_flags = [flag for flag in dropped if flag in _FILE_FLAGS.values()]
+    if not data_files and not file_flags:
+        return command, ""
+    wikitext = (data_files and {"train", "validation"} <= set(data_files)
+                and all(WIKITEXT2_SHA256.get(split) == record["sha256"] for split, record in data_files.items())
+                and sorted(file_flags) == sorted(_FILE_FLAGS[split] for split in data_files))
+    if wikitext:
+        return (" ".join(words + WIKITEXT2_DATASET_FLAGS.split()),
+                "The run read local copies of WikiText-2's files (byte-identical to `wikitext-2-v1`); the command "
+                "above loads the same splits through `datasets`. ")
+    names = ", ".join(f"`{Path(record['path']).name}`" for record in (data_files or {}).values()) or "the `--*_file` flags"
+    return command, (f"The run read local text files ({names}), which are not published with this model: the command "
+                     "needs files of the same form in their place. ")
+
+
+def _data_flag(word):
+    """The train_lm.py data flag `word` gives (`--train_file`, `--train-file=x`, or a prefix argparse accepts), or
+    None."""
+    name = word.split("=", 1)[0].replace("-", "_")
+    if not word.startswith("--") or len(name) < 3:
+        return None
+    name = "--" + name[2:]
+    matches = [flag for flag in _DATA_FLAGS if flag.startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
 def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
     """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
-    perplexities; the template by objective (`CARD_TEMPLATES`)."""
+    perplexities; the template by objective (`CARD_TEMPLATES`). The command is given as `hub_training_command` writes
+    it, with `results["data_files"]`."""
     mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
     fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
     template = CARD_TEMPLATES / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
-    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
+    command, data_note = hub_training_command(command, results.get("data_files"))
+    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note)
 
 
 def refresh_model_card(run_dir, repo_id=None):
