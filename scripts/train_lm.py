@@ -622,18 +622,17 @@ def results_table(results):
 
 
 def write_outputs(trainer, model_args, data_args, results, command, push_requested):
-    """all_results.json, the model card (a trained model with validation and test results), training_args.json, the
-    summary; the push to the Hub. On the main process."""
+    """all_results.json, the model card (of a trained or pushed model, with what the run measured: no test perplexity
+    without --do_predict), training_args.json, the summary; the push to the Hub. On the main process."""
     out = Path(trainer.args.output_dir)
     write_text_atomically(out / "all_results.json", json.dumps(results, indent=2))
-    card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
+    card = trainer.args.do_train or push_requested  # every model in the folder, and every pushed one, has its card
     if card:
         write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
                             command)
     print(results_table(results))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
-    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}"
-          + ("" if card else " (the model card needs a trained model and validation and test results)"))
+    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}")
     write_text_atomically(out / "training_args.json", trainer.args.to_json_string())
     if push_requested:
         repo_id = trainer.args.hub_model_id or out.name

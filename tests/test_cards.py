@@ -119,3 +119,34 @@ def test_data_file_record_holds_each_files_sha256(tmp_path):
 
     assert record == {"train": {"path": str(tmp_path / "train.txt"),
                                 "sha256": hashlib.sha256(b" the cat \n").hexdigest()}}
+
+
+@pytest.mark.parametrize("unmeasured,kept", [
+    (("test_perplexity", "test_accuracy"), "| validation perplexity |"),  # no --do_predict
+    (("validation_perplexity", "validation_accuracy"), "| test perplexity |"),  # no --do_eval
+    (("validation_perplexity", "validation_accuracy", "test_perplexity", "test_accuracy"), None),
+    (("train_tokens", "train_tokens_per_second", "train_steps", "train_cpu_minutes"), "| test perplexity |"),
+])
+@pytest.mark.parametrize("head", ["causal", "masked"])
+def test_what_a_run_did_not_measure_is_left_out_of_its_card(tmp_path, unmeasured, kept, head):
+    """Issue 36: every pushed model has a card, and a card shows only what the run measured: a split not evaluated
+    has no row and no model-index entry (none at all without evaluation), a run that did not train has no training
+    rows; nothing reads "None" or "nan". A NaN in the results counts as not measured."""
+    lm = model("decoder", "causal") if head == "causal" else model("encoder", "masked")
+    results = {k: v for k, v in RESULTS.items() if k not in unmeasured}
+    if "train_tokens" not in unmeasured:
+        results["train_tokens_per_second"] = float("nan")  # trained, but no step timed in this process
+    text = card(tmp_path, lm, results)
+    head_text = text.split("```json")[0]
+    assert "None" not in head_text and "nan" not in text.lower() and "${" not in text
+    evaluated = [split for split in ("validation", "test") if f"{split}_perplexity" in results]
+    assert re.findall(r"split: (\w+)", text) == evaluated
+    assert ("model-index:" in text) == bool(evaluated)
+    assert text.startswith("---\n") and text.count("\n---\n") == 1  # the metadata block stays closed
+    for split in ("validation", "test"):
+        assert (f"| {split} " in text) == (split in evaluated)
+    assert ("| training tokens |" in text) == ("train_tokens" in results)
+    assert ("| training budget |" in text) == ("train_steps" in results)
+    assert "| training speed |" not in text  # unmeasured, or NaN
+    if kept:
+        assert kept.replace("perplexity", "masked-token perplexity") in text if head == "masked" else kept in text

@@ -266,7 +266,7 @@ def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind)
     fields = toolkit.lm_model_card_fields(model, RESULTS, block_size=8)
     template = toolkit.CARD_TEMPLATES / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
     card = toolkit.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py",
-                                    data_note="")
+                                    data_note="", model_index="")
     text = card.read_text()
     assert "${" not in text.replace("$${", "")  # every field filled
     assert "me/tiny" in text and "101.23" in text and "12,345" in text and "python train.py" in text

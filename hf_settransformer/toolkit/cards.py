@@ -10,6 +10,7 @@ Needs torch and transformers only; the modeling files never import it.
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from string import Template
 
@@ -50,11 +51,20 @@ _FIELD_APPLIES = {
 def write_model_card(output_dir, template, **fields):
     """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
     given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
-    look for a model card. Returns the card's path."""
-    card = Template(Path(template).read_text()).safe_substitute(**fields)
+    look for a model card. A field given as None was not measured: every line of the template that uses it is left
+    out (a table row, say), rather than showing "None". Returns the card's path."""
+    unmeasured = {name for name, value in fields.items() if value is None}
+    lines = [line for line in Path(template).read_text().splitlines(keepends=True)
+             if not unmeasured & _field_names(line)]
+    card = Template("".join(lines)).safe_substitute(**fields)
     path = Path(output_dir) / "README.md"
     write_text_atomically(path, card)
     return path
+
+
+def _field_names(text):
+    """The `${name}` and `$name` fields `text` uses."""
+    return {m.group("braced") or m.group("named") for m in Template.pattern.finditer(text)} - {None}
 
 
 def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=MLM_PROBABILITY):
@@ -63,9 +73,12 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
     wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
     device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
-    `model_flops_utilization`). `family` defaults to the one `model_type` names. `repo_id` and `command` are the
-    caller's to add; then `write_model_card(output_dir, template, **fields)`."""
+    `model_flops_utilization`). `family` defaults to the one `model_type` names. What the run did not measure (no
+    --do_eval, --do_predict or --do_train: no perplexity, no training speed) is None, so that `write_model_card`
+    leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
+    `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
     config, masked = model.config, is_masked_lm(model)
+    trained = _measured(results, "train_tokens") is not None
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)
     return dict(
@@ -80,14 +93,14 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         mlm_percent=f"{mlm_probability:.0%}",
         parameters=f"{results['parameters']:,}",
         vocab_size=config.vocab_size,
-        val_ppl=f"{results['validation_perplexity']:.2f}",
-        test_ppl=f"{results['test_perplexity']:.2f}",
-        val_acc=f"{results['validation_accuracy']:.4f}",
-        test_acc=f"{results['test_accuracy']:.4f}",
-        train_tokens=f"{results['train_tokens']:,}",
-        training_speed=_card_training_speed(results),
-        model_flops=_card_model_flops(results),
-        weights=_card_weights(results),
+        val_ppl=_measured(results, "validation_perplexity", "{:.2f}"),
+        test_ppl=_measured(results, "test_perplexity", "{:.2f}"),
+        val_acc=_measured(results, "validation_accuracy", "{:.4f}"),
+        test_acc=_measured(results, "test_accuracy", "{:.4f}"),
+        train_tokens=_measured(results, "train_tokens", "{:,}"),
+        training_speed=_card_training_speed(results) if trained else None,
+        model_flops=_card_model_flops(results) if trained else None,
+        weights=_card_weights(results) if _measured(results, "train_steps") is not None else None,
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
             f" (the last process: resumed at step {results['resumed_from_step']:,})"
             if results.get("resumed_from_step") else ""),
@@ -109,13 +122,21 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
                   else results["cpu_model"]),
         threads=results["threads_per_process"],
         precision=results["precision"],
-        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
-        train_steps=f"{results['train_steps']:,}",
+        cpu_minutes=_measured(results, "train_cpu_minutes", "{:.1f}") or ("unknown" if trained else None),
+        train_steps=_measured(results, "train_steps", "{:,}"),
         config_json=json.dumps(card_config(model), indent=2),
         transformers_version=transformers.__version__,
         torch_version=torch.__version__,
         device=results["device"],
     )
+
+
+def _measured(results, key, form="{}"):
+    """`results[key]` formatted, or None where the run did not measure it (absent, None or NaN)."""
+    value = results.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return form.format(value)
 
 
 def _card_training_speed(results):
@@ -124,7 +145,8 @@ def _card_training_speed(results):
     second."""
     if results.get("train_cpu_minutes") and not results.get("gpu_name"):
         return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
-    return f"{results['train_tokens_per_second'] or float('nan'):,.0f} tokens per wall second"
+    speed = _measured(results, "train_tokens_per_second", "{:,.0f}")
+    return None if speed is None else f"{speed} tokens per wall second"
 
 
 def _card_model_flops(results):
@@ -239,28 +261,49 @@ def _data_flag(word):
 
 
 def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
-    """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
-    perplexities; the template by objective (`CARD_TEMPLATES`). The command is given as `hub_training_command` writes
-    it, with `results["data_files"]`."""
+    """The filled model card (README.md) of a language-model run from its `results` (all_results.json), the template
+    by objective (`CARD_TEMPLATES`). What the run did not measure is left out: the card's `model-index` lists the
+    splits it evaluated (none without --do_eval and --do_predict), its table the numbers it has. The command is given
+    as `hub_training_command` writes it, with `results["data_files"]`."""
     mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
     fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
-    template = CARD_TEMPLATES / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
+    masked = is_masked_lm(model)
+    template = CARD_TEMPLATES / ("mlm_model_card.md" if masked else "lm_model_card.md")
     command, data_note = hub_training_command(command, results.get("data_files"))
-    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note)
+    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note,
+                            model_index=_model_index(repo_id, fields, masked))
+
+
+def _model_index(repo_id, fields, masked):
+    """The card's `model-index` metadata (the Hub's evaluation results) for the WikiText-2 splits with a perplexity
+    in `fields` (`lm_model_card_fields`); "" where there is none."""
+    task, task_name = ("fill-mask", "Masked language modelling") if masked else ("text-generation", "Language modelling")
+    measure = "masked-token " if masked else ""
+    accuracy = "masked-token accuracy" if masked else "next-token accuracy"
+    entries = []
+    for split, key in (("validation", "val"), ("test", "test")):
+        if fields[f"{key}_ppl"] is None:
+            continue
+        label = split.capitalize()
+        metrics = [("perplexity", fields[f"{key}_ppl"], f"{label} {measure}perplexity")]
+        if fields[f"{key}_acc"] is not None:
+            metrics.append(("accuracy", fields[f"{key}_acc"], f"{label} {accuracy}"))
+        entries.append(
+            f"  - task:\n      type: {task}\n      name: {task_name}\n    dataset:\n      type: wikitext\n"
+            f"      name: WikiText-2 (wikitext-2-v1)\n      config: wikitext-2-v1\n      split: {split}\n    metrics:\n"
+            + "".join(f"    - type: {kind}\n      value: {value}\n      name: {name}\n" for kind, value, name in metrics))
+    return f"model-index:\n- name: {repo_id}\n  results:\n" + "".join(entries) if entries else ""
 
 
 def refresh_model_card(run_dir, repo_id=None):
     """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
     config.json and training_args.json (after a change to the card, or for another Hub name; the weights are not
-    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command
-    and the sequence length are the ones all_results.json records; a run that did not record them (made before
+    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). What the run
+    did not measure (no --do_predict, say) is left out of the card. The command and the sequence length are the ones
+    all_results.json records; a run that did not record them (made before
     train_lm.py did) is refused with a ValueError. Returns the card's path."""
     run_dir = Path(run_dir)
     results = json.loads((run_dir / "all_results.json").read_text())
-    missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
-    if missing:
-        raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
-                         "evaluated model.")
     length = results.get("hyperparameters", {}).get("sequence_length")
     unrecorded = [name for name, value in (("command", results.get("command")),
                                            ("hyperparameters.sequence_length", length)) if value is None]
