@@ -161,7 +161,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
-    flops, formula = hf_settransformer.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
     assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
     assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
@@ -660,7 +660,7 @@ def test_training_defaults_on_cuda_and_for_several_processes():
     script = train_lm_module()
     assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
     gpu = script.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**script.PRESETS["gpu"]["training"], **hf_settransformer.gpu_training_defaults(True)}
+    assert gpu == {**script.PRESETS["gpu"]["training"], **toolkit.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
     given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32

@@ -2,8 +2,11 @@
 
 The templates are package data (`model_cards/` beside this module, `CARD_TEMPLATES`), so an installed package writes
 cards as a checkout does. `lm_model_card_fields` turns a language-model run's `all_results.json` into the templates'
-`${name}` fields, `write_lm_model_card` writes the card of a trained model, and `refresh_model_card` writes it again
-from a finished run's folder (for another Hub name, or after a change to the templates) without reading the weights.
+`${name}` fields (None for what the run did not measure, whose lines the card leaves out), `card_config` keeps the
+config fields that bear on the model, `hub_training_command` gives the command a Hub reader can run (the `datasets`
+name of WikiText-2 in place of local copies of its files), `write_lm_model_card` writes the card of a trained or
+pushed model, and `refresh_model_card` writes it again from a finished run's folder (for another Hub name, or after a
+change to the templates) without reading the weights.
 
 Needs torch and transformers only; the modeling files never import it.
 """
@@ -17,7 +20,7 @@ from string import Template
 import torch
 import transformers
 
-from ..attention import ATTENTION_KERNELS, attention_kernel
+from ..attention import attention_kernel
 from .language_modeling import is_masked_lm
 from .training import write_text_atomically
 
@@ -201,6 +204,8 @@ def card_config(model):
     of another attention kernel (`feature_map` under softmax), none of the next-token windows on the decoder or a
     masked LM (`pooling`, `target_length`, ...), no width divisor of an adaptive layer that is off (`_FIELD_APPLIES`).
     The weights load from config.json itself; this is what a card's reader needs to know of the model."""
+    from ..attention import ATTENTION_KERNELS  # a registry, not a toolkit name to re-export
+
     config = model.config
     head = "masked" if is_masked_lm(model) else "next_token" if config.windowed_heads else "causal"
     kernel_fields = attention_kernel(config).config_fields
