@@ -6,8 +6,8 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
     python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
 
 `--copy_to` keeps each run's all_results.json (small) where it can be committed; the folder can be read back later.
-`--refresh_cards` first writes each run's model card again with the current templates (train_lm.refresh_model_card),
-for runs made before a change to the card.
+`--refresh_cards` first writes each run's model card again with the current templates
+(`hf_settransformer.toolkit.refresh_model_card`), for runs made before a change to the card.
 """
 
 import argparse
@@ -194,7 +194,7 @@ def main():
     if not runs:
         raise SystemExit(f"No all_results.json with evaluation results under {args.folders}.")
     if args.refresh_cards:
-        from train_lm import refresh_model_card  # torch and transformers: only for this
+        from hf_settransformer.toolkit import refresh_model_card  # torch and transformers: only for this
 
         for r in runs:
             if (r["path"].parent / "config.json").is_file():

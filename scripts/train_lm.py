@@ -82,10 +82,12 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
+    MLM_PROBABILITY,
     PerplexityLoggingTrainer,
     build_word_tokenizer,
     check_checkpoint_matches,
     check_output_dir,
+    data_file_record,
     evaluate_perplexity,
     evaluation_protocol,
     example_length,
@@ -93,7 +95,6 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     gpu_training_defaults,
     is_masked_lm,
     lm_flops_per_token,
-    lm_model_card_fields,
     lm_training_dataset,
     lock_output_dir,
     max_steps_for_budget,
@@ -106,10 +107,9 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     token_stream,
     tokens_per_step,
     train_and_measure,
-    write_model_card,
+    write_lm_model_card,
     write_text_atomically,
 )
-from hf_settransformer.modeling_common import HfstPreTrainedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
@@ -249,7 +249,8 @@ class DataArguments:
     )
     eval_stride: int | None = field(default=None, metadata={"help": "Decoder evaluation stride (block_size // 2)."})
     mlm_probability: float = field(
-        default=0.15, metadata={"help": "--objective mlm: share of each block's tokens masked (BERT's 0.15)."}
+        default=MLM_PROBABILITY,
+        metadata={"help": "--objective mlm: share of each block's tokens masked (BERT's 0.15)."},
     )
     train_token_budget: int | None = field(
         default=None,
@@ -389,7 +390,6 @@ def parse_overrides(text, config_class):
     """'k=v,k=v' -> dict (JSON values, else strings; commas inside [...] belong to a list value, e.g.
     adaptive_input_cutoffs=[2000,10000]); a key the config does not have is an error naming the nearest."""
     import difflib
-    import re
 
     known = set(config_class().to_dict())
     overrides = {}
@@ -622,77 +622,22 @@ def results_table(results):
 
 
 def write_outputs(trainer, model_args, data_args, results, command, push_requested):
-    """all_results.json, the model card (a trained model with validation and test results), training_args.json, the
-    summary; the push to the Hub. On the main process."""
+    """all_results.json, the model card (of a trained or pushed model, with what the run measured: no test perplexity
+    without --do_predict), training_args.json, the summary; the push to the Hub. On the main process."""
     out = Path(trainer.args.output_dir)
     write_text_atomically(out / "all_results.json", json.dumps(results, indent=2))
-    card = "test_perplexity" in results and "validation_perplexity" in results and "train_tokens" in results
+    card = trainer.args.do_train or push_requested  # every model in the folder, and every pushed one, has its card
     if card:
         write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
                             command)
     print(results_table(results))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
-    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}"
-          + ("" if card else " (the model card needs a trained model and validation and test results)"))
+    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}")
     write_text_atomically(out / "training_args.json", trainer.args.to_json_string())
     if push_requested:
         repo_id = trainer.args.hub_model_id or out.name
         info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
         print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
-
-
-def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
-    """The filled model card (README.md) of a run whose `results` (all_results.json) have validation and test
-    perplexities; the template by objective (`model_cards/`)."""
-    mlm_probability = results.get("mlm_probability", DataArguments.mlm_probability)
-    fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
-    template = ROOT / "model_cards" / ("mlm_model_card.md" if is_masked_lm(model) else "lm_model_card.md")
-    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command)
-
-
-CARD_COMMAND = re.compile(r"^## Training\n\n```bash\n(.+?)\n```", re.MULTILINE | re.DOTALL)
-
-
-def refresh_model_card(run_dir, repo_id=None):
-    """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
-    config.json and training_args.json (for runs made before a change to the card; the weights are not read), for the
-    Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). The command comes from
-    all_results.json, or, for runs that did not record it, from the card it replaces. Returns the card's path."""
-    run_dir = Path(run_dir)
-    results = json.loads((run_dir / "all_results.json").read_text())
-    missing = [k for k in ("validation_perplexity", "test_perplexity", "train_tokens") if k not in results]
-    if missing:
-        raise ValueError(f"{run_dir}: all_results.json has no {', '.join(missing)}; a model card needs a trained and "
-                         "evaluated model.")
-    command = results.get("command")
-    if command is None:
-        old = run_dir / "README.md"
-        found = CARD_COMMAND.search(old.read_text()) if old.is_file() else None
-        if found is None:
-            raise ValueError(f"{run_dir}: the command that made the run is neither in all_results.json nor in a "
-                             "model card (README.md) there.")
-        command = found.group(1)
-    if results.get("objective") == "mlm" and "mlm_probability" not in results:
-        mlm = re.search(r"--mlm_probability[ =](\S+)", command)
-        results["mlm_probability"] = float(mlm.group(1)) if mlm else DataArguments.mlm_probability
-    config = AutoConfig.from_pretrained(run_dir)
-    name = (getattr(config, "architectures", None) or [None])[0]
-    model_class = getattr(hfst, name, None) if isinstance(name, str) else None
-    if not (isinstance(model_class, type) and issubclass(model_class, HfstPreTrainedModel)):
-        # never call a class by a name read from a file without checking it is one of ours
-        raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
-                         "model class.")
-    with torch.device("meta"):  # the card reads the config and the class; no weights needed
-        model = model_class(config)
-    args_file = run_dir / "training_args.json"
-    if repo_id is None:
-        repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
-    # the decoder's block (the tokenizer's model_max_length, the window of every head) where results predate
-    # `hyperparameters`
-    length = results.get("hyperparameters", {}).get("sequence_length")
-    if length is None:
-        length = json.loads((run_dir / "tokenizer_config.json").read_text())["model_max_length"]
-    return write_lm_model_card(run_dir, model, results, length, repo_id, command)
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -879,6 +824,9 @@ def main(argv=None):
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     if masked:
         results["mlm_probability"] = data_args.mlm_probability
+    files = {split: getattr(data_args, f"{split}_file") for split in ("train", "validation", "test")}
+    if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
+        results["data_files"] = data_file_record({split: path for split, path in files.items() if path})
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length))
         results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],

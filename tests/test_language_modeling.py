@@ -264,8 +264,9 @@ RESULTS = dict(parameters=12345, validation_perplexity=101.234, test_perplexity=
 def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind):
     model = masked_head() if kind == "masked" else head("decoder" if kind == "decoder" else "encoder", kind)
     fields = toolkit.lm_model_card_fields(model, RESULTS, block_size=8)
-    template = ROOT / "model_cards" / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
-    card = toolkit.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py")
+    template = toolkit.CARD_TEMPLATES / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
+    card = toolkit.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py",
+                                    data_note="", model_index="")
     text = card.read_text()
     assert "${" not in text.replace("$${", "")  # every field filled
     assert "me/tiny" in text and "101.23" in text and "12,345" in text and "python train.py" in text

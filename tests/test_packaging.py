@@ -167,11 +167,11 @@ def test_every_public_toolkit_name_is_documented_and_exported():
 
     import hf_settransformer as hfst
     from hf_settransformer import toolkit
-    from hf_settransformer.toolkit import data, language_modeling, set_tasks, training
+    from hf_settransformer.toolkit import cards, data, language_modeling, set_tasks, training
 
     assert not set(hfst.__all__) & set(toolkit.__all__)
 
-    for module in (training, language_modeling, set_tasks, data):
+    for module in (training, language_modeling, set_tasks, data, cards):
         for name, obj in vars(module).items():
             defined_here = inspect.isclass(obj) or inspect.isfunction(obj)
             if defined_here:
@@ -226,3 +226,47 @@ def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("loaded ") == len(FAMILIES)
+
+
+def entry_points():
+    """The scripts and benchmarks a user runs (those with a `__main__` block), by module name."""
+    files = [*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    return {path.stem: path for path in files if '__name__ == "__main__"' in path.read_text()}
+
+
+def test_no_script_imports_a_script():
+    """What two entry points share lives in the toolkit (or a helper module beside them that is no script): a script
+    importing another script runs its module-level code and ties the two files' arguments together."""
+    scripts = entry_points()
+    assert {"train_lm", "push_run", "lm_results"} <= set(scripts)
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported = {node.module.split(".")[0]}
+            else:
+                continue
+            assert not imported & set(scripts), f"{path.relative_to(ROOT)} imports the script {imported & set(scripts)}"
+
+
+def test_the_wheel_carries_the_model_card_templates(tmp_path):
+    """A non-editable install writes model cards: the templates are package data beside `toolkit/cards.py`, which
+    finds them relative to itself, and the wheel holds them."""
+    import zipfile
+
+    from hf_settransformer import toolkit
+
+    assert toolkit.CARD_TEMPLATES == ROOT / "hf_settransformer" / "toolkit" / "model_cards"
+    templates = sorted(p.name for p in toolkit.CARD_TEMPLATES.glob("*.md"))
+    assert templates == ["lm_model_card.md", "mlm_model_card.md"]
+    assert not (ROOT / "model_cards").exists()  # one copy of the templates
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                             str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = tmp_path.glob("hf_settransformer-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in templates:
+        assert f"hf_settransformer/toolkit/model_cards/{name}" in names, sorted(names)
+    assert "hf_settransformer/toolkit/cards.py" in names

@@ -2,6 +2,7 @@
 data parallelism with accelerate, kill-and-resume, a push to a Hub double, the README's command and bad flags. The
 package pieces it calls are tested in test_language_modeling.py and test_training.py."""
 
+import hashlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 import hf_settransformer  # noqa: E402
+from hf_settransformer import toolkit  # noqa: E402
 from hf_settransformer.toolkit.training import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
@@ -159,7 +161,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
-    flops, formula = hf_settransformer.toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
     assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
     assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
@@ -193,7 +195,7 @@ def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     # the card written again from the folder (lm_results.py --refresh_cards) is the one the run wrote
     assert results["mlm_probability"] == 0.15 and results["command"].startswith("python scripts/train_lm.py")
     card = (out / "README.md").read_text()
-    assert train_lm_module().refresh_model_card(out).read_text() == card
+    assert toolkit.refresh_model_card(out).read_text() == card
 
 
 def test_offline_dataset_gives_a_clear_message(tmp_path):
@@ -409,6 +411,37 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     assert {Path(name).suffix for name in uploaded} <= {".safetensors", ".json", ".py", ".md", ".txt"}, uploaded
 
 
+def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path, corpus):
+    """Issue 36: train_lm.py --push_to_hub without --do_predict, then push_run.py of the same folder: both repositories
+    get a model card, with the validation perplexity and no test result (no "None" or "nan" in its place)."""
+    from hub_server import LocalHub
+
+    out = tmp_path / "no-test"
+    args = [a for a in common_args(corpus, out, "decoder", steps=6) if a != "--do_predict"]
+    with LocalHub(tmp_path / "hub") as hub:
+        env = hub.client_env(tmp_path / "home")
+        result = subprocess.run([sys.executable, str(SCRIPT), *map(str, args), "--push_to_hub", "--hub_model_id",
+                                 "user/no-test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        first = hub.repo("model", "user/no-test")
+        first_files = first["commits"][first["branches"]["main"]]["files"]
+        pushed_card = (out / "README.md").read_text()
+        again = subprocess.run([sys.executable, str(ROOT / "scripts" / "push_run.py"), str(out), "user/again"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-5000:]
+        second = hub.repo("model", "user/again")
+        second_files = second["commits"][second["branches"]["main"]]["files"]
+    assert "README.md" in first_files and "README.md" in second_files
+    assert "and the model card README.md" in result.stdout
+    results = json.loads((out / "all_results.json").read_text())
+    assert "test_perplexity" not in results and "validation_perplexity" in results
+    for card, repo_id in ((pushed_card, "user/no-test"), ((out / "README.md").read_text(), "user/again")):
+        assert f"\n# {repo_id}\n" in card and f"- name: {repo_id}\n" in card
+        assert f"| validation perplexity | **{results['validation_perplexity']:.2f}**" in card
+        assert "split: validation" in card and "split: test" not in card and "| test perplexity" not in card
+        assert "None" not in card.split("```json")[0] and "nan" not in card.lower()
+
+
 def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     """scripts/push_run.py names what a folder lacks, and does not publish a folder a live run holds."""
     script = [sys.executable, str(ROOT / "scripts" / "push_run.py")]
@@ -424,10 +457,7 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     assert "not a finished train_lm.py run: no all_results.json, model.safetensors, tokenizer.json" in refused(folder)
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_text("x")
-    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9.0}))
-    assert "all_results.json has no test_perplexity, train_tokens" in refused(folder)
-    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9, "test_perplexity": 9,
-                                                         "train_tokens": 9}))
+    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9.0}))  # no test: still a run
     assert "auto_map names modeling code that is not there (configuration_decoder.py)" in refused(folder)
     (folder / "configuration_decoder.py").write_text("")
     assert "expected namespace/name" in refused(folder, "no-namespace")
@@ -436,7 +466,7 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     long_id = "user/" + "x" * 200
     assert "is not a valid Hub repository id" in refused(folder, long_id)  # refused before anything is written
     assert card.read_text() == "the card as it was"
-    hold = ("import sys, time; from hf_settransformer import OutputDirLock; "
+    hold = ("import sys, time; from hf_settransformer.toolkit import OutputDirLock; "
             "lock = OutputDirLock(sys.argv[1], 'a live run').acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -578,20 +608,15 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
 
 
-def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corpus):
-    """lm_results.py --refresh_cards: a run that recorded no command (made before all_results.json had it) gets the
-    current card with the command of the card it replaces; a folder without results or command is refused."""
-    out = tmp_path / "old"
+def test_refresh_model_card_writes_the_card_again_from_what_the_run_recorded(tmp_path, corpus):
+    """lm_results.py --refresh_cards: a run's card is written again from its all_results.json (the recorded command and
+    sequence length), replacing whatever card is there; a folder of results alone is passed over; a run that did not
+    record its command or sequence length is refused, naming what is missing (an old card is not parsed for them)."""
+    out = tmp_path / "run"
     run(common_args(corpus, out, "decoder", steps=8))
     results = json.loads((out / "all_results.json").read_text())
-    command = results.pop("command")
-    del results["hyperparameters"]  # older still: the block size comes from the tokenizer
-    (out / "all_results.json").write_text(json.dumps(results))
-    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
-    assert tokenizer_config["model_max_length"] == 1024  # today: what the model can take (max_position_embeddings)
-    tokenizer_config["model_max_length"] = 16  # runs of that age saved their training block there
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (out / "README.md").write_text(f"# an old card\n\n## Training\n\n```bash\n{command}\n```\n\nmore\n")
+    command = results["command"]
+    (out / "README.md").write_text("# an old card\n\n## Training\n\n```bash\npython an old command\n```\n")
     (tmp_path / "copied").mkdir()  # a results folder as --copy_to keeps it
     (tmp_path / "copied" / "all_results.json").write_text(json.dumps(results))
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path), "--refresh_cards"],
@@ -601,16 +626,19 @@ def test_refresh_model_card_rewrites_an_old_card_with_its_command(tmp_path, corp
     assert f"not refreshed {tmp_path / 'copied'}: no saved model" in result.stdout  # results alone: nothing to read
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
-    assert f"```bash\n{command}\n```" in card and f"{results['test_perplexity']:.2f}" in card
-    assert "| context | 16 tokens |" in card  # the tiny preset's block
+    assert f"```bash\n{command}\n```" in card and "an old command" not in card
+    assert f"{results['test_perplexity']:.2f}" in card and "| context | 16 tokens |" in card  # the tiny preset's block
+    # the run read local files that are not WikiText-2's: the card keeps the command and says so
+    assert results["data_files"]["train"] == {"path": str(corpus / "train.txt"), "sha256": hashlib.sha256(
+        (corpus / "train.txt").read_bytes()).hexdigest()}
+    assert "The run read local text files (`train.txt`, `valid.txt`, `test.txt`), which are not published" in card
 
-    script = train_lm_module()
-    (out / "README.md").unlink()
-    with pytest.raises(ValueError, match="the command that made the run"):
-        script.refresh_model_card(out)
-    (out / "all_results.json").write_text(json.dumps({"family": "decoder"}))
-    with pytest.raises(ValueError, match="no validation_perplexity, test_perplexity, train_tokens"):
-        script.refresh_model_card(out)
+    (out / "README.md").write_text(card.replace(command, "python an old command"))
+    del results["command"], results["hyperparameters"]  # a run made before train_lm.py recorded them
+    (out / "all_results.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="does not record the run's command, hyperparameters.sequence_length"):
+        toolkit.refresh_model_card(out)
+    assert "python an old command" in (out / "README.md").read_text()  # left as it was
 
 
 def test_the_preset_follows_the_device_and_a_given_flag_beats_the_preset(tmp_path):
@@ -648,7 +676,7 @@ def test_training_defaults_on_cuda_and_for_several_processes():
     script = train_lm_module()
     assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
     gpu = script.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**script.PRESETS["gpu"]["training"], **hf_settransformer.toolkit.gpu_training_defaults(True)}
+    assert gpu == {**script.PRESETS["gpu"]["training"], **toolkit.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
     given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32
@@ -715,11 +743,11 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
 
 @pytest.mark.parametrize("architecture", ["OutputDirLock", "FAMILIES", "NoSuchClass", None])
 def test_a_card_is_never_made_by_calling_a_class_named_in_a_file_unless_it_is_a_model_of_ours(tmp_path, architecture):
-    script = train_lm_module()
     config = hf_settransformer.TransformerDecoderConfig(vocab_size=50, hidden_size=32, num_attention_heads=4, num_hidden_layers=1)
     config.architectures = None if architecture is None else [architecture]
     config.save_pretrained(tmp_path)
     (tmp_path / "all_results.json").write_text(json.dumps(
-        {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x"}))
+        {"validation_perplexity": 9.0, "test_perplexity": 9.0, "train_tokens": 9, "command": "python x",
+         "hyperparameters": {"sequence_length": 16}}))
     with pytest.raises(ValueError, match=f"architecture {architecture!r}, which is not an hf_settransformer model"):
-        script.refresh_model_card(tmp_path)
+        toolkit.refresh_model_card(tmp_path)

@@ -1,12 +1,25 @@
 """The toolkit of hf_settransformer: what trains, evaluates and publishes the models, as the scripts in `scripts/`
 use it. Language-modelling data and evaluation (`language_modeling`), the Set Transformer paper's set tasks
 (`set_tasks`, `data`), and training around the Trainer: time budgets, resumable checkpoints, output-folder locks,
-model cards, Hub uploads (`training`).
+Hub uploads (`training`), and model cards (`cards`, with their templates as package data).
 
 Nothing here travels with a checkpoint: the modeling files in `hf_settransformer/` never import this package. It needs
 torch and transformers (and `tokenizers`, `huggingface_hub`, which transformers brings), not accelerate or datasets.
 """
 
+from .cards import (
+    CARD_TEMPLATES,
+    MLM_PROBABILITY,
+    WIKITEXT2_DATASET_FLAGS,
+    WIKITEXT2_SHA256,
+    card_config,
+    data_file_record,
+    hub_training_command,
+    lm_model_card_fields,
+    refresh_model_card,
+    write_lm_model_card,
+    write_model_card,
+)
 from .data import (
     DataCollatorForSets,
 )
@@ -23,7 +36,6 @@ from .language_modeling import (
     example_length,
     is_masked_lm,
     lm_flops_per_token,
-    lm_model_card_fields,
     lm_training_dataset,
     masked_positions,
     target_windows,
@@ -87,28 +99,33 @@ from .training import (
     train_and_measure,
     train_unless_finished,
     whole_run_train_loss,
-    write_model_card,
     write_text_atomically,
 )
 
 __all__ = [
     "BUDGET_FILE",
+    "CARD_TEMPLATES",
     "CLOCKS",
     "COMPLETE_MARKER",
     "GPU_PEAK_TFLOPS",
     "GPU_TRAINING_DEFAULTS",
     "LOCK_FILE",
+    "MLM_PROBABILITY",
     "PAPER_RESULTS",
     "PUSH_IGNORE_PATTERNS",
     "RUN_FILES",
     "SET_TASKS",
     "SHAPES",
     "TASK_HEADS",
+    "WIKITEXT2_DATASET_FLAGS",
+    "WIKITEXT2_SHA256",
     "build_word_tokenizer",
+    "card_config",
     "check_checkpoint_matches",
     "check_output_dir",
     "checkpoint_step",
     "cpu_model_name",
+    "data_file_record",
     "decoder_windows",
     "evaluate_masked_stream",
     "evaluate_perplexity",
@@ -119,6 +136,7 @@ __all__ = [
     "fast_bf16_available",
     "from_main_process",
     "gpu_training_defaults",
+    "hub_training_command",
     "is_masked_lm",
     "l1_loss",
     "linked_paths",
@@ -136,6 +154,7 @@ __all__ = [
     "push_folder_to_hub",
     "random_rotation",
     "read_marker",
+    "refresh_model_card",
     "replace_atomically",
     "replica_checksums",
     "resolve_resume",
@@ -151,6 +170,7 @@ __all__ = [
     "train_and_measure",
     "train_unless_finished",
     "whole_run_train_loss",
+    "write_lm_model_card",
     "write_model_card",
     "write_text_atomically",
     "BlockDataset",

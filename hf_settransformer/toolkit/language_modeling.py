@@ -22,19 +22,17 @@ replaced by the mask token and predicted from the rest; the perplexity is over t
 a causal perplexity: the model sees both sides).
 
 For any head at once: `lm_training_dataset` picks the training dataset, `evaluate_perplexity` the protocol (summed
-over data-parallel processes), `evaluation_protocol` says which in words, and `lm_model_card_fields` fills the model
-card templates of `model_cards/` from a run's results.
+over data-parallel processes), and `evaluation_protocol` says which in words (for results files and the model cards of
+`cards`).
 """
 
-import json
 import math
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
-import transformers
 
-from ..attention import MultiHeadAttention, attention_kernel
+from ..attention import MultiHeadAttention
 
 _CAUSAL_LM_TYPES = ("hfst_decoder",)
 
@@ -412,120 +410,3 @@ def lm_flops_per_token(model, sequence_length):
     words = (f"6N + 12LdK: N={n:,} parameters without the input embedding, L={len(keys)} attention modules, "
              f"d={config.hidden_size}, K={'the head dimension (linear attention)' if linear else sequence_length}")
     return 6 * n + attention, words
-
-
-def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=0.15):
-    """The `${name}` fields of the language-model card templates (`model_cards/lm_model_card.md`, and
-    `mlm_model_card.md` for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
-    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
-    wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
-    device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
-    `model_flops_utilization`). `family` defaults to the one `model_type` names. `repo_id` and `command` are the
-    caller's to add; then `hf_settransformer.write_model_card(output_dir, template, **fields)`."""
-    config, masked = model.config, is_masked_lm(model)
-    family = family or config.model_type.removeprefix("hfst_")
-    attention_tag, attention = attention_kernel(config).describe(config)
-    return dict(
-        family=family,
-        model_class=type(model).__name__,
-        attention=attention,
-        attention_tag=attention_tag,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        context=block_size if family == "decoder" else config.context_length,
-        mlm_percent=f"{mlm_probability:.0%}",
-        parameters=f"{results['parameters']:,}",
-        vocab_size=config.vocab_size,
-        val_ppl=f"{results['validation_perplexity']:.2f}",
-        test_ppl=f"{results['test_perplexity']:.2f}",
-        val_acc=f"{results['validation_accuracy']:.4f}",
-        test_acc=f"{results['test_accuracy']:.4f}",
-        train_tokens=f"{results['train_tokens']:,}",
-        training_speed=_card_training_speed(results),
-        model_flops=_card_model_flops(results),
-        weights=_card_weights(results),
-        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
-            f" (the last process: resumed at step {results['resumed_from_step']:,})"
-            if results.get("resumed_from_step") else ""),
-        design=_card_design(config, family, masked),
-        output_layer=(
-            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
-            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
-            if config.adaptive_softmax_cutoffs
-            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
-        ) + (
-            f"; input embedding: adaptive input (Baevski & Auli 2019), clusters {config.adaptive_input_cutoffs}, div "
-            f"value {config.adaptive_input_div_value}"
-            if config.adaptive_input_cutoffs
-            else ""
-        ),
-        protocol=results["eval_protocol"],
-        cpu_model=results["cpu_model"],
-        hardware=(f"{results['gpu_name']}, CPU {results['cpu_model']}" if results.get("gpu_name")
-                  else results["cpu_model"]),
-        threads=results["threads_per_process"],
-        precision=results["precision"],
-        cpu_minutes="unknown" if results["train_cpu_minutes"] is None else f"{results['train_cpu_minutes']:.1f}",
-        train_steps=f"{results['train_steps']:,}",
-        config_json=json.dumps({k: v for k, v in config.to_diff_dict().items() if k not in ("auto_map",)}, indent=2),
-        transformers_version=transformers.__version__,
-        torch_version=torch.__version__,
-        device=results["device"],
-    )
-
-
-def _card_training_speed(results):
-    """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
-    (the same whether or not other work shared the cores); else, and on a GPU, this process's tokens per wall
-    second."""
-    if results.get("train_cpu_minutes") and not results.get("gpu_name"):
-        return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
-    return f"{results['train_tokens_per_second'] or float('nan'):,.0f} tokens per wall second"
-
-
-def _card_model_flops(results):
-    """The model FLOPs of training and their utilisation of the device's peak (`model_flops_utilization`)."""
-    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_second")
-    if per_token is None:
-        return "not recorded (a run made before train_lm.py counted them, or one that did not train)"
-    text = f"{per_token / 1e6:,.1f} MFLOP per training token ({results['model_flops_formula']})"
-    if achieved is None:
-        return f"{text}; no training step timed in this process"
-    text += f"; {achieved / 1e12:,.3g} TFLOP/s"
-    if results.get("mfu") is None:
-        return f"{text}; MFU not measured: {results['mfu_note']}"
-    return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"
-
-
-def _card_weights(results):
-    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`."""
-    step = results.get("selected_step")
-    if step is None:
-        return f"the last step ({results['train_steps']:,})"
-    if str(results.get("selected_by", "")).startswith("best"):
-        return (f"step {step:,} of {results['train_steps']:,}: the checkpoint with the lowest validation loss of the "
-                "periodic evaluations during training")
-    return f"the last step ({step:,})"
-
-
-def _card_design(config, family, masked=False):
-    if masked:
-        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
-                "training 15% of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
-                "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
-                           else "") + ".")
-    if family == "decoder":
-        return "Causal LM: the decoder predicts every next token of its block."
-    if config.next_token_mode == "window":
-        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
-                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token. This is the "
-                "design document's literal head, kept as a baseline: a pass learns from one target, where the "
-                "many-target head (`next_token_mode=\"many\"`) learns from many at about the same cost, so at equal "
-                "training time it sees far fewer targets and its evaluation takes one pass per scored token. Prefer a "
-                "many-target checkpoint for use.")
-    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
-            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
-            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
-            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
-            "position's state) reads the states up to it. No prediction sees its own target or a later token.")

@@ -1,7 +1,7 @@
 """Training utilities for your own Trainer scripts: checkpoints that are marked complete, safe resumption, the
 training time and validation curve of a run across resumes, a training-time budget (and the `max_steps` that fits
 it), the measurements of a run, the machine it ran on and its model FLOPs utilisation (a table of GPU peaks), the
-Trainer settings a GPU run expects, a model card filled from them, and an upload without pickles.
+Trainer settings a GPU run expects, and an upload without pickles (the model card it carries: `cards`).
 
 Typical use (see the README's "Use the pieces in your own script"):
 
@@ -24,7 +24,6 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from string import Template
 
 import torch
 import transformers
@@ -776,16 +775,6 @@ def replica_checksums(trainer):
     if len(set(sums)) != 1:
         raise RuntimeError(f"Data-parallel replicas disagree: weight checksums {sums}")
     return sums
-
-
-def write_model_card(output_dir, template, **fields):
-    """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
-    given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
-    look for a model card. Returns the card's path."""
-    card = Template(Path(template).read_text()).safe_substitute(**fields)
-    path = Path(output_dir) / "README.md"
-    write_text_atomically(path, card)
-    return path
 
 
 # nothing that is a pickle (training_args.bin, optimizer states), nor checkpoints, logs, the run's lock or temporary

@@ -1,0 +1,339 @@
+"""Model cards: the `README.md` a run's folder and its Hub repository carry, filled from the run's results.
+
+The templates are package data (`model_cards/` beside this module, `CARD_TEMPLATES`), so an installed package writes
+cards as a checkout does. `lm_model_card_fields` turns a language-model run's `all_results.json` into the templates'
+`${name}` fields (None for what the run did not measure, whose lines the card leaves out), `card_config` keeps the
+config fields that bear on the model, `hub_training_command` gives the command a Hub reader can run (the `datasets`
+name of WikiText-2 in place of local copies of its files), `write_lm_model_card` writes the card of a trained or
+pushed model, and `refresh_model_card` writes it again from a finished run's folder (for another Hub name, or after a
+change to the templates) without reading the weights.
+
+Needs torch and transformers only; the modeling files never import it.
+"""
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from string import Template
+
+import torch
+import transformers
+
+from ..attention import attention_kernel
+from .language_modeling import is_masked_lm
+from .training import write_text_atomically
+
+CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
+MLM_PROBABILITY = 0.15  # train_lm.py's --mlm_probability default (BERT's)
+# WikiText-2's three files (`wikitext-2-v1`; PyTorch's word_language_model ships them byte-identical as train.txt,
+# valid.txt, test.txt): a run that read these is described to a Hub reader by the `datasets` name of the same data
+WIKITEXT2_SHA256 = {
+    "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",  # wiki.train.tokens
+    "validation": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",  # wiki.valid.tokens
+    "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",  # wiki.test.tokens
+}
+WIKITEXT2_DATASET_FLAGS = "--dataset_name wikitext --dataset_config_name wikitext-2-v1"
+# train_lm.py's data flags: split -> local file flag, and the `datasets` ones
+_FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
+_DATA_FLAGS = (*_FILE_FLAGS.values(), "--dataset_name", "--dataset_config_name")
+# config fields that bear on a language model only in some cases: field -> (config, head) -> whether it does, where
+# head is "causal" (the decoder), "next_token" (the *ForNextTokenPrediction heads) or "masked" (*ForMaskedLM)
+_FIELD_APPLIES = {
+    "input_size": lambda config, head: config.input_size is not None,  # the language models read token ids
+    "pooling": lambda config, head: head == "next_token",
+    "context_length": lambda config, head: head != "causal",  # the decoder's window is its block
+    "next_token_mode": lambda config, head: head == "next_token",
+    "target_length": lambda config, head: head == "next_token" and config.next_token_mode == "many",
+    "adaptive_softmax_div_value": lambda config, head: config.adaptive_softmax_cutoffs is not None,
+    "adaptive_input_div_value": lambda config, head: config.adaptive_input_cutoffs is not None,
+    "num_output_queries": lambda config, head: getattr(config, "output_query_type", None) == "learned",
+}
+
+
+def write_model_card(output_dir, template, **fields):
+    """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
+    given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
+    look for a model card. A field given as None was not measured: every line of the template that uses it is left
+    out (a table row, say), rather than showing "None". Returns the card's path."""
+    unmeasured = {name for name, value in fields.items() if value is None}
+    lines = [line for line in Path(template).read_text().splitlines(keepends=True)
+             if not unmeasured & _field_names(line)]
+    card = Template("".join(lines)).safe_substitute(**fields)
+    path = Path(output_dir) / "README.md"
+    write_text_atomically(path, card)
+    return path
+
+
+def _field_names(text):
+    """The `${name}` and `$name` fields `text` uses."""
+    return {m.group("braced") or m.group("named") for m in Template.pattern.finditer(text)} - {None}
+
+
+def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=MLM_PROBABILITY):
+    """The `${name}` fields of the language-model card templates (`CARD_TEMPLATES`: lm_model_card.md, and
+    mlm_model_card.md for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
+    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
+    wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
+    device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
+    `model_flops_utilization`). `family` defaults to the one `model_type` names. What the run did not measure (no
+    --do_eval, --do_predict or --do_train: no perplexity, no training speed) is None, so that `write_model_card`
+    leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
+    `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
+    config, masked = model.config, is_masked_lm(model)
+    trained = _measured(results, "train_tokens") is not None
+    family = family or config.model_type.removeprefix("hfst_")
+    attention_tag, attention = attention_kernel(config).describe(config)
+    return dict(
+        family=family,
+        model_class=type(model).__name__,
+        attention=attention,
+        attention_tag=attention_tag,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        context=block_size if family == "decoder" else config.context_length,
+        mlm_percent=f"{mlm_probability:.0%}",
+        parameters=f"{results['parameters']:,}",
+        vocab_size=config.vocab_size,
+        val_ppl=_measured(results, "validation_perplexity", "{:.2f}"),
+        test_ppl=_measured(results, "test_perplexity", "{:.2f}"),
+        val_acc=_measured(results, "validation_accuracy", "{:.4f}"),
+        test_acc=_measured(results, "test_accuracy", "{:.4f}"),
+        train_tokens=_measured(results, "train_tokens", "{:,}"),
+        training_speed=_card_training_speed(results) if trained else None,
+        model_flops=_card_model_flops(results) if trained else None,
+        weights=_card_weights(results) if _measured(results, "train_steps") is not None else None,
+        wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
+            f" (the last process: resumed at step {results['resumed_from_step']:,})"
+            if results.get("resumed_from_step") else ""),
+        design=_card_design(config, family, masked, mlm_probability),
+        output_layer=(
+            f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
+            f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
+            if config.adaptive_softmax_cutoffs
+            else "a vocabulary projection" + (" tied to the input embedding" if config.tie_word_embeddings else "")
+        ) + (
+            f"; input embedding: adaptive input (Baevski & Auli 2019), clusters {config.adaptive_input_cutoffs}, div "
+            f"value {config.adaptive_input_div_value}"
+            if config.adaptive_input_cutoffs
+            else ""
+        ),
+        protocol=results["eval_protocol"],
+        cpu_model=results["cpu_model"],
+        hardware=(f"{results['gpu_name']}, CPU {results['cpu_model']}" if results.get("gpu_name")
+                  else results["cpu_model"]),
+        threads=results["threads_per_process"],
+        precision=results["precision"],
+        cpu_minutes=_measured(results, "train_cpu_minutes", "{:.1f}") or ("unknown" if trained else None),
+        train_steps=_measured(results, "train_steps", "{:,}"),
+        config_json=json.dumps(card_config(model), indent=2),
+        transformers_version=transformers.__version__,
+        torch_version=torch.__version__,
+        device=results["device"],
+    )
+
+
+def _measured(results, key, form="{}"):
+    """`results[key]` formatted, or None where the run did not measure it (absent, None or NaN)."""
+    value = results.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return form.format(value)
+
+
+def _card_training_speed(results):
+    """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
+    (the same whether or not other work shared the cores); else, and on a GPU, this process's tokens per wall
+    second."""
+    if results.get("train_cpu_minutes") and not results.get("gpu_name"):
+        return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
+    speed = _measured(results, "train_tokens_per_second", "{:,.0f}")
+    return None if speed is None else f"{speed} tokens per wall second"
+
+
+def _card_model_flops(results):
+    """The model FLOPs of training and their utilisation of the device's peak (`model_flops_utilization`)."""
+    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_second")
+    if per_token is None:
+        return "not recorded (a run made before train_lm.py counted them, or one that did not train)"
+    text = f"{per_token / 1e6:,.1f} MFLOP per training token ({results['model_flops_formula']})"
+    if achieved is None:
+        return f"{text}; no training step timed in this process"
+    text += f"; {achieved / 1e12:,.3g} TFLOP/s"
+    if results.get("mfu") is None:
+        return f"{text}; MFU not measured: {results['mfu_note']}"
+    return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"
+
+
+def _card_weights(results):
+    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`."""
+    step = results.get("selected_step")
+    if step is None:
+        return f"the last step ({results['train_steps']:,})"
+    if str(results.get("selected_by", "")).startswith("best"):
+        return (f"step {step:,} of {results['train_steps']:,}: the checkpoint with the lowest validation loss of the "
+                "periodic evaluations during training")
+    return f"the last step ({step:,})"
+
+
+def _card_design(config, family, masked=False, mlm_probability=MLM_PROBABILITY):
+    if masked:
+        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
+                f"training {mlm_probability:.0%} of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a "
+                "random word, 10% kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
+                           else "") + ".")
+    if family == "decoder":
+        return "Causal LM: the decoder predicts every next token of its block."
+    if config.next_token_mode == "window":
+        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
+                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token. This is the "
+                "design document's literal head, kept as a baseline: a pass learns from one target, where the "
+                "many-target head (`next_token_mode=\"many\"`) learns from many at about the same cost, so at equal "
+                "training time it sees far fewer targets and its evaluation takes one pass per scored token. Prefer a "
+                "many-target checkpoint for use.")
+    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
+            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
+            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
+            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
+            "position's state) reads the states up to it. No prediction sees its own target or a later token.")
+
+
+def card_config(model):
+    """`model`'s config as config.json holds it (less `auto_map`), with only the fields that bear on this model: none
+    of another attention kernel (`feature_map` under softmax), none of the next-token windows on the decoder or a
+    masked LM (`pooling`, `target_length`, ...), no width divisor of an adaptive layer that is off (`_FIELD_APPLIES`).
+    The weights load from config.json itself; this is what a card's reader needs to know of the model."""
+    from ..attention import ATTENTION_KERNELS  # a registry, not a toolkit name to re-export
+
+    config = model.config
+    head = "masked" if is_masked_lm(model) else "next_token" if config.windowed_heads else "causal"
+    kernel_fields = attention_kernel(config).config_fields
+    other_kernels = {f for kernel in ATTENTION_KERNELS.values() for f in kernel.config_fields} - set(kernel_fields)
+    return {key: value for key, value in config.to_diff_dict().items()
+            if key != "auto_map" and key not in other_kernels
+            and (key not in _FIELD_APPLIES or _FIELD_APPLIES[key](config, head))}
+
+
+def data_file_record(files):
+    """{split: path} of the local text files a run read -> {split: {"path", "sha256"}}, what train_lm.py records in
+    all_results.json as `data_files`: the card can then tell WikiText-2's own files (`WIKITEXT2_SHA256`) from other
+    text, whatever their names."""
+    return {split: {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+            for split, path in files.items()}
+
+
+def hub_training_command(command, data_files=None):
+    """The training command as a card gives it, and a sentence on the data -> (command, sentence). A Hub reader has
+    no copy of the run's local files: a run that read WikiText-2's own files (train and validation at least, by
+    SHA-256 in `data_files`, see `data_file_record`) gets the `datasets` form of the same data in place of its file
+    flags (`WIKITEXT2_DATASET_FLAGS`); a run that read other local files keeps its command, and the sentence says the
+    data were local files. A run that loaded a dataset through `datasets` keeps its command and gets no sentence."""
+    words, dropped = [], []
+    remaining = iter(command.split())
+    for word in remaining:
+        flag = _data_flag(word)
+        if flag is None:
+            words.append(word)
+            continue
+        dropped.append(flag)
+        if "=" not in word:
+            next(remaining, None)  # its value
+    file_flags = [flag for flag in dropped if flag in _FILE_FLAGS.values()]
+    if not data_files and not file_flags:
+        return command, ""
+    wikitext = (data_files and {"train", "validation"} <= set(data_files)
+                and all(WIKITEXT2_SHA256.get(split) == record["sha256"] for split, record in data_files.items())
+                and sorted(file_flags) == sorted(_FILE_FLAGS[split] for split in data_files))
+    if wikitext:
+        return (" ".join(words + WIKITEXT2_DATASET_FLAGS.split()),
+                "The run read local copies of WikiText-2's files (byte-identical to `wikitext-2-v1`); the command "
+                "above loads the same splits through `datasets`. ")
+    names = ", ".join(f"`{Path(record['path']).name}`" for record in (data_files or {}).values()) or "the `--*_file` flags"
+    return command, (f"The run read local text files ({names}), which are not published with this model: the command "
+                     "needs files of the same form in their place. ")
+
+
+def _data_flag(word):
+    """The train_lm.py data flag `word` gives (`--train_file`, `--train-file=x`, or a prefix argparse accepts), or
+    None."""
+    name = word.split("=", 1)[0].replace("-", "_")
+    if not word.startswith("--") or len(name) < 3:
+        return None
+    name = "--" + name[2:]
+    matches = [flag for flag in _DATA_FLAGS if flag.startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def write_lm_model_card(output_dir, model, results, block_size, repo_id, command):
+    """The filled model card (README.md) of a language-model run from its `results` (all_results.json), the template
+    by objective (`CARD_TEMPLATES`). What the run did not measure is left out: the card's `model-index` lists the
+    splits it evaluated (none without --do_eval and --do_predict), its table the numbers it has. The command is given
+    as `hub_training_command` writes it, with `results["data_files"]`."""
+    mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
+    fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
+    masked = is_masked_lm(model)
+    template = CARD_TEMPLATES / ("mlm_model_card.md" if masked else "lm_model_card.md")
+    command, data_note = hub_training_command(command, results.get("data_files"))
+    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note,
+                            model_index=_model_index(repo_id, fields, masked))
+
+
+def _model_index(repo_id, fields, masked):
+    """The card's `model-index` metadata (the Hub's evaluation results) for the WikiText-2 splits with a perplexity
+    in `fields` (`lm_model_card_fields`); "" where there is none."""
+    task, task_name = ("fill-mask", "Masked language modelling") if masked else ("text-generation", "Language modelling")
+    measure = "masked-token " if masked else ""
+    accuracy = "masked-token accuracy" if masked else "next-token accuracy"
+    entries = []
+    for split, key in (("validation", "val"), ("test", "test")):
+        if fields[f"{key}_ppl"] is None:
+            continue
+        label = split.capitalize()
+        metrics = [("perplexity", fields[f"{key}_ppl"], f"{label} {measure}perplexity")]
+        if fields[f"{key}_acc"] is not None:
+            metrics.append(("accuracy", fields[f"{key}_acc"], f"{label} {accuracy}"))
+        entries.append(
+            f"  - task:\n      type: {task}\n      name: {task_name}\n    dataset:\n      type: wikitext\n"
+            f"      name: WikiText-2 (wikitext-2-v1)\n      config: wikitext-2-v1\n      split: {split}\n    metrics:\n"
+            + "".join(f"    - type: {kind}\n      value: {value}\n      name: {name}\n" for kind, value, name in metrics))
+    return f"model-index:\n- name: {repo_id}\n  results:\n" + "".join(entries) if entries else ""
+
+
+def refresh_model_card(run_dir, repo_id=None):
+    """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
+    config.json and training_args.json (after a change to the card, or for another Hub name; the weights are not
+    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). What the run
+    did not measure (no --do_predict, say) is left out of the card. The command and the sequence length are the ones
+    all_results.json records; a run that did not record them (made before
+    train_lm.py did) is refused with a ValueError. Returns the card's path."""
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "all_results.json").read_text())
+    length = results.get("hyperparameters", {}).get("sequence_length")
+    unrecorded = [name for name, value in (("command", results.get("command")),
+                                           ("hyperparameters.sequence_length", length)) if value is None]
+    if results.get("objective") == "mlm" and "mlm_probability" not in results:
+        unrecorded.append("mlm_probability")
+    if unrecorded:
+        raise ValueError(f"{run_dir}: all_results.json does not record the run's {', '.join(unrecorded)} (a run made "
+                         "before train_lm.py recorded them); its model card cannot be written again from the folder.")
+    config = transformers.AutoConfig.from_pretrained(run_dir)
+    name = (getattr(config, "architectures", None) or [None])[0]
+    model_class = _model_classes().get(name) if isinstance(name, str) else None
+    if model_class is None:
+        # never call a class by a name read from a file without checking it is one of ours
+        raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
+                         "model class.")
+    with torch.device("meta"):  # the card reads the config and the class; no weights needed
+        model = model_class(config)
+    args_file = run_dir / "training_args.json"
+    if repo_id is None:
+        repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
+    return write_lm_model_card(run_dir, model, results, length, repo_id, results["command"])
+
+
+def _model_classes():
+    """Class name -> class, for every model class of every family (`families.FAMILIES`)."""
+    from ..families import FAMILIES
+
+    return {cls.__name__: cls for family in FAMILIES.values() for cls in family.model_classes().values()}
