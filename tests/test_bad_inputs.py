@@ -661,3 +661,34 @@ def test_train_sets_model_flags_are_refused_naming_the_flag(tmp_path, extra, wor
         train_sets.main(["--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--report_to", "none", *extra])
     for word in words:
         assert word in str(err.value.code), str(err.value.code)
+
+
+def run_script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
+
+
+@pytest.mark.parametrize("damaged", ["all_results.json", "config.json"])
+def test_push_run_names_a_damaged_json_file(tmp_path, damaged):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("x")
+    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9, "test_perplexity": 9,
+                                                         "train_tokens": 9}))
+    (folder / "config.json").write_text("{}")
+    (folder / damaged).write_text('{"cut off')
+    result = run_script("push_run", folder, "user/x")
+    assert result.returncode == 1 and f"{folder / damaged} is not valid JSON" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", ["lm_results", "set_results"])
+def test_results_scripts_name_a_missing_folder_and_skip_a_damaged_file_aloud(tmp_path, script):
+    result = run_script(script, tmp_path / "nope")
+    assert result.returncode == 1 and f"No such folder: {tmp_path / 'nope'}" in result.stderr, result.stderr[-2000:]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "all_results.json").write_bytes(b"\xff\xfe not json")
+    result = run_script(script, tmp_path)
+    assert f"skipped {tmp_path / 'run' / 'all_results.json'}: not readable as JSON" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
