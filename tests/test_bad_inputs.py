@@ -430,7 +430,7 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
     common = [sys.executable, str(ROOT / "scripts" / "train_lm.py"), "--do_train", "--train_file",
               str(texts / "train.txt"), "--preset", "tiny", "--output_dir", str(out), "--save_steps", "5",
               "--report_to", "none", "--disable_tqdm", "true", "--resume_from_checkpoint", "true"]
-    first = subprocess.Popen(common + ["--max_steps", "400"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    first = subprocess.Popen(common + ["--max_steps", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, cwd=ROOT, env=SCRIPT_ENV)
     try:
         deadline = time.time() + 120
@@ -442,7 +442,7 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
         os.kill(first.pid, signal.SIGSTOP)
         try:
             second = subprocess.run(
-                common + ["--max_steps", "400"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=SCRIPT_ENV
+                common + ["--max_steps", "60"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=SCRIPT_ENV
             )
         finally:
             os.kill(first.pid, signal.SIGCONT)
@@ -453,7 +453,7 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
     finally:
         output = first.communicate(timeout=300)[0]
     assert first.returncode == 0, output[-3000:]
-    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 400
+    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 60
 
 
 # ------------------------------------------------------------------------------------------------------ round two
