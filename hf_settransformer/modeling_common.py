@@ -1,6 +1,8 @@
 """What every family's models share: the `PreTrainedModel` base (initialisation, remote-code `auto_map`), input
 and mask checks, and the sequence-level heads (classification, next-token prediction) written once."""
 
+import difflib
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -122,6 +124,33 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
             f"values such as {bad}."
         )
     return bool(all_real)
+
+
+# keyword inputs that transformers' Trainer, generate() and tokenizers pass to a model besides its named arguments
+PASSED_THROUGH = frozenset({"num_items_in_batch", "shift_labels", "cache_position", "prefix_length", "return_dict",
+                            "token_type_ids", "return_loss", "logits_to_keep", "use_cache", "past_key_values",
+                            "position_ids", "output_attentions", "output_hidden_states", "labels"})
+
+
+def _forward_names(cls):
+    names = cls.__dict__.get("_hfst_forward_names")
+    if names is None:
+        names = frozenset(n for n, p in inspect.signature(cls.forward).parameters.items()
+                          if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self")
+        setattr(cls, "_hfst_forward_names", names)
+    return names
+
+
+def check_keyword_names(cls, kwargs):
+    """Refuses a keyword input one typo away from one of `cls.forward`'s (`attention_masks=`, `label=`): transformers
+    models take `**kwargs` and would drop it without a word (no padding mask, no loss). Other unknown names pass."""
+    names = _forward_names(cls)
+    for key in kwargs:
+        if key in names or key in PASSED_THROUGH:
+            continue
+        near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+        if near:
+            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near[0]}`?).")
 
 
 def check_position_count(count, max_positions):
@@ -258,6 +287,22 @@ class HfstPreTrainedModel(PreTrainedModel):
             custom_object_save(self, save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
+    def __call__(self, *args, **kwargs):
+        if kwargs and not torch.compiler.is_compiling():
+            check_keyword_names(type(self), kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        """As `GenerationMixin`'s (the heads that generate list it), then counts that transformers 5.23 does not check:
+        `num_beams=0` divides by zero deep inside, a negative one fails on a tensor shape, and
+        `num_return_sequences=0` returns one sequence each."""
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
+            value = getattr(generation_config, name, None)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        return generation_config, model_kwargs
+
     def embed_inputs(
         self,
         input_ids=None,
@@ -291,6 +336,14 @@ class HfstPreTrainedModel(PreTrainedModel):
                 f"{tuple(attention_mask.shape)}."
             )
         key_mask = check_attention_mask(attention_mask, b, key_length)
+        if position_ids is not None and (
+            position_ids.is_floating_point() or position_ids.dtype == torch.bool or position_ids.dim() != 2
+            or position_ids.shape[0] not in (1, b) or position_ids.shape[1] != n
+        ):
+            raise ValueError(
+                f"`position_ids` must be integers of shape (batch, length) = ({b}, {n}) or (1, {n}), got "
+                f"{position_ids.dtype} of shape {tuple(position_ids.shape)}."
+            )
         learned = self.config.position_embedding_type == "learned"
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
@@ -535,6 +588,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         With an adaptive softmax (`adaptive_softmax_cutoffs`) the logits are exact log-probabilities, and a training
         forward with `labels` computes only the loss (`logits=None`): the masked positions are a small share of the
         block, and full log-probabilities of every position would cost most of the step."""
+        check_token_labels(labels, self.config.vocab_size)
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
             input_ids=input_ids,
@@ -604,11 +658,71 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         logits = self.classifier(self.head_dropout(pooled))  # (b, num_labels)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = self.loss_function(labels=check_classification_labels(labels, logits, self.config),
+                                      pooled_logits=logits, config=self.config)
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
         return output
+
+
+def check_token_labels(labels, vocab_size):
+    """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype, or an id
+    outside the vocabulary, is refused naming it (cross-entropy would say "expected target dtype to be Long" or
+    "Target 109 is out of bounds", and on CUDA fail with a device-side assert). Reads one value back from the device
+    (none under `torch.compile`)."""
+    if labels is None:
+        return
+    if not torch.is_tensor(labels) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        kind = labels.dtype if torch.is_tensor(labels) else type(labels).__name__
+        raise ValueError(f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}.")
+    if torch.compiler.is_compiling() or not labels.numel():
+        return
+    bad = ((labels < 0) & (labels != -100)) | (labels >= vocab_size)
+    if bad.any():
+        values = labels[bad].unique()[:5].tolist()
+        raise ValueError(
+            f"`labels` hold ids outside the vocabulary [0, {vocab_size - 1}] (and not -100, the ignored label): "
+            f"{values}."
+        )
+
+
+def check_classification_labels(labels, logits, config):
+    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as it
+    does, without setting it on a bad batch): class indices (integers, (b,)) for single-label classification, (b,
+    num_labels) 0/1 values for multi-label (integers are cast to float), numbers for regression (likewise). Anything
+    else is refused naming the labels' dtype and shape; transformers would read float class indices as multi-label
+    targets and fail on the shapes, or pass integer regression targets to MSELoss."""
+    if not torch.is_tensor(labels):
+        raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
+    batch, num_labels = logits.shape
+    integer = not labels.is_floating_point() and labels.dtype != torch.bool and not labels.is_complex()
+    problem = config.problem_type or (
+        "regression" if num_labels == 1 else "single_label_classification" if integer else "multi_label_classification"
+    )
+    got = f"got {labels.dtype} of shape {tuple(labels.shape)}"
+    if problem == "single_label_classification":
+        if not integer or labels.shape not in ((batch,), (batch, 1)):
+            raise ValueError(
+                f"`labels` for single-label classification must be class indices, integers of shape ({batch},), "
+                f"{got}. Use labels.long() for float class ids; for multi-label classification pass ({batch}, "
+                f"{num_labels}) 0/1 labels with problem_type='multi_label_classification'; for regression set "
+                "num_labels=1 or problem_type='regression'."
+            )
+        return labels
+    if labels.dtype == torch.bool or labels.is_complex():
+        if labels.dtype != torch.bool or problem != "multi_label_classification":
+            raise ValueError(f"`labels` for {problem} must be real numbers, {got}.")
+    if problem == "multi_label_classification":
+        if labels.shape != (batch, num_labels):
+            hint = " (class indices? use labels.long())" if labels.shape == (batch,) else ""
+            raise ValueError(
+                f"`labels` for multi-label classification must be 0/1 values of shape ({batch}, {num_labels}), "
+                f"{got}{hint}. For single-label classification pass integer class indices of shape ({batch},)."
+            )
+    elif labels.numel() != batch * num_labels:
+        raise ValueError(f"`labels` for regression must hold {num_labels} value(s) per example ({batch} examples), {got}.")
+    return labels.to(logits.dtype)
 
 
 def causal_lm_loss(logits, labels, num_items_in_batch=None, shift_labels=None):
@@ -699,6 +813,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         shift_labels = kwargs.pop("shift_labels", None)
         if shift_labels is not None:  # targets already aligned with the positions (sequence/context parallelism)
             labels = shift_labels
+        check_token_labels(labels, self.config.vocab_size)
         if self.config.next_token_mode == "window":
             if shift_labels is not None:
                 labels = shift_labels[:, -1]  # the target of the window's last position: the token after it

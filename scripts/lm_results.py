@@ -11,11 +11,10 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
 """
 
 import argparse
-import json
 import math
 from pathlib import Path
 
-from results_common import keep
+from results_common import check_folders, keep, read_results
 
 ORDER = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 ATTENTION = {
@@ -30,8 +29,8 @@ def load(folders):
     runs = []
     for folder in folders:
         for path in sorted(Path(folder).glob("**/all_results.json")):
-            result = json.loads(path.read_text())
-            if "validation_perplexity" in result:
+            result = read_results(path)
+            if result is not None and "validation_perplexity" in result:
                 result["name"] = path.parent.name
                 result["path"] = path
                 runs.append(result)
@@ -190,6 +189,7 @@ def main():
     p.add_argument("--refresh_cards", action="store_true",
                    help="write each run's model card again with the current templates (folders with config.json)")
     args = p.parse_args()
+    check_folders(args.folders)
     runs = load(args.folders)
     if not runs:
         raise SystemExit(f"No all_results.json with evaluation results under {args.folders}.")

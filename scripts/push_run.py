@@ -19,6 +19,16 @@ from pathlib import Path
 NEEDED = ("all_results.json", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
+def read_json_object(path):
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise SystemExit(f"{path} is not valid JSON ({err}): not publishing a run whose files are damaged.") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"{path} holds a JSON {type(value).__name__}, not an object: not publishing it.")
+    return value
+
+
 def check_finished_run(run_dir):
     """Raises SystemExit naming what `run_dir` lacks to be a finished run. Its card gives what the run measured: a
     run without --do_predict (say) is published with a card that has no test perplexity."""
@@ -28,7 +38,7 @@ def check_finished_run(run_dir):
     missing = [name for name in NEEDED if not (run_dir / name).is_file()]
     if missing:
         raise SystemExit(f"{run_dir} is not a finished train_lm.py run: no {', '.join(missing)} there.")
-    config = json.loads((run_dir / "config.json").read_text())
+    _, config = (read_json_object(run_dir / name) for name in ("all_results.json", "config.json"))  # both readable
     refs = [r for v in config.get("auto_map", {}).values() for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
     code = sorted({ref.split("--")[-1].split(".")[0] + ".py" for ref in refs})  # "repo--module.Class" or "module.Class"
     absent = [name for name in code if not (run_dir / name).is_file()]

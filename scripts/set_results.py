@@ -8,10 +8,9 @@ Training times are this machine's, as the runs recorded them (see each run's `th
 """
 
 import argparse
-import json
 from pathlib import Path
 
-from results_common import keep
+from results_common import check_folders, keep, read_results
 
 ORDER = ["max_regression", "mixture_of_gaussians", "point_clouds"]
 METRIC = {
@@ -26,8 +25,8 @@ def load(folders):
     runs = []
     for folder in folders:
         for path in sorted(Path(folder).glob("**/all_results.json")):
-            result = json.loads(path.read_text())
-            if result.get("task") in METRIC:
+            result = read_results(path)
+            if result is not None and result.get("task") in METRIC:
                 result["name"], result["path"] = path.parent.name, path
                 runs.append(result)
     runs.sort(key=lambda r: (ORDER.index(r["task"]), r["model"].startswith("deepsets"), r["model"], r["name"]))
@@ -92,6 +91,7 @@ def main():
     p.add_argument("folders", nargs="+")
     p.add_argument("--copy_to", default=None)
     args = p.parse_args()
+    check_folders(args.folders)
     runs = load(args.folders)
     if not runs:
         raise SystemExit(f"No train_sets.py all_results.json under {args.folders}.")

@@ -96,6 +96,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     is_masked_lm,
     lm_flops_per_token,
     lm_training_dataset,
+    load_pretrained,
     lock_output_dir,
     max_steps_for_budget,
     model_flops_utilization,
@@ -346,6 +347,25 @@ def best_checkpoint_possible(args):
 # ----------------------------------------------------------------------------------------------------------- data
 
 
+def check_text_file(flag, path):
+    """Refuses a file that is empty, binary (NUL bytes) or not UTF-8, naming `flag`, the file and the first bad byte
+    (`datasets` fails on the last two with a `DatasetGenerationError` that names neither)."""
+    data = Path(path).read_bytes()
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise SystemExit(f"{flag}: {path} is a binary file (a NUL byte at offset {nul:,}), not text.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise SystemExit(
+            f"{flag}: {path} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start:,} (line {line}) "
+            "cannot be decoded. Convert it first, e.g. `iconv -f latin1 -t utf-8`."
+        ) from None
+    if not text.strip():
+        raise SystemExit(f"{flag}: {path} is empty (no text on any line).")
+
+
 def load_splits(data_args):
     """-> {split: list of lines}. Local files when given, else `datasets.load_dataset(name, config)`."""
     import datasets
@@ -361,10 +381,11 @@ def load_splits(data_args):
     }
     if files:
         for split, path in files.items():
+            if Path(path).is_dir():
+                raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
             if not Path(path).is_file():
                 raise SystemExit(f"--{split}_file: no such file: {path}")
-            if not Path(path).read_text(encoding="utf-8", errors="replace").strip():
-                raise SystemExit(f"--{split}_file: {path} is empty (no text on any line).")
+            check_text_file(f"--{split}_file", path)
         raw = datasets.load_dataset("text", data_files=files)
     else:
         try:
@@ -414,7 +435,8 @@ def build_model(model_args, data_args, vocab_size, eos_id):
     if model_args.model_name_or_path:
         if model_args.config_overrides:
             raise SystemExit("--config_overrides applies to new models, not to --model_name_or_path.")
-        model = auto.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
+        model = load_pretrained("--model_name_or_path", model_args.model_name_or_path, auto.from_pretrained,
+                                trust_remote_code=model_args.trust_remote_code)
     else:
         model = auto.from_config(new_config(model_args, data_args, vocab_size, eos_id))
     if model.config.vocab_size < vocab_size:
@@ -503,7 +525,9 @@ def load_data(model_args, data_args, training_args, command, say):
     (an explicit --do_eval is an error), without a test split --do_predict is."""
     splits = load_splits(data_args)
     if model_args.tokenizer_name or model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+        flag = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+        tokenizer = load_pretrained(flag, model_args.tokenizer_name or model_args.model_name_or_path,
+                                    AutoTokenizer.from_pretrained)
     else:
         tokenizer = build_word_tokenizer(splits["train"])
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
@@ -744,6 +768,19 @@ def check_arguments(model_args, data_args, training_args):
         value = getattr(data_args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+        if getattr(training_args, name) < 1:
+            raise SystemExit(f"--{name} must be a positive integer, got {getattr(training_args, name)}.")
+    if not 0 < training_args.learning_rate < float("inf"):
+        raise SystemExit(f"--learning_rate must be a positive finite number, got {training_args.learning_rate}.")
+    if model_args.family == "decoder":  # a causal LM over --block_size blocks: the window flags have no model to set
+        given = [f"--{name}" for name in ("context_length", "target_length") if getattr(data_args, name) is not None]
+        given += ["--next_token_mode window"] if model_args.next_token_mode != "many" else []
+        if given:
+            raise SystemExit(
+                f"{', '.join(given)} cannot apply to --family decoder (a causal LM over --block_size tokens; the "
+                "next-token windows are the other families' heads)."
+            )
     if training_args.gradient_accumulation_steps < 1:
         raise SystemExit(
             f"--gradient_accumulation_steps must be a positive integer, got {training_args.gradient_accumulation_steps}."
@@ -776,8 +813,17 @@ def check_arguments(model_args, data_args, training_args):
 def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
     check_arguments(model_args, data_args, training_args)
-    # this run owns --output_dir until it exits: a second run on the folder stops here, naming this one
-    lock = lock_output_dir(training_args, command, script="train_lm")  # noqa: F841 (held until the process ends)
+    # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
+    # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error
+    lock = lock_output_dir(training_args, command, script="train_lm")
+    try:
+        return run(model_args, data_args, training_args, command)
+    finally:
+        lock.release()
+
+
+def run(model_args, data_args, training_args, command):
+    """main's work, under the output folder's lock."""
     check_output_dir(training_args, data_args.overwrite_output_dir, script="train_lm")
     transformers.logging.set_verbosity_warning()
     set_seed(training_args.seed)
@@ -828,7 +874,7 @@ def main(argv=None):
     if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
         results["data_files"] = data_file_record({split: path for split, path in files.items() if path})
     if training_args.do_train:
-        results.update(train_and_measure(trainer, resume, timer, budget, length))
+        results.update(train_and_measure(trainer, resume, timer, budget, length, script="train_lm"))
         results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],
                                    length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))

@@ -43,6 +43,7 @@ from hf_settransformer.toolkit import (
     check_output_dir,
     evaluate_set_task,
     l1_loss,
+    load_pretrained,
     lock_output_dir,
     make_set_task,
     resolve_resume,
@@ -159,7 +160,11 @@ def build_model(args):
     model_class, needs = TASK_HEADS[args.task]
     if args.task == "max_regression":
         common["problem_type"] = "regression"
-    return model_class(SetTransformerConfig(**needs, **common))
+    try:
+        config = SetTransformerConfig(**needs, **common)
+    except ValueError as err:  # a config field is the flag of the same name
+        raise SystemExit(f"Invalid model configuration (flags of the same names): {err}") from None
+    return model_class(config)
 
 
 def load_model(args):
@@ -171,14 +176,14 @@ def load_model(args):
     if given:
         raise SystemExit(f"{', '.join(given)}: the model comes from --model_name_or_path, whose config sets these.")
     model_class, needs = TASK_HEADS[args.task]
-    config = SetTransformerConfig.from_pretrained(args.model_name_or_path)
+    config = load_pretrained("--model_name_or_path", args.model_name_or_path, SetTransformerConfig.from_pretrained)
     wrong = {key: getattr(config, key, None) for key, value in needs.items() if getattr(config, key, None) != value}
     if wrong or model_class.__name__ not in (config.architectures or []):
         raise SystemExit(
             f"{args.model_name_or_path} holds a {', '.join(config.architectures or ['model'])} with {wrong or needs}; "
             f"the {args.task} task needs a {model_class.__name__} with {needs}."
         )
-    model = model_class.from_pretrained(args.model_name_or_path)
+    model = load_pretrained("--model_name_or_path", args.model_name_or_path, model_class.from_pretrained)
     for key in ARCHITECTURE:
         setattr(args, key, getattr(config, key))
     return model
@@ -247,7 +252,16 @@ def main(argv=None):
     parser = HfArgumentParser((SetArguments, TrainingArguments))
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
     check_arguments(args)
-    lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")  # noqa: F841 (held)
+    # held while main runs, released however it ends (main can run again in one process after an error)
+    lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")
+    try:
+        return run(args, training_args)
+    finally:
+        lock.release()
+
+
+def run(args, training_args):
+    """main's work, under the output folder's lock."""
     check_output_dir(training_args, args.overwrite_output_dir, script="train_sets")
     set_seed(training_args.seed)
     model = load_model(args) if args.model_name_or_path else None
@@ -276,7 +290,7 @@ def main(argv=None):
         callbacks=callbacks,
     )
     start = time.time()
-    train_unless_finished(trainer, resume)
+    train_unless_finished(trainer, resume, script="train_sets")
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
     train_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds

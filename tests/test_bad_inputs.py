@@ -26,6 +26,8 @@ CONFIGS = {
     "set_transformer": hfst.SetTransformerConfig,
     "perceiver_io": hfst.PerceiverIOConfig,
 }
+# a script run as a process imports this checkout's package, not an installed one (another checkout's, say)
+SCRIPT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def load_script(name):
@@ -276,6 +278,8 @@ def texts(tmp_path_factory):
     (folder / "empty.txt").write_text("")
     (folder / "blank.txt").write_text("\n \n\n")
     (folder / "short.txt").write_text("w1 w2 w3\n")
+    (folder / "binary.bin").write_bytes(b"w1 w2\n" + bytes(range(256)) * 4)
+    (folder / "latin1.txt").write_bytes("w1 w2\ncaf\u00e9 w3\n".encode("latin-1"))
     return folder
 
 
@@ -339,6 +343,20 @@ FLAG_CASES = [
     (["--output_dir", "{train}"], ["--output_dir", "is a file, not a folder"]),
     (["--model_name_or_path", "{run}", "--tokenizer_name", "{small_tokenizer}"],
      ["--tokenizer_name", "has 6 tokens", "vocabulary of", "Use the model's own tokenizer"]),
+    # issue 36, round two
+    (["--tokenizer_name", "{missing}/tokenizer"], ["--tokenizer_name", "missing.txt/tokenizer: no such folder"]),
+    (["--model_name_or_path", "{missing}/model"], ["--model_name_or_path", "missing.txt/model: no such folder"]),
+    (["--model_name_or_path", "{train}"], ["--model_name_or_path", "train.txt: is a file"]),
+    (["--model_name_or_path", "{texts}"], ["--model_name_or_path", "could not load from this folder"]),
+    (["--train_file", "{binary}"], ["--train_file", "binary.bin is a binary file", "NUL byte at offset"]),
+    (["--validation_file", "{latin1}"], ["--validation_file", "latin1.txt is not UTF-8", "0xe9", "line 2"]),
+    (["--train_file", "{texts}"], ["--train_file", "is a folder; pass a text file"]),
+    (["--resume_from_checkpoint", "{missing}"], ["--resume_from_checkpoint", "missing.txt: no such folder"]),
+    (["--learning_rate", "nan"], ["--learning_rate must be a positive finite number, got nan"]),
+    (["--learning_rate", "-1"], ["--learning_rate must be a positive finite number, got -1.0"]),
+    (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
+    (["--context_length", "32"], ["--context_length cannot apply to --family decoder"]),
+    (["--next_token_mode", "window"], ["--next_token_mode window cannot apply to --family decoder"]),
 ]
 
 
@@ -360,7 +378,7 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
     files = dict(train=texts / "train.txt", empty=texts / "empty.txt", blank=texts / "blank.txt",
                  short=texts / "short.txt", missing=texts / "missing.txt", checkpoint=decoder_checkpoint,
                  unnamed=unnamed, badjson=badjson, nomarker=nomarker, run=decoder_checkpoint.parent, partial=partial,
-                 small_tokenizer=small_tokenizer)
+                 small_tokenizer=small_tokenizer, binary=texts / "binary.bin", latin1=texts / "latin1.txt", texts=texts)
     args = {"--train_file": str(texts / "train.txt"), "--validation_file": str(texts / "train.txt"),
             "--preset": "tiny", "--output_dir": str(tmp_path / "out"), "--max_steps": "2", "--report_to": "none",
             "--disable_tqdm": "true"}
@@ -412,8 +430,8 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
     common = [sys.executable, str(ROOT / "scripts" / "train_lm.py"), "--do_train", "--train_file",
               str(texts / "train.txt"), "--preset", "tiny", "--output_dir", str(out), "--save_steps", "5",
               "--report_to", "none", "--disable_tqdm", "true", "--resume_from_checkpoint", "true"]
-    first = subprocess.Popen(common + ["--max_steps", "400"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, cwd=ROOT)
+    first = subprocess.Popen(common + ["--max_steps", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, cwd=ROOT, env=SCRIPT_ENV)
     try:
         deadline = time.time() + 120
         while not list(out.glob("checkpoint-*")) and time.time() < deadline and first.poll() is None:
@@ -424,7 +442,7 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
         os.kill(first.pid, signal.SIGSTOP)
         try:
             second = subprocess.run(
-                common + ["--max_steps", "400"], capture_output=True, text=True, timeout=120, cwd=ROOT
+                common + ["--max_steps", "60"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=SCRIPT_ENV
             )
         finally:
             os.kill(first.pid, signal.SIGCONT)
@@ -435,4 +453,242 @@ def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, te
     finally:
         output = first.communicate(timeout=300)[0]
     assert first.returncode == 0, output[-3000:]
-    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 400
+    assert json.loads((out / "all_results.json").read_text())["train_steps"] == 60
+
+
+# ------------------------------------------------------------------------------------------------------ round two
+
+def test_a_missing_model_offline_says_the_hub_is_not_reachable(tmp_path, texts, train_lm, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for value, words in ((str(tmp_path / "nothing"), ["no such folder"]),
+                         ("hfst-no-such-model", ["no such folder, and no Hub repo of that name could be loaded"])):
+        with pytest.raises(SystemExit) as err:
+            train_lm.main(["--do_train", "--train_file", str(texts / "train.txt"), "--output_dir", str(tmp_path / "o"),
+                           "--model_name_or_path", value, "--report_to", "none"])
+        for word in [f"--model_name_or_path {value}", *words, "HF_HUB_OFFLINE is set"]:
+            assert word in str(err.value.code), str(err.value.code)
+
+
+GENERATE_CASES = [({"num_beams": 0}, "`num_beams` must be a positive integer, got 0"),
+                  ({"num_beams": -2}, "`num_beams` must be a positive integer, got -2"),
+                  ({"num_return_sequences": 0}, "`num_return_sequences` must be a positive integer, got 0")]
+
+
+@pytest.mark.parametrize("kwargs,words", GENERATE_CASES, ids=[str(c[0]) for c in GENERATE_CASES])
+@pytest.mark.parametrize("cls,family", [("TransformerDecoderForCausalLM", "decoder"),
+                                        ("SetTransformerForNextTokenPrediction", "set_transformer")])
+def test_generate_refuses_counts_transformers_does_not_check(cls, family, kwargs, words):
+    """transformers 5.23 divides by zero on num_beams=0, fails on a tensor shape for a negative one and returns one
+    sequence for num_return_sequences=0; its own checks (max_new_tokens < 1, temperature 0, num_return_sequences >
+    num_beams) are clear already."""
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    with pytest.raises(ValueError, match=words):
+        model.generate(torch.randint(1, 37, (1, 4)), max_new_tokens=2, pad_token_id=0, **kwargs)
+
+
+CLASSIFIERS = {"encoder": "TransformerEncoderForSequenceClassification",
+               "set_transformer": "SetTransformerForSequenceClassification",
+               "perceiver_io": "PerceiverIOForSequenceClassification"}
+LABEL_CASES = [  # (config kwargs, labels, words of the error or None: the loss transformers would compute)
+    ({}, torch.tensor([0.0, 2.0]), ["multi-label", "torch.float32 of shape (2,)", "labels.long()"]),
+    ({"problem_type": "single_label_classification"}, torch.tensor([0.0, 2.0]),
+     ["single-label", "torch.float32", "labels.long()"]),
+    ({}, torch.tensor([[0, 2], [1, 1]]), ["single-label", "torch.int64 of shape (2, 2)"]),
+    ({"problem_type": "multi_label_classification"}, torch.tensor([1, 0]), ["multi-label", "(2, 3)", "(2,)"]),
+    ({"problem_type": "regression"}, torch.ones(2, 2), ["regression", "3 value(s) per example"]),
+    ({}, torch.tensor([0, 2]), None),
+    ({"num_labels": 1}, torch.tensor([0.5, 2.0]), None),
+    ({"num_labels": 1}, torch.tensor([1, 2]), None),  # integer regression targets: as floats
+    ({}, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]), None),
+    ({"problem_type": "multi_label_classification"}, torch.tensor([[0, 1, 1], [1, 0, 0]]), None),
+]
+
+
+@pytest.mark.parametrize("config_kwargs,labels,words", LABEL_CASES, ids=[f"{c[0]}-{c[1].tolist()}" for c in LABEL_CASES])
+@pytest.mark.parametrize("family", list(CLASSIFIERS))
+def test_classification_labels_fit_the_problem_type_or_are_refused_naming_their_dtype(family, config_kwargs, labels,
+                                                                                      words):
+    from conftest import make_model, tiny_config
+    from torch.nn import functional as F
+
+    config = tiny_config(family, **{"num_labels": 3, **config_kwargs})
+    model = make_model(getattr(hfst, CLASSIFIERS[family]), config).eval()
+    ids = torch.randint(1, 37, (2, 6))
+    if words:
+        with pytest.raises(ValueError) as err:
+            model(input_ids=ids, labels=labels)
+        for word in words:
+            assert word in str(err.value), str(err.value)
+        assert model.config.problem_type == config_kwargs.get("problem_type"), "a refused batch must not set it"
+        return
+    out = model(input_ids=ids, labels=labels)
+    logits = out.logits
+    if model.config.num_labels == 1:
+        expected = F.mse_loss(logits.squeeze(), labels.float())
+    elif labels.dim() == 1:
+        expected = F.cross_entropy(logits, labels)
+    else:
+        expected = F.binary_cross_entropy_with_logits(logits, labels.float())
+    assert torch.allclose(out.loss, expected)
+
+
+def tiny_run_args(texts, out, *extra):
+    return ["--do_train", "--train_file", str(texts / "train.txt"), "--preset", "tiny", "--output_dir", str(out),
+            "--report_to", "none", "--disable_tqdm", "true", *extra]
+
+
+DISK_FULL = {"ENOSPC": (OSError(28, "No space left on device", "optimizer.pt"), "the disk is full"),
+             "torch writer": (RuntimeError("basic_ios::clear: iostream error"), "the disk is probably full")}
+
+
+@pytest.mark.parametrize("error", list(DISK_FULL))
+def test_a_full_disk_while_saving_says_so_and_the_previous_checkpoint_resumes(tmp_path, texts, train_lm, monkeypatch,
+                                                                            capsys, error):
+    out = tmp_path / "run"
+    real_save = torch.save
+    raised, words = DISK_FULL[error]
+
+    def save(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt") and "checkpoint-4" in str(f):
+            raise raised
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(SystemExit) as err:
+        train_lm.main(tiny_run_args(texts, out, "--max_steps", "6", "--save_steps", "2"))
+    message = str(err.value.code)
+    for word in (words, str(raised).splitlines()[0], f"resume from {out / 'checkpoint-2'} (step 2, complete)",
+                 "--resume_from_checkpoint true"):
+        assert word in message, message
+    monkeypatch.setattr(torch, "save", real_save)
+    results = train_lm.main(tiny_run_args(texts, out, "--max_steps", "6", "--save_steps", "2",
+                                          "--resume_from_checkpoint", "true"))
+    assert results["resumed_from_step"] == 2 and results["train_steps"] == 6
+    assert "checkpoint-4 was never completely written" in capsys.readouterr().out
+
+
+def test_ctrl_c_before_any_checkpoint_says_none_exists_and_exits_130(tmp_path, texts, train_lm, monkeypatch, capsys):
+    import transformers
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Trainer, "training_step", interrupted)
+    with pytest.raises(SystemExit) as err:
+        train_lm.main(tiny_run_args(texts, tmp_path / "run", "--max_steps", "6", "--save_steps", "2"))
+    assert err.value.code == 130
+    assert "interrupted (Ctrl-C): no complete checkpoint in" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_training_names_the_newest_complete_checkpoint_and_exits_130(tmp_path, texts):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train_lm.py"),
+                            *tiny_run_args(texts, out, "--max_steps", "100000", "--save_steps", "3")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=SCRIPT_ENV)
+    try:
+        deadline = time.time() + 120
+        while not list(out.glob("checkpoint-*/hfst_checkpoint_complete.json")) and time.time() < deadline:
+            assert run.poll() is None, run.communicate()[1][-2000:]
+            time.sleep(0.2)
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    line = next(line for line in stderr.splitlines() if "interrupted (Ctrl-C)" in line)
+    assert f"resume from {out}/checkpoint-" in line and "--resume_from_checkpoint true" in line
+
+
+SIBLING_INPUT_CASES = [  # (head, family, kwargs beyond input_ids, words of the error)
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.full((2, 6), 40)},
+     ["`labels` hold ids outside the vocabulary [0, 36]", "[40]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.full((2, 6), -3)}, ["not -100", "[-3]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.ones(2, 6)}, ["`labels` must be token ids", "float32"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.ones(2, 6)}, ["`labels` must be token ids", "float32"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.full((2, 6), 37)}, ["outside the vocabulary", "[37]"]),
+    ("SetTransformerForNextTokenPrediction", "set_transformer", {"labels": torch.full((2, 6), 99)},
+     ["outside the vocabulary", "[99]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"position_ids": torch.arange(3)[None]},
+     ["`position_ids` must be integers of shape", "(2, 6) or (1, 6)", "(1, 3)"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"position_ids": torch.arange(6.0)[None]},
+     ["`position_ids` must be integers", "torch.float32"]),
+    ("TransformerEncoderModel", "encoder", {"attention_masks": torch.ones(2, 6)},
+     ["`attention_masks` is not an input", "did you mean `attention_mask`"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"label": torch.ones(2, 6, dtype=torch.long)},
+     ["`label` is not an input", "did you mean `labels`"]),
+    ("SetTransformerForSequenceClassification", "set_transformer", {"output_attention": True},
+     ["`output_attention` is not an input", "did you mean `output_attentions`"]),
+]
+
+
+@pytest.mark.parametrize("cls,family,kwargs,words", SIBLING_INPUT_CASES,
+                         ids=[f"{c[0]}-{list(c[2])[0]}-{i}" for i, c in enumerate(SIBLING_INPUT_CASES)])
+def test_label_position_and_keyword_misuse_is_refused_naming_it(cls, family, kwargs, words):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family, num_labels=3))
+    with pytest.raises(ValueError) as err:
+        model(input_ids=torch.randint(1, 37, (2, 6)), **kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_unknown_keywords_far_from_every_input_still_pass_as_in_transformers():
+    from conftest import make_model, tiny_config
+
+    model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    ids = torch.randint(1, 37, (2, 6))
+    out = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), my_note="x")
+    assert torch.equal(out.last_hidden_state, model(input_ids=ids).last_hidden_state)
+
+
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (["--model_name_or_path", "{missing}"], ["--model_name_or_path", "no such folder"]),
+        (["--num_inducing_points", "-1"], ["Invalid model configuration", "num_inducing_points", "-1"]),
+    ],
+)
+def test_train_sets_model_flags_are_refused_naming_the_flag(tmp_path, extra, words):
+    train_sets = load_script("train_sets")
+    extra = [e.format(missing=tmp_path / "missing") for e in extra]
+    with pytest.raises(SystemExit) as err:
+        train_sets.main(["--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--report_to", "none", *extra])
+    for word in words:
+        assert word in str(err.value.code), str(err.value.code)
+
+
+def run_script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
+
+
+@pytest.mark.parametrize("damaged", ["all_results.json", "config.json"])
+def test_push_run_names_a_damaged_json_file(tmp_path, damaged):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("x")
+    (folder / "all_results.json").write_text(json.dumps({"validation_perplexity": 9, "test_perplexity": 9,
+                                                         "train_tokens": 9}))
+    (folder / "config.json").write_text("{}")
+    (folder / damaged).write_text('{"cut off')
+    result = run_script("push_run", folder, "user/x")
+    assert result.returncode == 1 and f"{folder / damaged} is not valid JSON" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", ["lm_results", "set_results"])
+def test_results_scripts_name_a_missing_folder_and_skip_a_damaged_file_aloud(tmp_path, script):
+    result = run_script(script, tmp_path / "nope")
+    assert result.returncode == 1 and f"No such folder: {tmp_path / 'nope'}" in result.stderr, result.stderr[-2000:]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "all_results.json").write_bytes(b"\xff\xfe not json")
+    result = run_script(script, tmp_path)
+    assert f"skipped {tmp_path / 'run' / 'all_results.json'}: not readable as JSON" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

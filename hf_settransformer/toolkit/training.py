@@ -13,7 +13,9 @@ Typical use (see the README's "Use the pieces in your own script"):
 Needs torch and transformers only (no accelerate or datasets); the modeling files never import it.
 """
 
+import contextlib
 import copy
+import errno
 import inspect
 import json
 import math
@@ -21,10 +23,13 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
+import huggingface_hub
 import torch
 import transformers
 from transformers import TrainerCallback, TrainerState
@@ -108,6 +113,30 @@ class OutputDirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def load_pretrained(flag, value, load, **kwargs):
+    """`load(value, **kwargs)` (a `from_pretrained`) for a saved folder or a Hub repo id; a value that is neither, or
+    that fails to load, ends the process naming the script's `flag` (transformers reads a missing folder as a repo id
+    and answers "Repo id must be in the form ..."), and saying so when the Hub is off (HF_HUB_OFFLINE)."""
+    path = Path(value).expanduser()
+    offline = (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
+               if huggingface_hub.is_offline_mode() else "")
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"{flag} {value}: is a file; a saved model or tokenizer is a folder (save_pretrained).")
+    if not path.is_dir() and not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", value):
+        raise SystemExit(f"{flag} {value}: no such folder (and not a Hub repo id).{offline}")
+    try:
+        return load(str(path) if path.is_dir() else value, **kwargs)
+    except (OSError, ValueError) as err:
+        if path.is_dir():
+            raise SystemExit(f"{flag} {value}: could not load from this folder: {err}") from None
+        if isinstance(err, ValueError):
+            raise
+        raise SystemExit(
+            f"{flag} {value}: no such folder, and no Hub repo of that name could be loaded: "
+            f"{str(err).splitlines()[0]}{offline}"
+        ) from None
 
 
 def from_main_process(value):
@@ -303,7 +332,7 @@ def resolve_resume(training_args, script="train"):
             (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
             key=checkpoint_step,
         )
-        complete = [p for p in folders if read_marker(p) is not None]
+        complete = [p for p in folders if read_marker(p) is not None]  # oldest first
         for p in folders:
             if p not in complete and training_args.process_index == 0:
                 aside = p.with_name(f"incomplete-{p.name}")
@@ -314,6 +343,9 @@ def resolve_resume(training_args, script="train"):
             print(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
+    if not Path(value).is_dir():
+        raise SystemExit(f"--resume_from_checkpoint {value}: no such folder (a checkpoint-<step> folder of a run, or "
+                         "true for the newest complete one in --output_dir).")
     if not (Path(value) / COMPLETE_MARKER).is_file():
         raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {COMPLETE_MARKER}).")
     if read_marker(value) is None:
@@ -372,11 +404,68 @@ def check_checkpoint_matches(folder, model):
     )
 
 
-def train_unless_finished(trainer, resume):
+def newest_complete_checkpoint(output_dir):
+    """The `checkpoint-<step>` folder of `output_dir` with the highest step and a completion marker, or None."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    complete = [p for p in folders if read_marker(p) is not None]
+    return max(complete, key=checkpoint_step, default=None)
+
+
+# a full disk as a failed write reports it: OSError's errno, or torch.save's C++ writer (no errno, text only)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed")
+
+
+def disk_full_words(err):
+    """"the disk is full" for a write refused for space, "the disk is probably full" for torch.save's writer failing
+    without saying why, None for any other error."""
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        return "the disk is full"
+    if isinstance(err, (OSError, RuntimeError)) and any(text in str(err) for text in WRITE_FAILED_TEXTS):
+        return "a write failed: the disk is probably full"
+    return None
+
+
+def where_to_resume(output_dir):
+    """One sentence: the newest complete checkpoint to resume from, or that there is none yet."""
+    newest = newest_complete_checkpoint(output_dir)
+    if newest is None:
+        return f"no complete checkpoint in {output_dir} yet: a new run starts at step 0."
+    return (f"resume from {newest} (step {checkpoint_step(newest)}, complete) with the same command and "
+            "--resume_from_checkpoint true.")
+
+
+@contextlib.contextmanager
+def stops_say_where_to_resume(output_dir, script="train"):
+    """Ctrl-C (SIGINT) or a full disk inside the block ends the process in one line naming the newest complete
+    checkpoint to resume from (or that there is none yet), instead of a traceback: exit code 130 for the interrupt,
+    1 for the disk. A checkpoint being written when it happened has no completion marker, so it is never the one
+    named, and a resumed run sets it aside."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"[{script}] interrupted (Ctrl-C): {where_to_resume(output_dir)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except (OSError, RuntimeError) as err:
+        words = disk_full_words(err)
+        if words is None:
+            raise
+        try:
+            free = f"{shutil.disk_usage(output_dir).free / 2**20:,.0f} MiB free now"
+        except OSError:
+            free = "free space unknown"
+        raise SystemExit(
+            f"[{script}] {words}: writing in {output_dir} failed ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then {where_to_resume(output_dir)}"
+        ) from None
+
+
+def train_unless_finished(trainer, resume, script="train"):
     """`trainer.train(resume_from_checkpoint=resume)`, except that a checkpoint at or past `max_steps` (a run stopped
     in its final evaluation, say) is only loaded (and then, with `load_best_model_at_end`, the run's best checkpoint,
     as Trainer.train ends): Trainer.train would still take one more step (transformers 5.23 checks `max_steps` after a
-    step). Returns the mean training loss of the steps this call ran (0.0 for none)."""
+    step). Returns the mean training loss of the steps this call ran (0.0 for none). Ctrl-C or a full disk ends the
+    process naming the checkpoint to resume from (`stops_say_where_to_resume`; `script` names the caller)."""
     if resume and checkpoint_step(resume) >= trainer.args.max_steps > 0:
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
         trainer._load_from_checkpoint(resume)
@@ -384,7 +473,8 @@ def train_unless_finished(trainer, resume):
         if trainer.args.load_best_model_at_end and best and Path(best).is_dir():
             trainer._load_best_model()  # as Trainer.train ends: the run's result is its best checkpoint
         return 0.0
-    return trainer.train(resume_from_checkpoint=resume).training_loss
+    with stops_say_where_to_resume(trainer.args.output_dir, script=script):
+        return trainer.train(resume_from_checkpoint=resume).training_loss
 
 
 def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps):
@@ -591,7 +681,7 @@ def tokens_per_step(training_args, example_length):
             * training_args.gradient_accumulation_steps * example_length)
 
 
-def train_and_measure(trainer, resume=None, timer=None, budget=None, example_length=1):
+def train_and_measure(trainer, resume=None, timer=None, budget=None, example_length=1, script="train"):
     """Trains (or resumes from `resume`, see `train_unless_finished`), saves the model (`save_model_atomically`) and
     the trainer state, and returns what the run measured, the steps before a resume included:
 
@@ -606,9 +696,10 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     per_step = tokens_per_step(trainer.args, example_length)
     train_start = time.time()
     resumed_from = checkpoint_step(resume) if resume else 0
-    process_loss = train_unless_finished(trainer, resume)
+    process_loss = train_unless_finished(trainer, resume, script)
     train_seconds = time.time() - train_start
-    save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
+    with stops_say_where_to_resume(trainer.args.output_dir, script=script):
+        save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
     steps_done = trainer.state.global_step - resumed_from
     train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
     # on the "cpu" clock CPU-seconds of each process, on "wall" elapsed seconds
