@@ -508,6 +508,8 @@ def chunked_causal_lm_loss(hidden_states, weight, labels, chunk_size, num_items_
 class ForMaskedLMMixin(LMHeadMixin):
     """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
 
+    objective = "masked_lm"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
     def __init__(self, config):
         super().__init__(config)
         self.model = self.base_model_class(config)
@@ -657,6 +659,11 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
     """
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
+
+    @property
+    def objective(self):
+        """The toolkit's OBJECTIVES row of this head: many targets per window, or one."""
+        return "many_target_windows" if self.config.next_token_mode == "many" else "one_target_window"
 
     def __init__(self, config):
         super().__init__(config)

@@ -159,7 +159,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
-    flops, formula = hf_settransformer.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    flops, formula = hf_settransformer.toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
     assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
     assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
@@ -436,7 +436,7 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     long_id = "user/" + "x" * 200
     assert "is not a valid Hub repository id" in refused(folder, long_id)  # refused before anything is written
     assert card.read_text() == "the card as it was"
-    hold = ("import sys, time; from hf_settransformer import OutputDirLock; "
+    hold = ("import sys, time; from hf_settransformer.toolkit import OutputDirLock; "
             "lock = OutputDirLock(sys.argv[1], 'a live run').acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -632,7 +632,7 @@ def test_training_defaults_on_cuda_and_for_several_processes():
     script = train_lm_module()
     assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
     gpu = script.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**script.PRESETS["gpu"]["training"], **hf_settransformer.gpu_training_defaults(True)}
+    assert gpu == {**script.PRESETS["gpu"]["training"], **hf_settransformer.toolkit.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
     given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32
