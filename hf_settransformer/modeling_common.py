@@ -764,7 +764,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            **self.target_model_inputs(num_targets, length),
+            prefix_length=length - num_targets,  # every base model: a bidirectional prefix, then the targets
             **inputs,
         )
         key_mask = check_attention_mask(attention_mask, b, length)  # its values were checked by the base model
@@ -782,11 +782,6 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
             logits[:, -num_targets:] = target_logits
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-
-    def target_model_inputs(self, num_targets, length):
-        """The base model's keyword that makes it causal with `num_targets` targets: a bidirectional prefix before them
-        (encoder, Set Transformer); Perceiver IO overrides it."""
-        return {"prefix_length": length - num_targets}
 
     def target_states(self, outputs, num_targets, key_mask):
         """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA
