@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import AttentionMask, MultiHeadAttention
+from .attention import MultiHeadAttention
 from .layers import FeedForward, LearnedVectors, make_norm
 
 
@@ -86,37 +86,19 @@ class ISAB(nn.Module):
         self.induce = MAB(config, self_attention=False)  # I attends to X
         self.broadcast = MAB(config, self_attention=False)  # X attends to H
 
-    def forward(self, hidden_states, mask=None, output_attentions=False, prefix_length=None):
+    def forward(self, hidden_states, mask=None, output_attentions=False, broadcast_mask=None, keys_from=None):
         """(b, n, hidden) -> ((b, n, hidden), (weights I<-X, weights X<-H) or None).
 
-        `prefix_length` (the many-target language model): the inducing points summarise the first `prefix_length`
-        elements only; those elements read the summary, and each later element reads the summary and the later
-        elements up to itself (causal), so nothing sees a later element of the causal part."""
+        `mask`: the elements the inducing points read. `broadcast_mask`: the keys each element reads in the second
+        MAB, the m induced vectors H first; with `keys_from` = p the elements from p on are keys too, after H
+        (m + n - p keys). The model that builds the masks decides what they mean (SetTransformerModel: a set of the
+        first p elements, then a sequence)."""
         inducing = self.inducing_points(hidden_states.shape[0])  # (b, m, hidden)
-        if prefix_length is None:
-            induced, w_in, _ = self.induce(inducing, hidden_states, mask=mask, output_attentions=output_attentions)
-            out, w_out, _ = self.broadcast(hidden_states, induced, output_attentions=output_attentions)
-            return out, (w_in, w_out)
-        b, n, _ = hidden_states.shape
-        m = inducing.shape[1]
-        key_mask = None if mask is None else mask.key_mask  # (b, n) or None
-        in_prefix = (torch.arange(n, device=hidden_states.device) < prefix_length).expand(b, n)
-        prefix_keys = in_prefix if key_mask is None else in_prefix & key_mask
-        induce_mask = AttentionMask.build(prefix_keys)
-        induced, w_in, _ = self.induce(inducing, hidden_states, mask=induce_mask, output_attentions=output_attentions)
-        context = torch.cat([induced, hidden_states[:, prefix_length:]], dim=1)  # (b, m + n - prefix, hidden)
-        context_mask = None
-        if key_mask is not None:
-            context_mask = torch.cat([key_mask.new_ones(b, m), key_mask[:, prefix_length:]], dim=1)
-        broadcast_mask = AttentionMask.build(
-            context_mask,
-            causal=True,
-            num_queries=n,
-            num_keys=context.shape[1],
-            prefix_length=prefix_length,
-        )
+        induced, w_in, _ = self.induce(inducing, hidden_states, mask=mask, output_attentions=output_attentions)
+        if keys_from is not None:
+            induced = torch.cat([induced, hidden_states[:, keys_from:]], dim=1)  # (b, m + n - p, hidden)
         out, w_out, _ = self.broadcast(
-            hidden_states, context, mask=broadcast_mask, output_attentions=output_attentions
+            hidden_states, induced, mask=broadcast_mask, output_attentions=output_attentions
         )
         return out, (w_in, w_out)
 

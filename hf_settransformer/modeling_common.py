@@ -566,6 +566,8 @@ def chunked_causal_lm_loss(hidden_states, weight, labels, chunk_size, num_items_
 class ForMaskedLMMixin(LMHeadMixin):
     """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
 
+    objective = "masked_lm"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
     def __init__(self, config):
         super().__init__(config)
         self.model = self.base_model_class(config)
@@ -777,6 +779,11 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
 
+    @property
+    def objective(self):
+        """The toolkit's OBJECTIVES row of this head: many targets per window, or one."""
+        return "many_target_windows" if self.config.next_token_mode == "many" else "one_target_window"
+
     def __init__(self, config):
         super().__init__(config)
         if config.next_token_mode == "many" and config.pooling != "pma":
@@ -877,7 +884,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            **self.target_model_inputs(num_targets, length),
+            prefix_length=length - num_targets,  # every base model: a bidirectional prefix, then the targets
             **inputs,
         )
         key_mask = check_attention_mask(attention_mask, b, length)  # its values were checked by the base model
@@ -895,11 +902,6 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
             logits[:, -num_targets:] = target_logits
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-
-    def target_model_inputs(self, num_targets, length):
-        """The base model's keyword that makes it causal with `num_targets` targets: a bidirectional prefix before them
-        (encoder, Set Transformer); Perceiver IO overrides it."""
-        return {"prefix_length": length - num_targets}
 
     def target_states(self, outputs, num_targets, key_mask):
         """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA

@@ -198,6 +198,8 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     """Decoder with a (tied) vocabulary projection: logits at every position, transformers' causal-LM loss
     (`labels` = `input_ids`, shifted inside)."""
 
+    objective = "causal_lm"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
     def __init__(self, config):
         super().__init__(config)
         self.model = TransformerDecoderModel(config)

@@ -60,12 +60,12 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         inputs_embeds=None,
         output_attentions=None,
         output_hidden_states=None,
-        target_length=None,
+        prefix_length=None,
         **kwargs,
     ):
-        r"""target_length (`int`, *optional*): Perceiver AR (Hawthorne et al. 2022), for the many-target language model:
-        the last `t = min(target_length, n)` inputs, plus the first t learned latents, are the latents; latent i
-        cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
+        r"""prefix_length (`int`, *optional*): Perceiver AR (Hawthorne et al. 2022), for the many-target language model:
+        the `t = n - prefix_length` inputs after the prefix, plus the first t learned latents, are the latents; latent
+        i cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
         querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
@@ -74,59 +74,13 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             input_ids, input_features, inputs_embeds, attention_mask, position_ids
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
-        if target_length is not None:
-            output = self.causal_forward(inputs, mask.key_mask, min(target_length, n), output_attentions, output_hidden_states)
-            return output
-
+        latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length)
         latents, enc_weights, _ = self.encoder_cross_attention(
-            self.latents(b), inputs, mask=mask, output_attentions=output_attentions
-        )  # (b, num_latents, hidden)
+            latents, inputs, mask=cross_mask, output_attentions=output_attentions
+        )  # (b, num_latents or t, hidden)
         all_states = (inputs, latents) if output_hidden_states else None
         all_weights = () if output_attentions else None
         for _ in range(self.config.num_blocks):  # the same weights every time
-            latents, all_states, all_weights, _ = run_stack(
-                self.latent_layers,
-                latents,
-                AttentionMask(),
-                output_attentions,
-                output_hidden_states,
-                hidden_states_so_far=all_states[:-1] if output_hidden_states else (),
-                attentions_so_far=all_weights or (),
-            )
-        latents = self.latent_norm(latents)
-
-        queries = self.decoder_queries(inputs, position_ids, b, n)  # (b, q, hidden)
-        outputs, dec_weights, _ = self.decoder_cross_attention(
-            queries, latents, output_attentions=output_attentions
-        )
-        outputs = self.final_norm(outputs)
-        output = PerceiverIOModelOutput(
-            last_hidden_state=outputs,
-            latent_hidden_state=latents,
-            hidden_states=all_states,
-            attentions=all_weights,
-            cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
-        )
-        return output
-
-    def causal_forward(self, inputs, key_mask, t, output_attentions, output_hidden_states):
-        """Perceiver AR: see `forward`'s `target_length`. inputs (b, n, hidden), key_mask (b, n) or None."""
-        b, n = inputs.shape[:2]
-        if t > self.config.num_latents:
-            raise ValueError(
-                f"Perceiver AR needs one latent per target: `num_latents` ({self.config.num_latents}) must be at least "
-                f"the number of targets ({t}, `target_length`)."
-            )
-        cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
-        latent_keys = None if key_mask is None else key_mask[:, -t:]
-        self_mask = AttentionMask.build(latent_keys, causal=True, num_queries=t, num_keys=t)
-        latents = inputs[:, -t:] + self.latents(b)[:, :t]  # (b, t, hidden); slot i = the i-th target
-        latents, enc_weights, _ = self.encoder_cross_attention(
-            latents, inputs, mask=cross_mask, output_attentions=output_attentions
-        )
-        all_states = (inputs, latents) if output_hidden_states else None
-        all_weights = () if output_attentions else None
-        for _ in range(self.config.num_blocks):
             latents, all_states, all_weights, _ = run_stack(
                 self.latent_layers,
                 latents,
@@ -137,16 +91,38 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
                 attentions_so_far=all_weights or (),
             )
         latents = self.latent_norm(latents)
+        # Perceiver AR: latent i decodes target i, reading the latents up to it
+        queries = self.decoder_queries(inputs, position_ids, b, n) if prefix_length is None else latents
         outputs, dec_weights, _ = self.decoder_cross_attention(
-            latents, latents, mask=self_mask, output_attentions=output_attentions
-        )
-        return PerceiverIOModelOutput(
+            queries, latents, mask=self_mask, output_attentions=output_attentions
+        )  # (b, q or t, hidden)
+        output = PerceiverIOModelOutput(
             last_hidden_state=self.final_norm(outputs),
             latent_hidden_state=latents,
             hidden_states=all_states,
             attentions=all_weights,
             cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
         )
+        return output
+
+    def initial_latents(self, inputs, mask, prefix_length):
+        """-> (latents (b, num_latents or t, hidden), the encoder cross-attention's mask, the latents' mask). Perceiver
+        AR (`prefix_length`): latent i is target i's input plus the i-th learned latent; it reads the inputs and the
+        latents up to its own position."""
+        b, n = inputs.shape[:2]
+        if prefix_length is None:
+            return self.latents(b), mask, AttentionMask()
+        t = n - prefix_length
+        if t > self.config.num_latents:
+            raise ValueError(
+                f"Perceiver AR needs one latent per target: `num_latents` ({self.config.num_latents}) must be at least "
+                f"the number of targets ({t}, `target_length`)."
+            )
+        key_mask = mask.key_mask  # (b, n) or None
+        cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
+        self_mask = AttentionMask.build(None if key_mask is None else key_mask[:, -t:], causal=True, num_queries=t,
+                                        num_keys=t)
+        return inputs[:, -t:] + self.latents(b)[:, :t], cross_mask, self_mask
 
     def decoder_queries(self, inputs, position_ids, batch_size, length):
         kind = self.config.output_query_type
@@ -188,10 +164,7 @@ class PerceiverIOForSequenceClassification(
 class PerceiverIOForNextTokenPrediction(
     PerceiverPooledHeadMixin, ForNextTokenPredictionMixin, PerceiverIOPreTrainedModel, GenerationMixin
 ):
-    """`"many"`: Perceiver AR (see `PerceiverIOModel.forward`'s `target_length`), then one PMA query per target
+    """`"many"`: Perceiver AR (see `PerceiverIOModel.forward`'s `prefix_length`), then one PMA query per target
     reading the decoded states up to it; `"window"`: Perceiver IO over the window, PMA pooling."""
 
     base_model_class = PerceiverIOModel
-
-    def target_model_inputs(self, num_targets, length):
-        return {"target_length": num_targets}  # Perceiver AR: one latent per target

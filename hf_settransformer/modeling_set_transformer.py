@@ -73,13 +73,14 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         hidden_states, _, mask = self.embed_inputs(
             input_ids, input_features, inputs_embeds, attention_mask, causal=causal, prefix_length=prefix_length or 0
         )
+        masks = self.build_masks(mask, hidden_states.shape[:2], prefix_length, hidden_states.device)
 
         all_states = (hidden_states,) if output_hidden_states else None
         all_weights = () if output_attentions else None
         for layer in self.encoder_layers:
             if isinstance(layer, ISAB):
                 hidden_states, weights = layer(
-                    hidden_states, mask=mask, output_attentions=output_attentions, prefix_length=prefix_length
+                    hidden_states, masks["induce"], output_attentions, masks["broadcast"], keys_from=prefix_length
                 )
             else:
                 hidden_states, weights, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
@@ -92,30 +93,41 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
 
-        pool_mask, decoder_mask, queries = mask, AttentionMask(), None
-        if causal:  # one pooled vector per target element (b, t, hidden), each reading the elements up to it
-            b, n = hidden_states.shape[:2]
-            t = n - prefix_length
-            key_mask = mask.key_mask
-            queries = hidden_states[:, prefix_length:]
-            pool_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
-            decoder_mask = AttentionMask.build(
-                None if key_mask is None else key_mask[:, prefix_length:],
-                causal=True,
-                num_queries=t,
-                num_keys=t,
-            )
-        pooled, weights = self.pma(hidden_states, pool_mask, output_attentions, queries=queries)  # (b, k or t, hidden)
+        # causal: one pooled vector per target element (b, t, hidden), its query the seed plus the element's state
+        queries = None if prefix_length is None else hidden_states[:, prefix_length:]
+        pooled, weights = self.pma(hidden_states, masks["pool"], output_attentions, queries=queries)  # (b, k|t, hidden)
         if output_attentions:
             all_weights += (weights,)
         pooled, _, all_weights, _ = run_stack(
-            self.decoder_layers, pooled, decoder_mask, output_attentions, False, attentions_so_far=all_weights or ()
+            self.decoder_layers, pooled, masks["decoder"], output_attentions, False, attentions_so_far=all_weights or ()
         )
         pooled = self.decoder_norm(pooled)
         output = SetModelOutput(
             last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_states, attentions=all_weights
         )
         return output
+
+    def build_masks(self, mask, shape, prefix_length, device):
+        """Every mask of the forward, from `embed_inputs`' `mask`: {"induce", "broadcast"} for the ISABs (a SAB reads
+        `mask`), {"pool", "decoder"} for the PMA and the decoder SABs. With `prefix_length` p: the inducing points
+        summarise the first p elements only; every element reads that summary, and each later element also the later
+        elements up to itself (causal); each target's pooling query reads the elements up to it, the decoder is causal."""
+        if prefix_length is None:
+            return {"induce": mask, "broadcast": None, "pool": mask, "decoder": AttentionMask()}
+        (b, n), m, key_mask = shape, self.config.num_inducing_points, mask.key_mask  # key_mask: (b, n) or None
+        t = n - prefix_length
+        in_prefix = (torch.arange(n, device=device) < prefix_length).expand(b, n)
+        tail_keys = None
+        if key_mask is not None:
+            tail_keys = torch.cat([key_mask.new_ones(b, m), key_mask[:, prefix_length:]], dim=1)  # (b, m + t)
+        return {
+            "induce": AttentionMask.build(in_prefix if key_mask is None else in_prefix & key_mask),
+            "broadcast": AttentionMask.build(tail_keys, causal=True, num_queries=n, num_keys=m + t,
+                                             prefix_length=prefix_length),
+            "pool": AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n),
+            "decoder": AttentionMask.build(None if key_mask is None else key_mask[:, prefix_length:], causal=True,
+                                           num_queries=t, num_keys=t),
+        }
 
 
 class SetPooledHeadMixin:

@@ -70,10 +70,7 @@ import torch
 import transformers
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
     AutoTokenizer,
-    DataCollatorForLanguageModeling,
     HfArgumentParser,
     TrainingArguments,
     set_seed,
@@ -83,7 +80,9 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
     MLM_PROBABILITY,
+    OBJECTIVES,
     PerplexityLoggingTrainer,
+    auto_class_for_flag,
     build_word_tokenizer,
     check_checkpoint_matches,
     check_output_dir,
@@ -93,13 +92,13 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     example_length,
     fast_bf16_available,
     gpu_training_defaults,
-    is_masked_lm,
     lm_flops_per_token,
     lm_training_dataset,
     load_pretrained,
     lock_output_dir,
     max_steps_for_budget,
     model_flops_utilization,
+    objective_of,
     push_folder_to_hub,
     replica_checksums,
     resolve_resume,
@@ -228,7 +227,7 @@ class ModelArguments:
         default="next_token",
         metadata={"help": "next_token: causal LM (decoder) or next-token head; mlm: masked LM (encoder, perceiver_io; "
                   "the fill-mask pipeline), 15%% of each block masked (--mlm_probability).",
-                  "choices": ["next_token", "mlm"]},
+                  "choices": sorted({objective.flag for objective in OBJECTIVES.values()})},
     )
 
 
@@ -431,7 +430,7 @@ def parse_overrides(text, config_class):
 
 def build_model(model_args, data_args, vocab_size, eos_id):
     """The model of --model_name_or_path, or a new one of --family at --preset with --config_overrides."""
-    auto = AutoModelForMaskedLM if model_args.objective == "mlm" else AutoModelForCausalLM
+    auto = auto_class_for_flag(model_args.objective)
     if model_args.model_name_or_path:
         if model_args.config_overrides:
             raise SystemExit("--config_overrides applies to new models, not to --model_name_or_path.")
@@ -474,15 +473,16 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     )
     # a tiny vocabulary (tests) keeps the full softmax and embedding
     fields.update({name: cutoffs for name, cutoffs in adaptive.items() if cutoffs[-1] < vocab_size})
-    length = data_args.block_size if model_args.family == "decoder" else data_args.context_length
+    config_class = AutoConfig.for_model(FAMILIES[model_args.family]).__class__
+    # a causal LM reads its whole input (blocks of --block_size); the families with window heads, windows
+    length = data_args.context_length if config_class.windowed_heads else data_args.block_size
     fields["max_position_embeddings"] = max(length, 1024)
-    if model_args.family != "decoder":
+    if config_class.windowed_heads:
         fields.update(context_length=length, target_length=data_args.target_length or min(targets, length),
                       next_token_mode=model_args.next_token_mode)
     if model_args.family == "perceiver_io":
         fields["num_self_attends_per_block"] = fields.pop("num_hidden_layers")
         fields["num_latents"] = fields.get("target_length", targets)
-    config_class = AutoConfig.for_model(FAMILIES[model_args.family]).__class__
     fields.update(parse_overrides(model_args.config_overrides, config_class))
     try:
         return config_class(**fields)
@@ -492,11 +492,10 @@ def new_config(model_args, data_args, vocab_size, eos_id):
 
 def describe_model(model, model_args):
     """The head of all_results.json: family, objective, attention, preset, design and output layer."""
-    config, masked = model.config, is_masked_lm(model)
-    many = not (masked or config.model_type == "hfst_decoder")
-    return {"family": model_args.family, "objective": "mlm" if masked else "next_token",
+    config, objective = model.config, objective_of(model)
+    return {"family": model_args.family, "objective": objective.flag,
             "attention": config.attention_type, "feature_map": config.feature_map, "preset": model_args.preset,
-            "next_token_mode": getattr(config, "next_token_mode", None) if many else None,
+            "next_token_mode": objective.next_token_mode,
             "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs,
             "adaptive_input_cutoffs": config.adaptive_input_cutoffs}
 
@@ -511,7 +510,7 @@ def describe_training(model, training_args, length):
         "dropout": config.hidden_dropout_prob,
         "attention_dropout": config.attention_probs_dropout_prob,
         "sequence_length": length,
-        "target_length": None if config.model_type == "hfst_decoder" else getattr(config, "target_length", None),
+        "target_length": getattr(config, "target_length", None) if config.windowed_heads else None,
         "examples_per_step": tokens_per_step(training_args, length) // length,
         "learning_rate": training_args.learning_rate,
         "weight_decay": training_args.weight_decay,
@@ -562,7 +561,7 @@ def training_datasets(model, streams, data_args, seed):
             datasets.append(None if stream is None else lm_training_dataset(
                 model, stream, data_args.block_size, data_args.targets_per_epoch, seed=seed))
         except ValueError as err:
-            flag = "--block_size" if model.config.model_type == "hfst_decoder" else "--context_length / --target_length"
+            flag = objective_of(model).length_flags
             if source == "train" and data_args.max_train_tokens:
                 what = f"--max_train_tokens {data_args.max_train_tokens} keeps"
             elif source == "train":
@@ -605,7 +604,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
     # that resumes after its last checkpoint (and so never trains) would not have: the perplexity must not depend on it
     model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
-    batch = args.per_device_eval_batch_size * (1 if model.config.model_type == "hfst_decoder" else 2)
+    batch = args.per_device_eval_batch_size * objective_of(model).eval_batch_factor
     is_main = args.process_index == 0
     for split in [s for s, wanted in (("validation", args.do_eval), ("test", args.do_predict)) if wanted]:
         stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
@@ -792,10 +791,13 @@ def check_arguments(model_args, data_args, training_args):
             "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, "
             "not both."
         )
-    if model_args.objective == "mlm" and model_args.family not in ("encoder", "perceiver_io"):
+    auto_name = auto_class_for_flag(model_args.objective).__name__
+    if auto_name not in hfst.FAMILIES[model_args.family].models:
+        heads = sorted({o.head for o in OBJECTIVES.values() if o.flag == model_args.objective})
+        able = [name for name, family in hfst.FAMILIES.items() if auto_name in family.models]
         raise SystemExit(
-            f"--objective mlm needs a family with a masked-LM head: --family encoder or perceiver_io, not "
-            f"{model_args.family} (the decoder is causal; the Set Transformer has no order to fill in)."
+            f"--objective {model_args.objective} needs a family with a {' or '.join(heads)} head ({auto_name}): "
+            f"--family {' or '.join(able)}, not {model_args.family}."
         )
     if not 0 < data_args.mlm_probability < 1:
         raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
@@ -847,9 +849,8 @@ def run(model_args, data_args, training_args, command):
         check_checkpoint_matches(resume, model)
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
                                                training_args.device)
-    masked = is_masked_lm(model)
-    # masked LM: BERT's masking (80% mask token, 10% random, 10% kept) of --mlm_probability of the tokens
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability) if masked else None
+    objective = objective_of(model)
+    collator = objective.collator(tokenizer, data_args.mlm_probability)
     trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,
                                        eval_dataset=eval_dataset, processing_class=tokenizer, data_collator=collator,
                                        callbacks=callbacks)
@@ -868,8 +869,7 @@ def run(model_args, data_args, training_args, command):
             f"eval batch {training_args.per_device_eval_batch_size}")
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
                "hyperparameters": describe_training(model, training_args, length), "command": command}
-    if masked:
-        results["mlm_probability"] = data_args.mlm_probability
+    results.update({name: getattr(data_args, name) for name in objective.recorded_arguments})
     files = {split: getattr(data_args, f"{split}_file") for split in ("train", "validation", "test")}
     if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
         results["data_files"] = data_file_record({split: path for split, path in files.items() if path})

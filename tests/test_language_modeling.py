@@ -1,7 +1,7 @@
 """hf_settransformer.toolkit.language_modeling: the word-level tokenizer, the training datasets and the evaluation protocol
 (every token scored once, by causal LMs, many-target heads and one-target heads; fixed masked positions for masked
-LMs), and the pieces that pick them for any head: lm_training_dataset, evaluate_perplexity, evaluation_protocol and
-the model card's fields."""
+LMs), and the pieces that pick them for any head through its objective (toolkit.objectives): lm_training_dataset,
+evaluate_stream, evaluate_perplexity, evaluation_protocol and the model card's fields."""
 
 import math
 from pathlib import Path
@@ -11,12 +11,12 @@ import torch
 
 import hf_settransformer as hfst
 from hf_settransformer import toolkit
+from hf_settransformer.toolkit import evaluate_stream
 from hf_settransformer.toolkit.language_modeling import (
     BlockDataset,
     TargetWindowDataset,
     build_word_tokenizer,
     decoder_windows,
-    evaluate_stream,
     masked_positions,
     target_windows,
     token_stream,

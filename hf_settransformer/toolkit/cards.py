@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from ..attention import attention_kernel
-from .language_modeling import is_masked_lm
+from .objectives import is_masked_lm, objective_of
 from .training import write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
@@ -80,7 +80,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     --do_eval, --do_predict or --do_train: no perplexity, no training speed) is None, so that `write_model_card`
     leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
     `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
-    config, masked = model.config, is_masked_lm(model)
+    config, objective = model.config, objective_of(model)
     trained = _measured(results, "train_tokens") is not None
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)
@@ -92,7 +92,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
-        context=block_size if family == "decoder" else config.context_length,
+        context=_card_context(objective, model, block_size),
         mlm_percent=f"{mlm_probability:.0%}",
         parameters=f"{results['parameters']:,}",
         vocab_size=config.vocab_size,
@@ -107,7 +107,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
             f" (the last process: resumed at step {results['resumed_from_step']:,})"
             if results.get("resumed_from_step") else ""),
-        design=_card_design(config, family, masked, mlm_probability),
+        design=objective.design(config, family, mlm_probability),
         output_layer=(
             f"adaptive softmax (Grave et al. 2017), clusters {config.adaptive_softmax_cutoffs}, div value "
             f"{config.adaptive_softmax_div_value}; the logits are log-probabilities"
@@ -177,26 +177,12 @@ def _card_weights(results):
     return f"the last step ({step:,})"
 
 
-def _card_design(config, family, masked=False, mlm_probability=MLM_PROBABILITY):
-    if masked:
-        return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
-                f"training {mlm_probability:.0%} of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a "
-                "random word, 10% kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
-                           else "") + ".")
-    if family == "decoder":
-        return "Causal LM: the decoder predicts every next token of its block."
-    if config.next_token_mode == "window":
-        return (f"Next-token head, one prediction per window: the last {config.context_length} tokens go through the "
-                "stack, attention pooling (PMA, Lee et al. 2019) reads them and predicts the next token. This is the "
-                "design document's literal head, kept as a baseline: a pass learns from one target, where the "
-                "many-target head (`next_token_mode=\"many\"`) learns from many at about the same cost, so at equal "
-                "training time it sees far fewer targets and its evaluation takes one pass per scored token. Prefer a "
-                "many-target checkpoint for use.")
-    return (f"Next-token head with many targets per window: a window of {config.context_length} tokens predicts the "
-            f"next token at each of its last {config.target_length} positions in one pass; the positions before "
-            "them are a prefix read bidirectionally (encoder, Set Transformer) or through a causal cross-attention "
-            "(Perceiver IO as Perceiver AR), and one attention-pooling query per target (the PMA seed plus that "
-            "position's state) reads the states up to it. No prediction sees its own target or a later token.")
+def _card_context(objective, model, block_size):
+    """The card's context: the objective's example length; None for a causal LM whose `block_size` was not given."""
+    try:
+        return objective.example_length(model, block_size)
+    except ValueError:
+        return None
 
 
 def card_config(model):
@@ -273,7 +259,7 @@ def write_lm_model_card(output_dir, model, results, block_size, repo_id, command
     mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
     fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
     masked = is_masked_lm(model)
-    template = CARD_TEMPLATES / ("mlm_model_card.md" if masked else "lm_model_card.md")
+    template = CARD_TEMPLATES / objective_of(model).card_template
     command, data_note = hub_training_command(command, results.get("data_files"))
     return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note,
                             model_index=_model_index(repo_id, fields, masked))

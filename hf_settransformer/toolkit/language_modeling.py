@@ -4,16 +4,17 @@ of every head, and the perplexity protocol over a token stream.
 Needs `tokenizers` (installed with transformers) for the tokenizer; the rest needs torch only. The modeling files never
 import this module, so a pushed checkpoint does not carry it.
 
-The protocol (`evaluate_stream`): a split is one token stream, `[eos] + stream` (the leading `<eos>` is the context of
-the first word); every token after it is predicted exactly once and scored.
-- causal LMs (`TransformerDecoderForCausalLM`): sliding windows of `block_size` tokens moved by `stride`; the tokens
-  a window adds are scored, so each has at least `block_size - stride` tokens of context (fewer at the start);
-- many-target heads (`*ForNextTokenPrediction`, `next_token_mode="many"`): windows of `context_length` tokens moved
-  by `target_length`; the last `target_length` positions of each window predict the next `target_length` tokens, so
-  each has at least `context_length - target_length` tokens of context (fewer at the start, where the windows are
-  shorter);
-- the literal one-target head (`next_token_mode="window"`): one window of the up to `context_length` preceding tokens
-  per scored token.
+The protocol: a split is one token stream, `[eos] + stream` (the leading `<eos>` is the context of the first word);
+every token after it is predicted exactly once and scored.
+- causal LMs (`TransformerDecoderForCausalLM`, `decoder_windows`): sliding windows of `block_size` tokens moved by
+  `stride`; the tokens a window adds are scored, so each has at least `block_size - stride` tokens of context (fewer
+  at the start);
+- many-target heads (`*ForNextTokenPrediction`, `next_token_mode="many"`, `target_windows`): windows of
+  `context_length` tokens moved by `target_length`; the last `target_length` positions of each window predict the next
+  `target_length` tokens, so each has at least `context_length - target_length` tokens of context (fewer at the
+  start, where the windows are shorter);
+- the literal one-target head (`next_token_mode="window"`, `evaluate_positions`): one window of the up to
+  `context_length` preceding tokens per scored token.
 Perplexity = exp(mean negative log-likelihood per scored token); accuracy = fraction of scored tokens whose most likely
 token is the reference.
 
@@ -21,9 +22,8 @@ Masked LMs (`*ForMaskedLM`, `evaluate_masked_stream`): non-overlapping blocks, a
 replaced by the mask token and predicted from the rest; the perplexity is over those masked tokens (not comparable to
 a causal perplexity: the model sees both sides).
 
-For any head at once: `lm_training_dataset` picks the training dataset, `evaluate_perplexity` the protocol (summed
-over data-parallel processes), and `evaluation_protocol` says which in words (for results files and the model cards of
-`cards`).
+Which of these a head trains on and is scored by is its objective's row (`objectives.OBJECTIVES`); the functions
+for any head (`lm_training_dataset`, `evaluate_perplexity`, `evaluation_protocol`) are there; the model card's fields are `cards`'.
 """
 
 import math
@@ -33,8 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
-
-_CAUSAL_LM_TYPES = ("hfst_decoder",)
 
 
 def build_word_tokenizer(lines, model_max_length=None):
@@ -179,24 +177,10 @@ def _check_stride(window, stride, name):
         )
 
 
-@torch.no_grad()
-def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, eos_id=0, progress=None,
-                    rank=0, world_size=1):
-    """Perplexity and next-token accuracy of a 1-D token `stream` (n,) under the protocol of the module docstring.
-
-    model: a causal LM (`block_size`, `stride`: the windows, default stride block_size // 2) or a
-    `*ForNextTokenPrediction` head (its `context_length`, `target_length` and `next_token_mode`). `rank`/`world_size`
-    split the windows between data-parallel processes: the returned sums ("nll", "tokens", "correct") are this
-    process's, to be reduced.
-    `progress`: a description for a tqdm bar over the batches. -> {"perplexity", "accuracy", "tokens", "nll",
-    "correct"}."""
-    from tqdm.auto import tqdm
-
-    model.eval()
-    device = next(model.parameters()).device
-    full = torch.cat([torch.tensor([eos_id]), stream])
+def _scores():
+    """(sums, score): `score(logits (k, vocab), target (k,))` adds the NLL, the count and the correct argmaxes to
+    `sums`, a float64 (3,) tensor on the CPU."""
     sums = torch.zeros(3, dtype=torch.float64)  # nll, tokens, correct
-    config = model.config
 
     def score(logits, target):
         logits, target = logits.float(), target.to(logits.device)
@@ -204,64 +188,78 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
         sums[1] += target.numel()
         sums[2] += (logits.argmax(-1) == target).sum().cpu()
 
-    if config.model_type in _CAUSAL_LM_TYPES or getattr(config, "next_token_mode", "window") == "many":
-        causal_lm = config.model_type in _CAUSAL_LM_TYPES
-        if causal_lm:
-            windows = decoder_windows(len(stream), block_size, stride or max(block_size // 2, 1))
-        else:
-            windows = target_windows(len(stream), config.context_length, config.target_length)
-        windows = windows[rank::world_size]
-        groups = {}  # windows of one length batch together without padding
-        for w in windows:
-            groups.setdefault(w[1] - w[0], []).append(w)
-        batches = [g[i : i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
-        for chunk in tqdm(batches, desc=progress, unit="batch", disable=progress is None):
-            ids = torch.stack([full[begin:end] for begin, end, _ in chunk]).to(device)
-            scored = chunk[0][2] if all(w[2] == chunk[0][2] for w in chunk) else None
-            if scored is None:  # the last window of a split scores fewer tokens: score it alone
-                for w in chunk:
-                    _score_window(model, full, w, causal_lm, device, score)
-                continue
-            n = ids.shape[1]
-            # only the scored positions' logits: the output layer is most of the cost
-            kwargs = {"logits_to_keep": scored + 1, "use_cache": False} if causal_lm else {"prefix_length": n - scored}
-            logits = model(input_ids=ids, **kwargs).logits  # (b, scored + 1 or n, vocab)
-            if causal_lm:
-                logits, target = logits[:, :-1], ids[:, n - scored :]
-            else:  # position t predicts token t + 1; the last position predicts the token after the window
-                logits = logits[:, n - scored :]
-                target = torch.stack([full[end - scored + 1 : end + 1] for _, end, _ in chunk]).to(device)
-            score(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-    else:
-        context = config.context_length
-        padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
-        positions = torch.arange(1, len(full))[rank::world_size]
-        for i in tqdm(range(0, len(positions), batch_size), desc=progress, unit="batch", disable=progress is None):
-            pos = positions[i : i + batch_size]
-            ids = torch.stack([padded[s : s + context] for s in (pos - 1).tolist()])
-            mask = (torch.arange(context)[None, :] >= (context - pos)[:, None]).long()  # real tokens only
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0]
-            score(logits, full[pos])
+    return sums, score
+
+
+def _totals(sums):
     nll, count, correct = sums.tolist()
-    return {
-        "perplexity": math.exp(nll / count) if count else float("nan"),
-        "accuracy": correct / count if count else float("nan"),
-        "tokens": int(count),
-        "nll": nll,
-        "correct": int(correct),
-    }
+    return {"nll": nll, "tokens": int(count), "correct": int(correct)}
 
 
-def _score_window(model, full, window, causal_lm, device, score):
-    begin, end, scored = window
-    ids = full[begin:end][None].to(device)
-    n = end - begin
-    if causal_lm:
-        logits = model(input_ids=ids, logits_to_keep=scored + 1, use_cache=False).logits[0, :-1]
-        score(logits, full[end - scored : end])
-    else:
-        logits = model(input_ids=ids, prefix_length=n - scored).logits[0, n - scored :]
-        score(logits, full[end - scored + 1 : end + 1])
+def causal_window_logits(model, full, chunk, ids):
+    """A causal LM's windows `chunk` [(start, end, scored)], `ids` (b, n) -> (logits (b, scored, vocab), targets
+    (b, scored)): position i predicts token i + 1 of the window, and only the scored positions' logits are computed
+    (the output layer is most of the cost)."""
+    n, scored = ids.shape[1], chunk[0][2]
+    logits = model(input_ids=ids, logits_to_keep=scored + 1, use_cache=False).logits  # (b, scored + 1, vocab)
+    return logits[:, :-1], ids[:, n - scored :]
+
+
+def target_window_logits(model, full, chunk, ids):
+    """A many-target head's windows: the last `scored` positions are targets after a bidirectional prefix; position t
+    predicts token t + 1, the last one the token after the window -> (logits (b, scored, vocab), targets)."""
+    n, scored = ids.shape[1], chunk[0][2]
+    logits = model(input_ids=ids, prefix_length=n - scored).logits[:, n - scored :]
+    target = torch.stack([full[end - scored + 1 : end + 1] for _, end, _ in chunk]).to(ids.device)
+    return logits, target
+
+
+@torch.no_grad()
+def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_id=0, progress=None, rank=0,
+                     world_size=1):
+    """Scores the `windows` [(start, end, scored)] over `[eos] + stream` (module docstring) with `window_logits`
+    (`causal_window_logits`, `target_window_logits`), this process's share (`rank` of `world_size`); windows of one
+    length batch together without padding. -> this process's sums {"nll", "tokens", "correct"}."""
+    from tqdm.auto import tqdm
+
+    model.eval()
+    device = next(model.parameters()).device
+    full = torch.cat([torch.tensor([eos_id]), stream])
+    sums, score = _scores()
+    groups = {}
+    for w in windows[rank::world_size]:
+        groups.setdefault(w[1] - w[0], []).append(w)
+    batches = [g[i : i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
+    for chunk in tqdm(batches, desc=progress, unit="batch", disable=progress is None):
+        # the last window of a split scores fewer tokens: score it alone
+        parts = [chunk] if all(w[2] == chunk[0][2] for w in chunk) else [[w] for w in chunk]
+        for part in parts:
+            ids = torch.stack([full[begin:end] for begin, end, _ in part]).to(device)
+            logits, target = window_logits(model, full, part, ids)
+            score(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    return _totals(sums)
+
+
+@torch.no_grad()
+def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, rank=0, world_size=1):
+    """The one-target head: every token of `stream` after `[eos]` predicted from the up to `context_length` tokens
+    before it (left-padded, masked). -> this process's sums {"nll", "tokens", "correct"}."""
+    from tqdm.auto import tqdm
+
+    model.eval()
+    device = next(model.parameters()).device
+    full = torch.cat([torch.tensor([eos_id]), stream])
+    sums, score = _scores()
+    context = model.config.context_length
+    padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
+    positions = torch.arange(1, len(full))[rank::world_size]
+    for i in tqdm(range(0, len(positions), batch_size), desc=progress, unit="batch", disable=progress is None):
+        pos = positions[i : i + batch_size]
+        ids = torch.stack([padded[s : s + context] for s in (pos - 1).tolist()])
+        mask = (torch.arange(context)[None, :] >= (context - pos)[:, None]).long()  # real tokens only
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0]
+        score(logits, full[pos])
+    return _totals(sums)
 
 
 def masked_positions(length, probability, generator, exclude=None):
@@ -315,78 +313,6 @@ def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability
     loss = loss_sum / max(scored, 1)
     return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / max(scored, 1), "tokens_scored": scored,
             "loss_sum": loss_sum, "correct": correct}
-
-
-# ------------------------------------------------------------------------------------------------ any head
-
-
-def is_masked_lm(model):
-    """Whether `model` is a masked-LM head (`*ForMaskedLM`): trained on masked blocks, evaluated on masked tokens."""
-    return type(model).__name__.endswith("ForMaskedLM")
-
-
-def example_length(model, block_size=None):
-    """Tokens in one training example and evaluation window of `model`: the causal LM's `block_size` (a choice of the
-    data, not of its config), every other head's `config.context_length`."""
-    if model.config.model_type in _CAUSAL_LM_TYPES:
-        if block_size is None:
-            raise ValueError("A causal LM's examples are blocks of `block_size` tokens: pass block_size.")
-        return block_size
-    return model.config.context_length
-
-
-def lm_training_dataset(model, stream, block_size=None, num_targets=None, seed=0):
-    """The training dataset that fits `model`'s head, over a 1-D token `stream`: `BlockDataset` of `block_size` for a
-    causal LM, unlabelled blocks of `context_length` for a masked LM (`DataCollatorForLanguageModeling` masks and
-    labels them), `TargetWindowDataset` for a many-target head, `WindowDataset` (`num_targets` windows drawn with
-    `seed`, default every position) for the one-target head. Items hold (example_length,) "input_ids" (and labels)."""
-    config, length = model.config, example_length(model, block_size)
-    if is_masked_lm(model):
-        return BlockDataset(stream, length, labels=False)
-    if config.model_type in _CAUSAL_LM_TYPES:
-        return BlockDataset(stream, length)
-    if config.next_token_mode == "many":
-        return TargetWindowDataset(stream, length, config.target_length)
-    return WindowDataset(stream, length, num_targets, seed=seed)
-
-
-def evaluate_perplexity(model, stream, tokenizer=None, batch_size=16, block_size=None, stride=None, eos_id=None,
-                        mlm_probability=0.15, progress=None, accelerator=None):
-    """Perplexity and accuracy of a 1-D token `stream` under `model`'s protocol (module docstring): `evaluate_stream`,
-    or `evaluate_masked_stream` for a masked LM (which needs `tokenizer` for its mask and special tokens). With an
-    `accelerate.Accelerator` each process scores its share of the windows and the sums are reduced over the
-    processes (every process must call it). `eos_id` defaults to the tokenizer's; `block_size` and `stride` are the
-    causal LM's windows. `stream`: (n,) token ids. -> {"perplexity", "accuracy", "tokens_scored", "nll" (summed)}."""
-    rank, world_size = (0, 1) if accelerator is None else (accelerator.process_index, accelerator.num_processes)
-    if is_masked_lm(model):
-        metrics = evaluate_masked_stream(
-            model, stream, model.config.context_length, tokenizer.mask_token_id, mlm_probability,
-            batch_size=batch_size, special_ids=tokenizer.all_special_ids, progress=progress, rank=rank,
-            world_size=world_size,
-        )
-        metrics["nll"], metrics["tokens"] = metrics["loss_sum"], metrics["tokens_scored"]
-    else:
-        eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
-        metrics = evaluate_stream(model, stream, batch_size=batch_size, stride=stride, block_size=block_size,
-                                  eos_id=eos_id, progress=progress, rank=rank, world_size=world_size)
-    sums = torch.tensor([metrics["nll"], metrics["tokens"], metrics["correct"]], dtype=torch.float64)
-    if accelerator is not None:
-        sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum")
-    nll, count, correct = (float(x) for x in sums)
-    return {"perplexity": math.exp(nll / count), "accuracy": correct / count, "tokens_scored": int(count), "nll": nll}
-
-
-def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=0.15):
-    """The protocol `evaluate_perplexity` applies to `model`, in words (for results files and model cards)."""
-    length = example_length(model, block_size)
-    if is_masked_lm(model):
-        return (f"blocks of {length}, {mlm_probability:.0%} of each block's tokens masked (fixed positions) and "
-                "predicted from the rest")
-    if model.config.model_type in _CAUSAL_LM_TYPES:
-        return f"sliding window {length}, stride {stride or max(length // 2, 1)}"
-    if model.config.next_token_mode == "many":
-        return f"windows of {length}, the last {model.config.target_length} positions scored"
-    return f"every position, up to {length} preceding tokens"
 
 
 def lm_flops_per_token(model, sequence_length):

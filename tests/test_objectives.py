@@ -1,0 +1,81 @@
+"""hf_settransformer.toolkit.objectives: every LM head declares a row of OBJECTIVES, and a new objective is one row plus
+its functions (the README's "Extending: an objective", run here as written there)."""
+
+import pytest
+import torch
+import transformers
+
+import hf_settransformer as hfst
+from hf_settransformer import toolkit
+from hf_settransformer.toolkit import OBJECTIVES, objective_of
+
+from conftest import tiny_config
+
+EXPECTED = {  # Auto class -> the objective its heads declare, by next_token_mode
+    "AutoModelForCausalLM": {"many": "many_target_windows", "window": "one_target_window"},
+    "AutoModelForMaskedLM": {"many": "masked_lm", "window": "masked_lm"},
+}
+
+
+@pytest.mark.parametrize("family", list(hfst.FAMILIES))
+@pytest.mark.parametrize("mode", ["many", "window"])
+def test_every_lm_head_declares_its_objective(family, mode):
+    config = tiny_config(family, **({"next_token_mode": mode} if family != "decoder" else {}))
+    for auto_name, cls in hfst.FAMILIES[family].model_classes().items():
+        if auto_name not in EXPECTED:
+            continue
+        with torch.device("meta"):
+            model = cls(config)
+        expected = "causal_lm" if family == "decoder" else EXPECTED[auto_name][mode]
+        assert objective_of(model) is OBJECTIVES[expected]
+        assert OBJECTIVES[expected].auto_class == auto_name
+
+
+def test_a_head_without_a_known_objective_is_refused():
+    config = hfst.SetTransformerConfig(input_size=2, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ValueError, match="declares the objective None; known:"):
+        objective_of(hfst.SetTransformerForMixtureOfGaussians(config))
+
+
+def test_train_lm_flags_name_one_auto_class_each():
+    assert toolkit.auto_class_for_flag("next_token") is transformers.AutoModelForCausalLM
+    assert toolkit.auto_class_for_flag("mlm") is transformers.AutoModelForMaskedLM
+
+
+def test_a_new_objective_is_one_row_plus_its_functions(tmp_path):
+    # --- the README's "Extending: an objective", as written there
+    import dataclasses
+    from hf_settransformer import TransformerDecoderForCausalLM
+    from hf_settransformer.toolkit import causal_window_logits, decoder_windows, evaluate_windows, register_objective
+
+    def blocks(model, stream, e):  # every token scored once, in windows that share no context
+        windows = decoder_windows(len(stream), e.block_size, e.block_size - 1)
+        return evaluate_windows(model, stream, windows, causal_window_logits, e.batch_size, e.eos_id)
+
+    register_objective(dataclasses.replace(
+        OBJECTIVES["causal_lm"], name="block_lm", evaluate=blocks,
+        protocol=lambda model, length, stride, mlm_probability: f"blocks of {length}, no shared context"))
+
+    class BlockLM(TransformerDecoderForCausalLM):
+        objective = "block_lm"
+    # --- end of the README's entry
+    try:
+        torch.manual_seed(0)
+        config = hfst.TransformerDecoderConfig(vocab_size=12, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, initializer_range=0.1)
+        model = BlockLM(config)
+        stream = torch.arange(400) % 10 + 2  # a cycle: learnable
+        dataset = toolkit.lm_training_dataset(model, stream, block_size=8)
+        args = transformers.TrainingArguments(tmp_path, max_steps=30, per_device_train_batch_size=8,
+                                              learning_rate=3e-3, report_to=[], use_cpu=True, save_strategy="no")
+        before = toolkit.evaluate_perplexity(model, stream[:80], batch_size=4, block_size=8, eos_id=1)
+        transformers.Trainer(model=model, args=args, train_dataset=dataset).train()
+        after = toolkit.evaluate_perplexity(model, stream[:80], batch_size=4, block_size=8, eos_id=1)
+        assert after["tokens_scored"] == before["tokens_scored"] == 80
+        assert after["perplexity"] < before["perplexity"] / 2
+        assert toolkit.evaluation_protocol(model, block_size=8) == "blocks of 8, no shared context"
+        reference = toolkit.evaluate_stream(TransformerDecoderForCausalLM(config).eval(), stream[:80], batch_size=4,
+                                            block_size=8, stride=7, eos_id=1)
+        assert reference["tokens"] == 80  # the causal_lm row with stride block_size - 1: the same windows
+    finally:
+        OBJECTIVES.pop("block_lm")
