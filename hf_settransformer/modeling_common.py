@@ -5,6 +5,7 @@ import difflib
 import inspect
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -76,17 +77,21 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
     return attention_mask.bool()
 
 
-def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None):
+def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
+                       config=None):
     """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
     the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
     would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
     NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
     kernels take their unmasked paths).
 
+    The token labels a head of `config` handed over (`check_token_labels`) are read in the same read.
+
     Under `torch.compile` nothing is read (no graph break, no check) and a mask is kept as given."""
+    pending = _take_pending_labels(config)
     if torch.compiler.is_compiling():
         return attention_mask is None
-    checks = []
+    checks = [] if pending is None else [pending[1]]
     if position_ids is not None and position_ids.numel():
         checks += list(torch.aminmax(position_ids))
     if input_ids is not None and (
@@ -103,6 +108,10 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     if not checks:
         return attention_mask is None
     values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
+    if pending is not None:
+        labels_bad, values = values[0], values[1:]
+        if labels_bad:
+            _refuse_labels(pending[2], pending[3])
     if position_ids is not None and position_ids.numel():
         (first, last), values = values[:2], values[2:]
         if first < 0:
@@ -347,7 +356,8 @@ class HfstPreTrainedModel(PreTrainedModel):
         learned = self.config.position_embedding_type == "learned"
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
-        if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions):
+        if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions,
+                              config=self.config):
             key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
             check_position_count(key_length, max_positions)  # derived positions: known without a read
@@ -590,7 +600,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         With an adaptive softmax (`adaptive_softmax_cutoffs`) the logits are exact log-probabilities, and a training
         forward with `labels` computes only the loss (`logits=None`): the masked positions are a small share of the
         block, and full log-probabilities of every position would cost most of the step."""
-        check_token_labels(labels, self.config.vocab_size)
+        check_token_labels(self.config, labels)
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
             input_ids=input_ids,
@@ -668,25 +678,45 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output
 
 
-def check_token_labels(labels, vocab_size):
-    """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype, or an id
-    outside the vocabulary, is refused naming it (cross-entropy would say "expected target dtype to be Long" or
-    "Target 109 is out of bounds", and on CUDA fail with a device-side assert). Reads one value back from the device
-    (none under `torch.compile`)."""
-    if labels is None:
-        return
-    if not torch.is_tensor(labels) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        kind = labels.dtype if torch.is_tensor(labels) else type(labels).__name__
-        raise ValueError(f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}.")
-    if torch.compiler.is_compiling() or not labels.numel():
-        return
-    bad = ((labels < 0) & (labels != -100)) | (labels >= vocab_size)
-    if bad.any():
-        values = labels[bad].unique()[:5].tolist()
-        raise ValueError(
-            f"`labels` hold ids outside the vocabulary [0, {vocab_size - 1}] (and not -100, the ignored label): "
-            f"{values}."
-        )
+class _PendingLabelCheck(threading.local):
+    """The token labels a head has handed to its base model's input check, per thread: (config, device flag, labels,
+    vocabulary size), or None."""
+
+    check = None
+
+
+_PENDING_LABELS = _PendingLabelCheck()
+
+
+def check_token_labels(config, *labels):
+    """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype is refused
+    here, naming it (cross-entropy would say "expected target dtype to be Long"). Ids outside the vocabulary
+    (cross-entropy's "Target 109 is out of bounds", a device-side assert on CUDA) are flagged on the device and read
+    with the inputs, in the one read of the base model's `check_input_values` for this `config`: a head calls this just
+    before its base model. Nothing is read under `torch.compile`."""
+    flags, given = [], [x for x in labels if x is not None]
+    for x in given:
+        if not torch.is_tensor(x) or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            kind = x.dtype if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}.")
+        if x.numel() and not torch.compiler.is_compiling():
+            flags.append((((x < 0) & (x != -100)) | (x >= config.vocab_size)).any())
+    flag = torch.stack(flags).any() if len(flags) > 1 else flags[0] if flags else None
+    _PENDING_LABELS.check = None if flag is None else (config, flag, given, config.vocab_size)
+
+
+def _take_pending_labels(config):
+    """The label check a head left for the base model of `config` (None if none, or if it was another model's)."""
+    pending, _PENDING_LABELS.check = _PENDING_LABELS.check, None
+    return pending if pending is not None and pending[0] is config else None
+
+
+def _refuse_labels(labels, vocab_size):
+    bad = [x[((x < 0) & (x != -100)) | (x >= vocab_size)] for x in labels]
+    values = torch.cat([x.flatten() for x in bad]).unique()[:5].tolist()  # the error path only: a second read is fine
+    raise ValueError(
+        f"`labels` hold ids outside the vocabulary [0, {vocab_size - 1}] (and not -100, the ignored label): {values}."
+    )
 
 
 def check_classification_labels(labels, logits, config):
@@ -820,7 +850,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         shift_labels = kwargs.pop("shift_labels", None)
         if shift_labels is not None:  # targets already aligned with the positions (sequence/context parallelism)
             labels = shift_labels
-        check_token_labels(labels, self.config.vocab_size)
+        check_token_labels(self.config, labels)
         if self.config.next_token_mode == "window":
             if shift_labels is not None:
                 labels = shift_labels[:, -1]  # the target of the window's last position: the token after it

@@ -225,8 +225,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
         logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
-        for given in (labels, kwargs.get("shift_labels")):
-            check_token_labels(given, self.config.vocab_size)
+        check_token_labels(self.config, labels, kwargs.get("shift_labels"))
         if use_cache is None and labels is not None and self.training and past_key_values is None:
             use_cache = False  # a training step has no use for a cache: do not fill one
         outputs = self.model(
