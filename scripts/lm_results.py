@@ -1,4 +1,4 @@
-"""Collect the `all_results.json` of WikiText-2 runs (scripts/wikitext2_grid.sh) into the README's table and a plot of
+"""Collect the `all_results.json` of WikiText-2 runs (scripts/wikitext2_grid.sh) into the results table (docs/results.md) and a plot of
 validation perplexity against training CPU-minutes (wall minutes x threads).
 
     python scripts/lm_results.py outputs/wikitext2                 # prints the markdown table

@@ -1,4 +1,4 @@
-"""Collect the `all_results.json` of scripts/train_sets.py runs into the README's table: task, model, attention,
+"""Collect the `all_results.json` of scripts/train_sets.py runs into the results table (docs/set_transformer.md): task, model, attention,
 our metric next to the paper's (Lee et al. 2019), training time.
 
     python scripts/set_results.py outputs/sets                                  # prints the markdown table

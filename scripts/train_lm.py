@@ -4,8 +4,8 @@ Any family (`decoder`, `encoder`, `set_transformer`, `perceiver_io`), softmax or
 causal LM over blocks of `--block_size` tokens; the other families use their `*ForNextTokenPrediction` head: by default
 (`--next_token_mode many`) one pass over a window of `context_length` tokens predicts its last `target_length` tokens
 (a bidirectional prefix, then causal targets; Perceiver IO as Perceiver AR), `--next_token_mode window` is the design
-document's literal one-prediction-per-window model. The defaults are the tuned ones (README, "Tuning"): the command
-below, as written, reproduces the README's numbers on a CPU.
+document's literal one-prediction-per-window model. The defaults are the tuned ones (docs/tuning.md): the command
+below, as written, reproduces docs/results.md's numbers on a CPU.
 
 Sizes: `--preset auto` (default) is `small` (tuned for a 2-core CPU) when training on a CPU and `gpu` (width 512,
 8 layers, context 512, dense embedding and full softmax, dropout 0.3) on CUDA; `tiny`, `small`, `base`, `gpu` and
@@ -54,7 +54,7 @@ and records the steps reached: `--max_steps <train_steps>` repeats the run by st
 a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, the training tokens and
 model FLOPs per second and the model FLOPs utilisation against the GPU's dense peak: `mfu`, null on a CPU or an
 unknown GPU with the reason in `mfu_note`), the model, the tokenizer and a model card (README.md) to `--output_dir`.
-What it calls is package API (README, "Use the pieces in your own script").
+What it calls is package API (docs/training.md, "Use the pieces in your own script").
 """
 
 import json
@@ -113,12 +113,12 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
-# Named sizes. `small` is the size tuned for a 2-core CPU (README, "Tuning"); `base` was the first guess for a GPU (on
+# Named sizes. `small` is the size tuned for a 2-core CPU (docs/tuning.md); `base` was the first guess for a GPU (on
 # an H100 in 3 minutes it overfit from epoch 3.4 and ended at test 229.8 against small's 131). `context` is the
 # decoder's block and the heads' window; the heads predict the last `targets` tokens of each window. Other keys are
 # config fields (`--config_overrides` wins over them), and `training` holds `TrainingArguments` defaults that apply
 # where the command does not set the flag.
-# Adaptive softmax and adaptive input (README, "Output layer"); WikiText-2: the 2,000 most frequent words cover ~80% of
+# Adaptive softmax and adaptive input (docs/design.md); WikiText-2: the 2,000 most frequent words cover ~80% of
 # the tokens. `--config_overrides adaptive_input_cutoffs=null` gives back the dense embedding.
 ADAPTIVE_CUTOFFS = [2000, 10000]
 PRESETS = {
@@ -291,7 +291,7 @@ class DataArguments:
 
 @dataclass
 class LMTrainingArguments(TrainingArguments):
-    """`TrainingArguments` with the tuned defaults of this script (README, "Tuning"); every flag still works. The
+    """`TrainingArguments` with the tuned defaults of this script (docs/tuning.md); every flag still works. The
     types are transformers' own, so the flags parse as they do everywhere."""
 
     learning_rate: float = field(
@@ -609,7 +609,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     for split in [s for s, wanted in (("validation", args.do_eval), ("test", args.do_predict)) if wanted]:
         stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
         if is_main and args.disable_tqdm:  # no bar: say what the evaluation is doing
-            print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of the README")
+            print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of docs/training.md")
         began, cpu_began = time.time(), time.process_time()
         metrics = evaluate_perplexity(
             model, stream, tokenizer, batch_size=batch, block_size=data_args.block_size, stride=data_args.eval_stride,
@@ -617,7 +617,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
             progress=f"[train_lm] {split}" if is_main and not args.disable_tqdm else None,
         )
         # wall seconds, and CPU seconds of this process (time-sharing the cores does not inflate them; a machine
-        # loaded past its cores still does, through caches and memory bandwidth: README, Time budget)
+        # loaded past its cores still does, through caches and memory bandwidth: docs/training.md, time budget)
         metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
             print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")

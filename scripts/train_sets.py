@@ -107,7 +107,7 @@ class SetArguments:
 
 # initializer_range: transformers' 0.02 learns the mixture of Gaussians slowly; 0.05 (about PyTorch's default for a
 # 128-wide nn.Linear, 1 / sqrt(3 * 128), which the paper's code keeps) gave a training loss 0.22 lower at 1,500 steps
-# on the same batches (2.106 vs 2.327) and -1.4814 per point after 30,000 steps against -1.5594 (README, Set tasks).
+# on the same batches (2.106 vs 2.327) and -1.4814 per point after 30,000 steps against -1.5594 (docs/set_transformer.md).
 # The other tasks' results were made with 0.02.
 TASK_DEFAULTS = {
     "max_regression": dict(

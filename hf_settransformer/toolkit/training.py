@@ -3,7 +3,7 @@ training time and validation curve of a run across resumes, a training-time budg
 it), the measurements of a run, the machine it ran on and its model FLOPs utilisation (a table of GPU peaks), the
 Trainer settings a GPU run expects, and an upload without pickles (the model card it carries: `cards`).
 
-Typical use (see the README's "Use the pieces in your own script"):
+Typical use (docs/training.md, "Use the pieces in your own script"):
 
     resume = resolve_resume(training_args)
     timer, budget, callbacks = timed_callbacks(resume, clock="cpu", max_minutes=30)
