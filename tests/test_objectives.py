@@ -1,6 +1,8 @@
 """hf_settransformer.toolkit.objectives: every LM head declares a row of OBJECTIVES, and a new objective is one row plus
 its functions (the README's "Extending: an objective", run here as written there)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -43,22 +45,13 @@ def test_train_lm_flags_name_one_auto_class_each():
 
 
 def test_a_new_objective_is_one_row_plus_its_functions(tmp_path):
-    # --- the README's "Extending: an objective", as written there
-    import dataclasses
+    # the README's "Extending: an objective", as written there
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    entry = readme.split("<!-- objective-entry -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {"__name__": "readme_objective_entry"}
+    exec(compile(entry, "README.md (objective entry)", "exec"), namespace)
+    BlockLM = namespace["BlockLM"]
     from hf_settransformer import TransformerDecoderForCausalLM
-    from hf_settransformer.toolkit import causal_window_logits, decoder_windows, evaluate_windows, register_objective
-
-    def blocks(model, stream, e):  # every token scored once, in windows that share no context
-        windows = decoder_windows(len(stream), e.block_size, e.block_size - 1)
-        return evaluate_windows(model, stream, windows, causal_window_logits, e.batch_size, e.eos_id)
-
-    register_objective(dataclasses.replace(
-        OBJECTIVES["causal_lm"], name="block_lm", evaluate=blocks,
-        protocol=lambda model, length, stride, mlm_probability: f"blocks of {length}, no shared context"))
-
-    class BlockLM(TransformerDecoderForCausalLM):
-        objective = "block_lm"
-    # --- end of the README's entry
     try:
         torch.manual_seed(0)
         config = hfst.TransformerDecoderConfig(vocab_size=12, hidden_size=32, num_hidden_layers=2,

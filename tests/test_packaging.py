@@ -36,7 +36,7 @@ def test_the_readme_is_documentation_with_the_test_command_at_the_top():
 
 OWN_SCRIPT = (ROOT / "docs" / "training.md", "## Use the pieces in your own script")
 # the README's objective entry is written against the OBJECTIVES table (hf_settransformer/toolkit/objectives.py);
-# its own test runs it, not this file
+# tests/test_objectives.py runs it (and trains and evaluates the head it declares), not this file
 OBJECTIVE_ENTRY = "<!-- objective-entry -->"
 
 
