@@ -584,18 +584,38 @@ def test_ctrl_c_before_any_checkpoint_says_none_exists_and_exits_130(tmp_path, t
     assert "interrupted (Ctrl-C): no complete checkpoint in" in capsys.readouterr().err
 
 
+# runs a script as `python script ...` would, with faulthandler dumping every thread's stack on SIGUSR1: a run that
+# does not stop when it should says where it is
+WITH_STACKS = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def stacks_of_a_stuck_run(run, what):
+    """Dumps the stuck process's thread stacks (SIGUSR1), kills it and fails naming `what` it did not do."""
+    run.send_signal(signal.SIGUSR1)
+    time.sleep(3)
+    run.kill()
+    _, stderr = run.communicate()
+    pytest.fail(f"train_lm.py {what}; its stderr and thread stacks:\n{stderr[-8000:]}")
+
+
 def test_ctrl_c_during_training_names_the_newest_complete_checkpoint_and_exits_130(tmp_path, texts):
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train_lm.py"),
+    run = subprocess.Popen([sys.executable, "-c", WITH_STACKS, str(ROOT / "scripts" / "train_lm.py"),
                             *tiny_run_args(texts, out, "--max_steps", "100000", "--save_steps", "3")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=SCRIPT_ENV)
     try:
-        deadline = time.time() + 120
-        while not list(out.glob("checkpoint-*/hfst_checkpoint_complete.json")) and time.time() < deadline:
+        deadline = time.time() + 240
+        while not list(out.glob("checkpoint-*/hfst_checkpoint_complete.json")):
             assert run.poll() is None, run.communicate()[1][-2000:]
+            if time.time() > deadline:
+                stacks_of_a_stuck_run(run, "wrote no complete checkpoint in 240 s")
             time.sleep(0.2)
         run.send_signal(signal.SIGINT)
-        _, stderr = run.communicate(timeout=60)
+        try:
+            _, stderr = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            stacks_of_a_stuck_run(run, "did not exit within 120 s of Ctrl-C")
     finally:
         run.kill()
     assert run.returncode == 130, stderr[-2000:]
