@@ -515,6 +515,23 @@ def _exact_grads(xq, xk, s, dp, mask, o_k, D, AXIS: tl.constexpr):
     return out
 
 
+def _exact_dq(xq, xk, ref, mask, in_k, tile_k, o_k, D, vv, do, state, norm, RD: tl.constexpr, DT: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """The backward's exact path for a steep chunk (`_exact_chunk`), with the carried `state`/`norm` in reference
+    `ref` (R_{c-1}): -> (dq (c, d), the per-query normalisers (c,), the per-query output-gradient terms r (c,))."""
+    s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+    den = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
+    seen = den > 0
+    den = tl.where(seen, den, 1.0)
+    g = _op(do / den[:, None], RD, DT)
+    gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)
+    sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)
+    r = tl.where(seen, -(tl.sum(w * gv, axis=1) + tl.sum(a_prev * sg, axis=1)) / den, 0.0)
+    dp = tl.where(mask, gv + r[:, None], 0.0)
+    dq = _exact_grads(xq, xk, s_i, dp, mask, o_k, D, 1) + (sg + r[:, None] * norm[None, :]) * a_prev
+    return dq, den, r
+
+
 def _state_tile(x, i_bh, o_k, o_e, D, E):
     """The (d, e) block `o_k` x `o_e` of a contiguous fp32 (b, h, d, e) state, 0 on padding."""
     return tl.load(x + i_bh * D * E + o_k[:, None] * E + o_e[None, :], (o_k < D)[:, None] & (o_e < E)[None, :], 0.0)
@@ -527,7 +544,7 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 _HELPERS = [
     "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
     "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
-    "_exact_grads",
+    "_exact_grads", "_exact_dq",
 ]  # fmt: skip
 
 
@@ -634,18 +651,8 @@ def _backward_dq_kernel(
             den_x = tl.zeros([BT], dtype=tl.float32)
             r_x = tl.zeros([BT], dtype=tl.float32)
             if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
-                mask = causal & key[None, :]
-                s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
-                den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
-                seen_x = den_x > 0
-                den_x = tl.where(seen_x, den_x, 1.0)
-                g_x = _op(do / den_x[:, None], RD, DT)
-                gv_x = tl.dot(g_x, tl.trans(vv), input_precision=PRECISION)
-                sg_x = tl.dot(g_x, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)
-                r_x = tl.where(seen_x, -(tl.sum(w * gv_x, axis=1) + tl.sum(a_prev * sg_x, axis=1)) / den_x, 0.0)
-                dp_x = tl.where(mask, gv_x + r_x[:, None], 0.0)
-                dq_x = _exact_grads(xq, xk, s_i, dp_x, mask, o_k, D, 1)
-                dq_x += (sg_x + r_x[:, None] * norm[None, :]) * a_prev
+                dq_x, den_x, r_x = _exact_dq(xq, xk, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do, state,
+                                             norm, RD, DT, PRECISION)
             state = state * scale[:, None]
             norm = norm * scale
             a32 = _exp_queries(xq, r_c, in_k, tile_k)
