@@ -67,16 +67,24 @@ def main(argv=None):
     check_finished_run(args.run_dir)
 
     # torch and transformers: after the cheap checks
-    from hf_settransformer.toolkit import OutputDirLock, OutputDirLockedError, push_folder_to_hub, refresh_model_card
+    from hf_settransformer.toolkit import (
+        OutputDirLock,
+        OutputDirLockedError,
+        log_to_stdout,
+        push_folder_to_hub,
+        refresh_model_card,
+    )
+
+    logger = log_to_stdout()  # its lines and the toolkit's (what a push leaves out, say) on stdout
 
     try:
         with OutputDirLock(args.run_dir, " ".join(sys.argv)):
             card = refresh_model_card(args.run_dir, repo_id=args.repo_id)
-            print(f"[push_run] model card for {args.repo_id}: {card}")
+            logger.info(f"[push_run] model card for {args.repo_id}: {card}")
             info = push_folder_to_hub(args.run_dir, args.repo_id, token=args.token, private=args.private)
     except (OutputDirLockedError, ValueError) as err:  # a live run holds it; a card cannot be made from it
         raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
-    print(f"[push_run] pushed {args.run_dir} to {args.repo_id}: {getattr(info, 'commit_url', info)}")
+    logger.info(f"[push_run] pushed {args.run_dir} to {args.repo_id}: {getattr(info, 'commit_url', info)}")
 
 
 if __name__ == "__main__":

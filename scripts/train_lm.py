@@ -96,6 +96,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     lm_training_dataset,
     load_pretrained,
     lock_output_dir,
+    log_to_stdout,
     max_steps_for_budget,
     model_flops_utilization,
     objective_of,
@@ -112,6 +113,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+logger = transformers.utils.logging.get_logger("hf_settransformer.scripts")
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
 # Named sizes. `small` is the size tuned for a 2-core CPU (docs/tuning.md); `base` was the first guess for a GPU (on
 # an H100 in 3 minutes it overfit from epoch 3.4 and ended at test 229.8 against small's 131). `context` is the
@@ -609,7 +611,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     for split in [s for s, wanted in (("validation", args.do_eval), ("test", args.do_predict)) if wanted]:
         stream = streams[split][: data_args.max_eval_tokens] if data_args.max_eval_tokens else streams[split]
         if is_main and args.disable_tqdm:  # no bar: say what the evaluation is doing
-            print(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of docs/training.md")
+            logger.info(f"[train_lm] evaluating {split}: {len(stream):,} tokens, protocol of docs/training.md")
         began, cpu_began = time.time(), time.process_time()
         metrics = evaluate_perplexity(
             model, stream, tokenizer, batch_size=batch, block_size=data_args.block_size, stride=data_args.eval_stride,
@@ -620,7 +622,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
         # loaded past its cores still does, through caches and memory bandwidth: docs/training.md, time budget)
         metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
-            print(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
+            logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
     return results
 
@@ -653,14 +655,14 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
     if card:
         write_lm_model_card(out, trainer.model, results, data_args.block_size, trainer.args.hub_model_id or out.name,
                             command)
-    print(results_table(results))
+    logger.info(results_table(results))
     wrote = "the model, tokenizer, all_results.json" if trainer.args.do_train else "all_results.json"
-    print(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}")
+    logger.info(f"[train_lm] wrote {wrote}{' and the model card README.md' if card else ''} to {trainer.args.output_dir}")
     write_text_atomically(out / "training_args.json", trainer.args.to_json_string())
     if push_requested:
         repo_id = trainer.args.hub_model_id or out.name
         info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
-        print(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
+        logger.info(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -814,6 +816,7 @@ def check_arguments(model_args, data_args, training_args):
 
 def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
+    log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(model_args, data_args, training_args)
     # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
     # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error
@@ -830,7 +833,7 @@ def run(model_args, data_args, training_args, command):
     transformers.logging.set_verbosity_warning()
     set_seed(training_args.seed)
     wall_start = time.time()
-    say = print if training_args.process_index == 0 else (lambda *a, **k: None)
+    say = logger.info  # the main process's lines (log_to_stdout)
 
     tokenizer, eos_id, streams = load_data(model_args, data_args, training_args, command, say)
     model = build_model(model_args, data_args, len(tokenizer), eos_id)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+from transformers.utils import logging as transformers_logging
 
 from hf_settransformer import SetTransformerConfig
 from hf_settransformer.toolkit import (
@@ -45,6 +46,7 @@ from hf_settransformer.toolkit import (
     l1_loss,
     load_pretrained,
     lock_output_dir,
+    log_to_stdout,
     make_set_task,
     resolve_resume,
     save_model_atomically,
@@ -52,6 +54,8 @@ from hf_settransformer.toolkit import (
     train_unless_finished,
     write_text_atomically,
 )
+
+logger = transformers_logging.get_logger("hf_settransformer.scripts")
 
 
 @dataclass
@@ -251,6 +255,7 @@ def continued_run(args):
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, TrainingArguments))
     args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
     # held while main runs, released however it ends (main can run again in one process after an error)
     lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")
@@ -271,7 +276,7 @@ def run(args, training_args):
     train_dataset, eval_dataset = datasets(args, training_args.seed)
     model = model or build_model(args)
     parameters, name = sum(p.numel() for p in model.parameters()), describe_model(args)
-    print(f"[train_sets] {args.task}: {name}, {parameters:,} parameters")
+    logger.info(f"[train_sets] {args.task}: {name}, {parameters:,} parameters")
     training_args.remove_unused_columns = False
     if args.task == "mixture_of_gaussians":
         training_args.label_names = []  # the points are the targets: the model returns the loss itself
@@ -319,7 +324,7 @@ def run(args, training_args):
     results["paper"] = PAPER_RESULTS.get(args.task, {})
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
-        print("[train_sets] " + json.dumps(results, indent=1))
+        logger.info("[train_sets] " + json.dumps(results, indent=1))
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # several processes: leave the process group before exiting
     return results

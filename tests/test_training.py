@@ -2,6 +2,7 @@
 the time budget, the measurements of a run, the model card writer and the upload without pickles."""
 
 import json
+import logging
 import math
 import os
 import signal
@@ -75,7 +76,7 @@ def test_the_lock_never_writes_through_a_link_or_into_a_non_file(tmp_path, kind)
     assert victim.read_text() == "precious" and not (tmp_path / "created-through-the-link.txt").exists()
 
 
-def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_path, capsys):
+def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_path, caplog):
     from transformers import TrainingArguments
 
     def args(**fields):
@@ -91,7 +92,7 @@ def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_pat
     toolkit.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
     assert (tmp_path / "checkpoint-4").is_dir()
     toolkit.check_output_dir(args(), overwrite=True, script="mine")
-    assert "[mine] --overwrite_output_dir: removing the earlier run" in capsys.readouterr().out
+    assert "[mine] --overwrite_output_dir: removing the earlier run" in caplog.text  # a warning of the toolkit's logger
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
@@ -173,14 +174,14 @@ def checkpoint(folder, step, marker=True, **fields):
     return path
 
 
-def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_rest(tmp_path, capsys):
+def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_rest(tmp_path, caplog):
     checkpoint(tmp_path, 5)
     newest = checkpoint(tmp_path, 10)
     checkpoint(tmp_path, 15, marker=False)  # a killed save
     args = quiet_training_args(tmp_path, resume_from_checkpoint="true")
     assert toolkit.resolve_resume(args, script="mine") == str(newest)  # 10, not 5 (numeric, not "10" < "5")
     assert (tmp_path / "incomplete-checkpoint-15").is_dir() and not (tmp_path / "checkpoint-15").exists()
-    assert "[mine] " in capsys.readouterr().out
+    assert "[mine] " in caplog.text and "checkpoint-15 was never completely written" in caplog.text  # a warning
     assert toolkit.resolve_resume(quiet_training_args(tmp_path, resume_from_checkpoint="false")) is None
     assert toolkit.resolve_resume(quiet_training_args(tmp_path / "empty", resume_from_checkpoint="true")) is None
     with pytest.raises(SystemExit, match="not a complete checkpoint"):
@@ -270,7 +271,8 @@ def test_timed_callbacks_resolve_the_clock_and_add_the_budget_when_asked(tmp_pat
     assert callbacks[-1] is budget and budget.minutes == 5 and budget.timer is timer
 
 
-def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_path, monkeypatch, capsys):
+def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="hf_settransformer")  # the plan is an INFO line of the toolkit's logger
     trainer = decoder_trainer(tmp_path)
     timer = toolkit.TimedEvalCallback(clock="cpu")
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -279,7 +281,7 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
     monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
     assert toolkit.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
-    assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in capsys.readouterr().out
+    assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in caplog.text
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "seconds_per_evaluation": 0.0,
                       "evaluation_every": 0, "max_steps": 235}  # this Trainer does not evaluate while training
@@ -366,10 +368,11 @@ def test_the_evaluation_probe_times_one_pass_over_the_eval_data_and_leaves_the_m
     ],
     ids=["every-4-steps", "fraction-of-the-run", "every-epoch", "none"],
 )
-def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, fields, expected, capsys):
+def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, fields, expected, caplog):
     """The budget counts the periodic evaluations (TimedEvalCallback's clock runs through them), so `max_steps` is
     planned with them: otherwise a run whose evaluations are slow (one window per target) stops on its budget with
     its learning rate far from the end of the schedule."""
+    caplog.set_level(logging.INFO, logger="hf_settransformer")  # the plan is an INFO line of the toolkit's logger
     trainer = _evaluating_trainer(tmp_path, **fields)
     monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
     monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
@@ -377,7 +380,7 @@ def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, f
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     evaluations = fields["eval_strategy"] != "no"
     assert record["seconds_per_evaluation"] == (3.0 if evaluations else 0.0)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert ("per evaluation" in out or "evaluations of" in out) == evaluations
 
 
@@ -533,4 +536,5 @@ def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
         repo = hub.repo("model", "user/run")
         files = set(repo["commits"][repo["branches"]["main"]]["files"]) - {".gitattributes"}
     assert files == {"model.safetensors", "config.json", "README.md", "modeling_decoder.py"}
-    assert "left out (links: only the folder's own regular files are uploaded): linked[1], notes.txt" in result.stdout
+    # a warning of the toolkit's logger: on stderr where the caller configured no logging
+    assert "left out (links: only the folder's own regular files are uploaded): linked[1], notes.txt" in result.stderr

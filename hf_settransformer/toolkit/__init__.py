@@ -70,6 +70,8 @@ from .set_tasks import (
     sample_shape,
 )
 from .training import (
+    LOGGER_ROOT,
+    log_to_stdout,
     BUDGET_FILE,
     CLOCKS,
     COMPLETE_MARKER,
@@ -123,6 +125,8 @@ from .training import (
 )
 
 __all__ = [
+    "LOGGER_ROOT",
+    "log_to_stdout",
     "newest_complete_checkpoint",
     "DISK_FULL_ERRNOS",
     "WRITE_FAILED_TEXTS",

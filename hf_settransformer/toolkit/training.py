@@ -18,6 +18,7 @@ import copy
 import errno
 import inspect
 import json
+import logging
 import math
 import os
 import platform
@@ -33,6 +34,12 @@ import huggingface_hub
 import torch
 import transformers
 from transformers import TrainerCallback, TrainerState
+from transformers.utils import logging as hf_logging
+
+# the toolkit's messages: warnings reach stderr wherever logging is not configured (Python's last-resort handler);
+# the scripts show them and their own INFO lines on stdout (`log_to_stdout`)
+logger = hf_logging.get_logger(__name__)
+LOGGER_ROOT = "hf_settransformer"
 
 COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
 LOCK_FILE = ".hfst_run.lock"  # in the output folder of a live run (OutputDirLock)
@@ -191,7 +198,7 @@ def check_output_dir(training_args, overwrite=False, script="train"):
         return
     if overwrite:
         if training_args.process_index == 0:
-            print(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} ({', '.join(found)})")
+            logger.warning(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} ({', '.join(found)})")
             for name in found:
                 path = out / name
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
@@ -336,11 +343,11 @@ def resolve_resume(training_args, script="train"):
         for p in folders:
             if p not in complete and training_args.process_index == 0:
                 aside = p.with_name(f"incomplete-{p.name}")
-                print(f"[{script}] {p} was never completely written (killed while saving?): moved to {aside}")
+                logger.warning(f"[{script}] {p} was never completely written (killed while saving?): moved to {aside}")
                 shutil.rmtree(aside, ignore_errors=True)
                 p.rename(aside)
         if not complete:
-            print(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
+            logger.info(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
     if not Path(value).is_dir():
@@ -435,6 +442,36 @@ def where_to_resume(output_dir):
             "--resume_from_checkpoint true.")
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stdout` is when a record arrives (a notebook's or pytest's capture
+    replaces it after the handler is made)."""
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def log_to_stdout(main_process=True):
+    """How the scripts show messages: the `hf_settransformer` loggers (the toolkit's and the scripts', made with
+    transformers' `logging.get_logger`) write one plain line each to stdout, INFO and up on the main process and
+    WARNING and up on the others (as transformers' example scripts log from the main process). Returns the scripts'
+    logger (`hf_settransformer.scripts`). Calling it again only sets the level."""
+    root = logging.getLogger(LOGGER_ROOT)
+    if not any(isinstance(h, _StdoutHandler) for h in root.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if main_process else logging.WARNING)
+    return hf_logging.get_logger(f"{LOGGER_ROOT}.scripts")
+
+
 @contextlib.contextmanager
 def stops_say_where_to_resume(output_dir, script="train"):
     """Ctrl-C (SIGINT) or a full disk inside the block ends the process in one line naming the newest complete
@@ -456,7 +493,8 @@ def stops_say_where_to_resume(output_dir, script="train"):
             free = "free space unknown"
         raise SystemExit(
             f"[{script}] {words}: writing in {output_dir} failed ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then {where_to_resume(output_dir)}"
+            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then "
+            f"{where_to_resume(output_dir)}"
         ) from None
 
 
@@ -670,7 +708,7 @@ def _budget_steps(trainer, minutes, timer, output_dir, script):
                                    "seconds_per_evaluation": evaluation, "evaluation_every": every,
                                    "max_steps": max_steps}))
         os.replace(tmp, path)
-        print(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step{evaluated} "
+        logger.info(f"[{script}] time budget {minutes} {timer.clock} minutes: {seconds:.3f} s/step{evaluated} "
               f"-> max_steps={max_steps}")
     return max_steps
 
@@ -883,7 +921,7 @@ def push_folder_to_hub(folder, repo_id, token=None, private=False,
 
     links = linked_paths(folder)
     if links:
-        print(f"[push] left out (links: only the folder's own regular files are uploaded): {', '.join(links)}")
+        logger.warning(f"[push] left out (links: only the folder's own regular files are uploaded): {', '.join(links)}")
     api = HfApi(token=token)
     api.create_repo(repo_id, private=bool(private), exist_ok=True)
     ignore = PUSH_IGNORE_PATTERNS + [_fnmatch_literal(p) for p in links] + [_fnmatch_literal(p) + "/*" for p in links]
