@@ -153,12 +153,6 @@ class LinearAttentionCache(Cache):
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
         super().__init__(layers=[RecurrentStateLayer(static=static) for _ in range(num_layers)])
 
-    def get_state(self, layer_idx: int) -> LinearAttentionState | None:
-        return self.layers[layer_idx].state
-
-    def set_state(self, layer_idx: int, state: LinearAttentionState, new_tokens: int) -> None:
-        self.layers[layer_idx].set_state(state, new_tokens)
-
     def get_seq_length(self, layer_idx: int = 0):
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
 
