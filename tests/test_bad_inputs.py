@@ -584,9 +584,12 @@ def test_ctrl_c_before_any_checkpoint_says_none_exists_and_exits_130(tmp_path, t
     assert "interrupted (Ctrl-C): no complete checkpoint in" in capsys.readouterr().err
 
 
-# runs a script as `python script ...` would, with faulthandler dumping every thread's stack on SIGUSR1: a run that
-# does not stop when it should says where it is
+# runs a script as `python script ...` would from a terminal, with faulthandler dumping every thread's stack on
+# SIGUSR1 (a run that does not stop when it should says where it is). Ctrl-C gets Python's own handler: a process
+# started in the background of a non-interactive shell (as CI may start pytest) inherits SIGINT ignored, and Python then
+# leaves it ignored
 WITH_STACKS = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+               "signal.signal(signal.SIGINT, signal.default_int_handler); "
                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
