@@ -10,7 +10,6 @@ torch and transformers (and `tokenizers`, `huggingface_hub`, which transformers 
 
 from .cards import (
     CARD_TEMPLATES,
-    MLM_PROBABILITY,
     WIKITEXT2_DATASET_FLAGS,
     WIKITEXT2_SHA256,
     card_config,
@@ -41,6 +40,7 @@ from .language_modeling import (
     token_stream,
 )
 from .objectives import (
+    MLM_PROBABILITY,
     OBJECTIVES,
     Evaluation,
     Objective,

@@ -21,11 +21,10 @@ import torch
 import transformers
 
 from ..attention import attention_kernel
-from .objectives import is_masked_lm, objective_of
+from .objectives import MLM_PROBABILITY, is_masked_lm, objective_of
 from .training import write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
-MLM_PROBABILITY = 0.15  # train_lm.py's --mlm_probability default (BERT's)
 # WikiText-2's three files (`wikitext-2-v1`; PyTorch's word_language_model ships them byte-identical as train.txt,
 # valid.txt, test.txt): a run that read these is described to a Hub reader by the `datasets` name of the same data
 WIKITEXT2_SHA256 = {

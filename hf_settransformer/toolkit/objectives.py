@@ -29,6 +29,9 @@ from .language_modeling import (
 )
 
 
+MLM_PROBABILITY = 0.15  # the masked-LM share of tokens to mask by default (BERT's; train_lm.py's --mlm_probability)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """What an objective's `evaluate` reads besides the model and the stream. `block_size`, `stride`: a causal LM's
@@ -40,7 +43,7 @@ class Evaluation:
     stride: int | None = None
     eos_id: int | None = 0
     tokenizer: Any = None
-    mlm_probability: float = 0.15
+    mlm_probability: float = MLM_PROBABILITY
     progress: str | None = None
     rank: int = 0
     world_size: int = 1
@@ -157,7 +160,7 @@ def _no_collator(tokenizer, mlm_probability):
     return None
 
 
-def _masked_design(config, family, mlm_probability=0.15):
+def _masked_design(config, family, mlm_probability=MLM_PROBABILITY):
     return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
             f"training {mlm_probability:.0%} of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
             "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
@@ -266,7 +269,7 @@ def _rates(sums):
 
 
 def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, eos_id=0, progress=None,
-                    rank=0, world_size=1, tokenizer=None, mlm_probability=0.15):
+                    rank=0, world_size=1, tokenizer=None, mlm_probability=MLM_PROBABILITY):
     """Perplexity and next-token accuracy of a 1-D token `stream` (n,) under the protocol of `model`'s objective
     (`language_modeling`'s docstring): a causal LM's windows are `block_size` tokens moved by `stride` (default
     block_size // 2); a next-token head reads its `context_length`, `target_length` and `next_token_mode`; a masked
@@ -279,7 +282,7 @@ def evaluate_stream(model, stream, batch_size=16, stride=None, block_size=None, 
 
 
 def evaluate_perplexity(model, stream, tokenizer=None, batch_size=16, block_size=None, stride=None, eos_id=None,
-                        mlm_probability=0.15, progress=None, accelerator=None):
+                        mlm_probability=MLM_PROBABILITY, progress=None, accelerator=None):
     """Perplexity and accuracy of a 1-D token `stream` under `model`'s protocol (`evaluate_stream`; a masked LM needs
     `tokenizer` for its mask and special tokens). With an `accelerate.Accelerator` each process scores its share of
     the windows and the sums are reduced over the processes (every process must call it). `eos_id` defaults to the
@@ -297,7 +300,7 @@ def evaluate_perplexity(model, stream, tokenizer=None, batch_size=16, block_size
     return {"perplexity": math.exp(nll / count), "accuracy": correct / count, "tokens_scored": int(count), "nll": nll}
 
 
-def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=0.15):
+def evaluation_protocol(model, block_size=None, stride=None, mlm_probability=MLM_PROBABILITY):
     """The protocol `evaluate_perplexity` applies to `model`, in words (for results files and model cards)."""
     objective = objective_of(model)
     return objective.protocol(model, objective.example_length(model, block_size), stride, mlm_probability)
