@@ -538,3 +538,33 @@ def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
     assert files == {"model.safetensors", "config.json", "README.md", "modeling_decoder.py"}
     # a warning of the toolkit's logger: on stderr where the caller configured no logging
     assert "left out (links: only the folder's own regular files are uploaded): linked[1], notes.txt" in result.stderr
+
+
+def test_log_to_stdout_shows_the_toolkit_lines_by_process(capsys, caplog):
+    """The scripts' logging: toolkit and script lines, one plain line each on the stdout of the moment (a capture
+    that replaced it after the handler was made included), INFO on the main process and only WARNING elsewhere; a
+    second call adds no second handler."""
+    import logging
+
+    from hf_settransformer.toolkit.training import LOGGER_ROOT, logger
+
+    root = logging.getLogger(LOGGER_ROOT)
+    level, handlers = root.level, list(root.handlers)
+    try:
+        scripts = toolkit.log_to_stdout(main_process=True)
+        toolkit.log_to_stdout(main_process=True)
+        assert sum(type(h).__name__ == "_StdoutHandler" for h in root.handlers) == 1  # however often it is called
+        scripts.info("[mine] a script line")
+        logger.info("[mine] a toolkit line")
+        out = capsys.readouterr().out
+        assert "[mine] a script line\n" in out and "[mine] a toolkit line\n" in out
+        toolkit.log_to_stdout(main_process=False)  # another rank: its INFO lines are not shown, warnings are
+        logger.info("[mine] rank 1 info")
+        logger.warning("[mine] rank 1 warning")
+        out = capsys.readouterr().out
+        assert "rank 1 info" not in out and "[mine] rank 1 warning\n" in out
+        assert sum(type(h).__name__ == "_StdoutHandler" for h in root.handlers) == 1
+    finally:
+        root.setLevel(level)
+        for h in root.handlers[len(handlers):]:
+            root.removeHandler(h)
