@@ -293,6 +293,7 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
 
 RANKS_PLAN = """
 import json, sys
+from pathlib import Path
 import torch
 sys.path.insert(0, "tests")
 from hf_settransformer import toolkit
@@ -307,7 +308,8 @@ timer = toolkit.TimedEvalCallback(clock="cpu")
 first = toolkit.max_steps_for_budget(trainer, 2, timer)
 toolkit.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
 again = toolkit.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
-print(json.dumps({"rank": rank, "first": first, "again": again}), flush=True)
+# one file per rank: two processes printing to one pipe can interleave their lines
+(Path(sys.argv[1]) / f"plan-{rank}.json").write_text(json.dumps({"rank": rank, "first": first, "again": again}))
 trainer.accelerator.wait_for_everyone()
 trainer.accelerator.end_training()  # gloo threads left running at exit can abort a finished process (SIGABRT)
 """
@@ -329,7 +331,7 @@ def test_every_rank_takes_the_main_process_time_budget(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    plans = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    plans = [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob("plan-*.json"))]
     assert sorted(p["rank"] for p in plans) == [0, 1]
     assert all(p["first"] == p["again"] == int(2 * 60 / (0.5 * 1.02)) for p in plans), plans
 
