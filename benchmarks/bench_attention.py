@@ -130,8 +130,8 @@ def cpu_contenders(args):
     table = {
         "softmax (SDPA)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
         "softmax causal (SDPA)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "linear elu": lambda q, k, v: linear_attention(q, k, v, feature_map="elu"),
-        "linear exp": lambda q, k, v: linear_attention(q, k, v, feature_map="exp"),
+        "linear elu": lambda q, k, v: linear_attention(q, k, v, feature_map="elu")[0],
+        "linear exp": lambda q, k, v: linear_attention(q, k, v, feature_map="exp")[0],
         f"causal linear elu (chunked, c={chunk})": lambda q, k, v: causal_linear_attention(
             q, k, v, feature_map="elu", chunk_size=chunk
         )[0],
@@ -162,7 +162,7 @@ def ours(causal, feature_map, triton, chunk):
         with triton_switch(triton):
             if causal:
                 return causal_linear_attention(q, k, v, feature_map=feature_map, chunk_size=chunk)[0]
-            return linear_attention(q, k, v, feature_map=feature_map)
+            return linear_attention(q, k, v, feature_map=feature_map)[0]
 
     return attend
 

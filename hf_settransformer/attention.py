@@ -25,7 +25,6 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer, cache_layer
 from .linear_ops import (
-    _with_dropped,
     causal_linear_attention,
     linear_attention,
     linear_attention_step,
@@ -91,18 +90,22 @@ def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64
     masked key is. The weights the other keys get are renormalised by the ratio itself; this is DropKey (Li et al.
     2023) with one mask for all the queries of a head, which keeps the cost linear."""
     drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
+    options = {"feature_map": feature_map, "drop": drop}
     if not mask.causal:
-        return linear_attention(q, k, v, _with_dropped(mask.key_mask, drop), feature_map), None, state
+        out, _ = linear_attention(q, k, v, mask.key_mask, **options)
+        return out, None, state
     if state is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
-        out = prefix_causal_linear_attention(q, k, v, mask.key_mask, feature_map, chunk_size, mask.prefix_length, drop)
+        out, _ = prefix_causal_linear_attention(
+            q, k, v, mask.key_mask, chunk_size=chunk_size, prefix_length=mask.prefix_length, **options
+        )
         return out, None, None
     n = q.shape[2]
     key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # the new tokens: the past is in the state
     past = None if state is None else state.state
     if n == 1 and past is not None:
-        out, new = linear_attention_step(q, k, v, past, _with_dropped(key_mask, drop), feature_map)
+        out, new = linear_attention_step(q, k, v, key_mask, past, **options)
     else:
-        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, past, drop)
+        out, new = causal_linear_attention(q, k, v, key_mask, past, chunk_size=chunk_size, **options)
     if state is not None:
         state.set_state(new, n)
     return out, None, state

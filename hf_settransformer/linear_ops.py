@@ -14,6 +14,21 @@ Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021):
   chunks by a cumulative sum over the k chunk states); no n x d x e tensor is built. The same state advances one
   token at a time in `linear_attention_step` (the RNN view of Katharopoulos et al.).
 
+Every op has one signature, `op(q, k, v, mask=None, state=None, *, feature_map="elu", ...) -> (out, state)`:
+- q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> out (b,h,n,e) fp32;
+- `mask`: the (b, m) key mask, True for real keys, or None when every key is real;
+- `state`: a `LinearAttentionState` (everything earlier keys contribute) or None. The causal ops continue from it and
+  return the state after their last key. The non-causal op carries no state: it refuses one and returns None;
+- keyword options: `feature_map`, and where they apply `chunk_size`, `prefix_length` and `drop` (the (b,h,m) bool
+  keys key dropout keeps).
+
+| op | what | state |
+|---|---|---|
+| `linear_attention` | every query sees every key | none |
+| `causal_linear_attention` | query i sees keys j <= i, in chunks | read and returned |
+| `prefix_causal_linear_attention` | the leading keys seen by every query, causal after them | read and returned |
+| `linear_attention_step` | one token (generation) | read and returned |
+
 The naive float64 references these ops are tested against are in `linear_naive.py`.
 """
 
@@ -48,6 +63,29 @@ def _check_drop(drop, k):
         )
 
 
+def _check_op_inputs(op, q, k, mask, state, drop=None):
+    """The arguments every op shares, checked by type and shape (no value is read): `mask` a (b, m) key mask tensor,
+    `state` a `LinearAttentionState`, `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order
+    of the old `linear_attention_step(q, k, v, state, key_mask)`) is named, not read as a mask."""
+    if mask is not None:
+        if not torch.is_tensor(mask):
+            raise TypeError(
+                f"`mask` of {op} is the (batch, keys) key mask, a tensor or None; got a {type(mask).__name__}. The "
+                "linear ops take (q, k, v, mask, state)."
+            )
+        if mask.dim() != 2 or tuple(mask.shape) != (k.shape[0], k.shape[2]):
+            raise ValueError(
+                f"`mask` of {op} must have shape {(k.shape[0], k.shape[2])} (batch, keys); got {tuple(mask.shape)}."
+            )
+    if state is not None and not isinstance(state, LinearAttentionState):
+        raise TypeError(f"`state` of {op} must be a LinearAttentionState or None; got a {type(state).__name__}.")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads and head dim (b, h, *, d)."
+        )
+    _check_drop(drop, k)
+
+
 def _with_dropped(key_mask, drop):
     """The key mask (b, m) or None, and key dropout's kept keys (b, h, m) or None -> the keys to use, (b, h, m)."""
     if drop is None:
@@ -62,15 +100,22 @@ def _elu_feature(x):
     return F.elu(x) + 1.0
 
 
-def linear_attention(q, k, v, key_mask=None, feature_map="elu"):
-    """Non-causal linear attention. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) ->
-    (b,h,n,e) fp32. On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
+def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+    """Non-causal linear attention: every query sees every (real, kept) key. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
+    mask (b,m), drop (b,h,m) -> (out (b,h,n,e) fp32, None). `state` must be None: a non-causal op carries no state.
+    On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
+    _check_op_inputs("linear_attention", q, k, mask, state, drop)
+    if state is not None:
+        raise ValueError(
+            "`linear_attention` is non-causal and carries no state: pass state=None (the causal ops continue one)."
+        )
+    key_mask = _with_dropped(mask, drop)
     if fused_linear_attention_available(q, feature_map, v):
-        out = fused_linear_attention(q, k, v, key_mask, feature_map)
+        out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=feature_map)
         if out is not None:  # None: no query or no key
-            return out
+            return out, None
     with _no_autocast(q):
-        return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map)
+        return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map), None
 
 
 def _linear_attention(q, k, v, key_mask, feature_map):
@@ -153,20 +198,22 @@ def exclusive_prefix_sum(x):
     return torch.cumsum(x, dim=2) - x
 
 
-def causal_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, state=None, drop=None):
-    """Causal linear attention in chunks.
+def causal_linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, drop=None):
+    """Causal linear attention in chunks: query i sees keys j <= i (and everything in `state`).
 
-    q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
+    q, k (b,h,n,d), v (b,h,n,e), mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
     `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
     """
-    _check_drop(drop, k)
+    _check_op_inputs("causal_linear_attention", q, k, mask, state, drop)
     if fused_linear_attention_available(q, feature_map, v):
-        return fused_causal_linear_attention(q, k, v, key_mask, feature_map, state, drop, spread=EXP_CHUNK_SPREAD)
+        return fused_causal_linear_attention(
+            q, k, v, mask, state, feature_map=feature_map, drop=drop, spread=EXP_CHUNK_SPREAD
+        )
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
-        return _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)
+        return _causal_linear_attention(q, k, v, mask, feature_map, chunk_size, state, drop)
 
 
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
@@ -316,25 +363,34 @@ def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, 
 
 
 def prefix_causal_linear_attention(
-    q, k, v, key_mask=None, feature_map="elu", chunk_size=64, prefix_length=0, drop=None
+    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, prefix_length=0, drop=None
 ):
     """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
-    m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) ->
-    (b,h,n,e) fp32. `drop` (b,h,m): the keys key dropout keeps, as in `causal_linear_attention`.
+    m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask (b,m) ->
+    (out (b,h,n,e) fp32, LinearAttentionState after the last key). `drop` (b,h,m): the keys key dropout keeps, as in
+    `causal_linear_attention`; `state`: earlier keys, seen by every query.
 
-    The K = m - n + prefix_length leading keys are folded into one state; the first `prefix_length` queries read that
-    state alone (the bidirectional prefix), the others continue it causally with `causal_linear_attention`."""
-    _check_drop(drop, k)
+    The K = m - n + prefix_length leading keys are folded into one state (continuing `state`); the first
+    `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
+    `causal_linear_attention`."""
+    _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop)
+    n, m = q.shape[2], k.shape[2]
+    if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
+        raise ValueError(
+            f"`prefix_causal_linear_attention` needs 0 <= prefix_length <= n and one key per query after the prefix "
+            f"(m - n + prefix_length >= 0); got n={n} queries, m={m} keys, prefix_length={prefix_length}."
+        )
     with _no_autocast(q):
         q, k, v = q.float(), k.float(), v.float()
-        n, m = q.shape[2], k.shape[2]
         lead = m - n + prefix_length
-        state = None
         if lead:
-            lead_mask = _with_dropped(None if key_mask is None else key_mask[:, :lead], _slice(drop, 0, lead))
-            _, phi_k, _, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, None)
+            lead_mask = _with_dropped(None if mask is None else mask[:, :lead], _slice(drop, 0, lead))
+            _, phi_k, state, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, state)
             kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, :lead])  # (b, h, d, e)
-            state = LinearAttentionState(kv=kv, z=phi_k.sum(dim=-2), k_max=k_max)
+            z = phi_k.sum(dim=-2)
+            if state is not None:  # rescaled to the new key maxima by _causal_features
+                kv, z = kv + state.kv, z + state.z
+            state = LinearAttentionState(kv=kv, z=z, k_max=k_max)
         outs = []
         if prefix_length:
             phi_q = _query_features(q[:, :, :prefix_length], feature_map, state.k_max)
@@ -342,14 +398,14 @@ def prefix_causal_linear_attention(
             den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
             outs.append(_ratio(num, den))
         if prefix_length < n:
-            rest_mask = None if key_mask is None else key_mask[:, lead:]
+            rest_mask = None if mask is None else mask[:, lead:]
             q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
             drop_rest = _slice(drop, lead, m)
-            out, _ = _causal_linear_attention(
+            out, state = _causal_linear_attention(
                 q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
             )
             outs.append(out)
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
 
 
 def _slice(drop, start, stop):
@@ -363,14 +419,21 @@ def _query_features(q, feature_map, k_max):
     return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
 
 
-def linear_attention_step(q, k, v, state=None, key_mask=None, feature_map="elu"):
-    """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e) -> (out (b,h,1,e), new state).
+def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+    """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e), mask (b,1) -> (out (b,h,1,e), new state).
 
     Cost and memory are independent of the number of tokens already in `state`. No branch on values and no host read:
     it compiles to one graph (`torch.compile(fullgraph=True)`), the same at every step; a `RecurrentStateLayer` built
     with `static=True` copies the new state into fixed buffers, which CUDA graphs replay on.
     """
+    _check_op_inputs("linear_attention_step", q, k, mask, state, drop)
+    if q.shape[2] != 1 or k.shape[2] != 1:
+        raise ValueError(
+            f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "
+            "(use causal_linear_attention for several)."
+        )
     with _no_autocast(q):
+        key_mask = _with_dropped(mask, drop)
         return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, feature_map)
 
 

@@ -114,12 +114,12 @@ fused_causal_linear_attention_available = fused_linear_attention_available  # it
 
 
 def fused_causal_linear_attention(
-    q, k, v, key_mask=None, feature_map="elu", state=None, drop=None, chunk_size=64, spread=40.0
+    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, spread=40.0
 ):
     """Causal linear attention in Triton kernels; the arguments and results of
-    `linear_ops.causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop)`:
+    `linear_ops.causal_linear_attention(q, k, v, mask, state, feature_map=, drop=)`:
 
-    q, k (b,h,n,d), v (b,h,n,e), key_mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
+    q, k (b,h,n,d), v (b,h,n,e), mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
     `LinearAttentionState` or None -> (out (b,h,n,e) fp32, `LinearAttentionState` after the last token, fp32). A
     masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v and
     the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"` computes a
@@ -132,10 +132,10 @@ def fused_causal_linear_attention(
     exp = feature_map == "exp"
     k, v = k.to(q.dtype), v.to(q.dtype)
     if drop is not None:
-        keep = drop if key_mask is None else drop & key_mask[:, None, :]  # (b, h, n)
+        keep = drop if mask is None else drop & mask[:, None, :]  # (b, h, n)
     else:
-        keep = None if key_mask is None else key_mask[:, None, :]  # (b, 1, n): every head
-    real = key_mask[:, None, :] if exp and key_mask is not None else None  # the queries the steepness check counts
+        keep = None if mask is None else mask[:, None, :]  # (b, 1, n): every head
+    real = mask[:, None, :] if exp and mask is not None else None  # the queries the steepness check counts
     kv0 = z0 = m0 = None
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
@@ -144,23 +144,31 @@ def fused_causal_linear_attention(
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
 
 
-def fused_linear_attention(q, k, v, key_mask=None, feature_map="elu", chunk_size=64, split=None):
-    """Non-causal linear attention in Triton kernels; the arguments and result of
-    `linear_ops.linear_attention(q, k, v, key_mask, feature_map)`:
+def fused_linear_attention(
+    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, split=None
+):
+    """Non-causal linear attention in Triton kernels; the arguments and results of
+    `linear_ops.linear_attention(q, k, v, mask, state, feature_map=, drop=)`:
 
-    q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), key_mask (b,m) or (b,h,m) bool (per head: key dropout's kept keys, with
-    the padding) -> out (b,h,n,e) fp32; a masked key is left out of every sum, and where no key is left the output is
-    0. `"exp"` is Shen et al.'s efficient attention (a softmax over the keys per feature). Gradients flow to q, k, v.
-    `chunk_size` (a power of 2, >= 16) and `split` (the tokens one program sums over; None: from the length) only set
-    how the work is cut. Returns None where there is no query or no key (the PyTorch op handles those)."""
+    q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask (b,m) bool, or (b,h,m) (per head: key dropout's kept keys, with the
+    padding), drop (b,h,m) bool -> (out (b,h,n,e) fp32, None); a masked key is left out of every sum, and where no
+    key is left the output is 0. `state` must be None (non-causal attention carries none). `"exp"` is Shen et al.'s
+    efficient attention (a softmax over the keys per feature). Gradients flow to q, k, v. `chunk_size` (a power of 2,
+    >= 16) and `split` (the tokens one program sums over; None: from the length) only set how the work is cut.
+    The output is None where there is no query or no key (the PyTorch op handles those)."""
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    if state is not None:
+        raise ValueError("`fused_linear_attention` is non-causal and carries no state: pass state=None.")
     if not _import_triton():
         raise ImportError("fused_linear_attention needs triton (`pip install triton`).")
     if not q.shape[2] or not k.shape[2]:
-        return None
-    keep = None if key_mask is None else key_mask[:, None, :] if key_mask.dim() == 2 else key_mask  # (b, 1 or h, m)
-    return _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
+        return None, None
+    keep = None if mask is None else mask[:, None, :] if mask.dim() == 2 else mask  # (b, 1 or h, m)
+    if drop is not None:
+        keep = drop if keep is None else drop & keep
+    out = _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
+    return out, None
 
 
 def _inner_contiguous(x):

@@ -107,7 +107,7 @@ def _module(attention_type, feature_map, causal=False, self_attention=True, seed
 def test_causal_linear_matches_naive(feature_map, n, mask_kind):
     q, k, v = _qkv(n)
     key_mask = _key_mask(mask_kind, B, n)
-    out, state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    out, state = causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
     assert out.shape == (B, H, n, E) and out.dtype == torch.float32
     assert _state_shapes(state) == _expected_state_shapes(feature_map)  # independent of n
     _check(out, ref_causal_linear(q, k, v, key_mask, feature_map))
@@ -134,14 +134,25 @@ def test_causal_linear_prefill_continues_from_state(feature_map, split):
     q, k, v = _qkv(n)
     key_mask = torch.ones(B, n, dtype=torch.bool)
     key_mask[0, :6] = False  # left padding; split 1 and 5 make row 0's first part fully masked
-    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
 
     first, state = causal_linear_attention(
-        q[:, :, :split], k[:, :, :split], v[:, :, :split], key_mask[:, :split], feature_map, chunk_size=CHUNK
+        q[:, :, :split],
+        k[:, :, :split],
+        v[:, :, :split],
+        key_mask[:, :split],
+        feature_map=feature_map,
+        chunk_size=CHUNK,
     )
     assert _state_shapes(state) == _expected_state_shapes(feature_map)
     rest, last_state = causal_linear_attention(
-        q[:, :, split:], k[:, :, split:], v[:, :, split:], key_mask[:, split:], feature_map, CHUNK, state=state
+        q[:, :, split:],
+        k[:, :, split:],
+        v[:, :, split:],
+        key_mask[:, split:],
+        state,
+        feature_map=feature_map,
+        chunk_size=CHUNK,
     )
     assert _state_shapes(last_state) == _expected_state_shapes(feature_map)
     _check(torch.cat([first, rest], dim=2), full)
@@ -159,18 +170,13 @@ def test_linear_attention_step_matches_causal_kernel(feature_map, mask_kind):
     n = 19
     q, k, v = _qkv(n)
     key_mask = _key_mask(mask_kind, B, n)
-    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    full, full_state = causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
 
     state, outs = None, []
     for t in range(n):
         step_mask = None if key_mask is None else key_mask[:, t : t + 1]
         o, state = linear_attention_step(
-            q[:, :, t : t + 1],
-            k[:, :, t : t + 1],
-            v[:, :, t : t + 1],
-            state,
-            key_mask=step_mask,
-            feature_map=feature_map,
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], step_mask, state, feature_map=feature_map
         )
         assert o.shape == (B, H, 1, E)
         assert _state_shapes(state) == _expected_state_shapes(feature_map)  # constant size
@@ -194,7 +200,7 @@ def test_linear_attention_step_matches_causal_kernel(feature_map, mask_kind):
 def test_linear_attention_matches_naive(feature_map, n, m, mask_kind):
     q, k, v = _qkv(n, m)
     key_mask = _key_mask(mask_kind, B, m)
-    out = linear_attention(q, k, v, key_mask, feature_map)
+    out, _ = linear_attention(q, k, v, key_mask, feature_map=feature_map)
     assert out.shape == (B, H, n, E) and out.dtype == torch.float32
     _check(out, ref_linear(q, k, v, key_mask, feature_map))
 
@@ -203,13 +209,13 @@ def test_linear_attention_matches_naive(feature_map, n, m, mask_kind):
 def test_linear_attention_fully_masked_row_gives_zeros(feature_map):
     q, k, v = _qkv(4, 7)
     key_mask = _key_mask("row_masked", B, 7)  # batch row 1: every key masked
-    out = linear_attention(q, k, v, key_mask, feature_map)
+    out, _ = linear_attention(q, k, v, key_mask, feature_map=feature_map)
     assert torch.isfinite(out).all()
     assert torch.equal(out[1], torch.zeros(H, 4, E))
     _check(out[:1], ref_linear(q[:1], k[:1], v[:1], None, feature_map))
     # the causal kernel too
     q, k, v = _qkv(7)
-    out, _ = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    out, _ = causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
     assert torch.isfinite(out).all()
     assert torch.equal(out[1], torch.zeros(H, 7, E))
 
@@ -224,12 +230,12 @@ def test_causal_exp_large_inputs_match_logspace_reference(path):
     n = 128
     q, k, v = _qkv(n, scale=5.0, seed=3, d=8)
     if path == "chunked":
-        out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK)
+        out, _ = causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=CHUNK)
     else:
         state, outs = None, []
         for t in range(n):
             o, state = linear_attention_step(
-                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, feature_map="exp"
+                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], None, state, feature_map="exp"
             )
             outs.append(o)
         out = torch.cat(outs, dim=2)
@@ -240,10 +246,10 @@ def test_causal_exp_large_inputs_match_logspace_reference(path):
 def test_causal_linear_past_ignores_a_large_future_key(feature_map):
     """Causality in one kernel call: a key of 20 at the last position must not change earlier outputs."""
     q, k, v = _qkv(8)
-    out, _ = causal_linear_attention(q, k, v, None, feature_map, chunk_size=CHUNK)
+    out, _ = causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=CHUNK)
     k_big = k.clone()
     k_big[:, :, -1] = 20.0
-    out_big, _ = causal_linear_attention(q, k_big, v, None, feature_map, chunk_size=CHUNK)
+    out_big, _ = causal_linear_attention(q, k_big, v, None, feature_map=feature_map, chunk_size=CHUNK)
     _check(out_big[:, :, :-1], out[:, :, :-1])
 
 
@@ -271,7 +277,7 @@ def test_causal_exp_kernel_is_exact_whatever_the_key_span(pattern, span, chunk):
     position (per-chunk running maxima, per-position ones in steep chunks), so a key hundreds of nats above the
     others, late, early or through a drift, neither zeroes nor blurs any output."""
     q, k, v = _keys_with(pattern, span)
-    out, state = causal_linear_attention(q, k, v, None, "exp", chunk_size=chunk)
+    out, state = causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=chunk)
     _check(out, ref_causal_exp_logspace(q, k, v), atol=1e-5, rtol=1e-4)
     assert torch.equal(state.k_max, k.amax(dim=2))  # the state's reference: the maximum of every key seen
 
@@ -284,12 +290,16 @@ def test_causal_exp_outputs_do_not_change_when_tokens_are_appended(span, chunk):
     q, k, v = _qkv(64, seed=7, d=6)
     k = k.clone()
     k[:, :, 45, 1] += span
-    prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp", chunk_size=chunk)
-    whole, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=chunk)
+    prefix, _ = causal_linear_attention(
+        q[:, :, :40], k[:, :, :40], v[:, :, :40], None, feature_map="exp", chunk_size=chunk
+    )
+    whole, _ = causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=chunk)
     _check(whole[:, :, :40], prefix.double(), atol=1e-6, rtol=1e-5)
     state, steps = None, []
     for t in range(64):
-        o, state = linear_attention_step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, None, "exp")
+        o, state = linear_attention_step(
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], None, state, feature_map="exp"
+        )
         steps.append(o)
     _check(whole, torch.cat(steps, dim=2).double(), atol=1e-5, rtol=1e-4)
 
@@ -302,8 +312,12 @@ def test_causal_exp_steep_chunks_with_padding_and_a_carried_state():
     key_mask[0, :5] = False
     key_mask[1, 20:23] = False
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    first, state = causal_linear_attention(q[:, :, :20], k[:, :, :20], v[:, :, :20], key_mask[:, :20], "exp", 8)
-    rest, _ = causal_linear_attention(q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], key_mask[:, 20:], "exp", 8, state)
+    first, state = causal_linear_attention(
+        q[:, :, :20], k[:, :, :20], v[:, :, :20], key_mask[:, :20], feature_map="exp", chunk_size=8
+    )
+    rest, _ = causal_linear_attention(
+        q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], key_mask[:, 20:], state, feature_map="exp", chunk_size=8
+    )
     out = torch.cat([first, rest], dim=2)
     expected = ref_causal_exp_logspace(q.detach(), k.detach(), v.detach(), key_mask)
     real = key_mask[:, None, :, None].expand_as(out)
@@ -321,10 +335,10 @@ def test_elu_uniform_weights_with_tiny_features(causal):
     q = torch.full((B, H, n, D), -9.0)
     k = torch.full((B, H, n, D), -9.0)
     if causal:
-        out, _ = causal_linear_attention(q, k, v, None, "elu", chunk_size=CHUNK)
+        out, _ = causal_linear_attention(q, k, v, None, feature_map="elu", chunk_size=CHUNK)
         expected = v.double().cumsum(-2) / torch.arange(1, n + 1, dtype=torch.float64)[:, None]
     else:
-        out = linear_attention(q, k, v, None, "elu")
+        out, _ = linear_attention(q, k, v, None, feature_map="elu")
         expected = v.double().mean(-2, keepdim=True).expand(B, H, n, E)
     _check(out, expected)
 
@@ -408,8 +422,8 @@ def test_linear_kernels_accumulate_in_fp32_under_autocast(feature_map, causal):
 
     def run():
         if causal:
-            return causal_linear_attention(q, k, v, None, feature_map, chunk_size=64)[0]
-        return linear_attention(q, k, v, None, feature_map)
+            return causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=64)[0]
+        return linear_attention(q, k, v, None, feature_map=feature_map)[0]
 
     expected = run()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -422,12 +436,12 @@ def test_linear_kernels_accumulate_in_fp32_under_autocast(feature_map, causal):
 def test_causal_linear_fp16_inputs_long_sequence(feature_map):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4096, 8, generator=g).mul(3).half() for _ in range(3))
-    out, state = causal_linear_attention(q, k, v, None, feature_map, chunk_size=64)
+    out, state = causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=64)
     assert out.dtype == torch.float32
     assert torch.isfinite(out).all()
     assert torch.isfinite(state.kv).all() and torch.isfinite(state.z).all()
     # fp16 inputs are only read: the result is that of the same numbers in fp32
-    expected, _ = causal_linear_attention(q.float(), k.float(), v.float(), None, feature_map, chunk_size=64)
+    expected, _ = causal_linear_attention(q.float(), k.float(), v.float(), None, feature_map=feature_map, chunk_size=64)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
@@ -577,7 +591,7 @@ def test_causal_exp_key_dropout_keeps_the_exact_path_for_a_query_whose_key_is_dr
     k[:, :, 9, 0] += 200.0
     drop = torch.ones(B, H, 16, dtype=torch.bool)
     drop[:, :, 8] = False
-    out, _ = causal_linear_attention(q, k, v, None, "exp", chunk_size=8, drop=drop)
+    out, _ = causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=8, drop=drop)
     allowed = torch.ones(16, 16, dtype=torch.bool).tril() & drop[:, :, None, :]
     _check(out, ref_linear_visible(q, k, v, allowed, "exp"))
 
@@ -593,9 +607,11 @@ def test_a_key_dropout_mask_of_the_wrong_shape_or_type_is_refused(kernel, drop):
     q, k, v = _qkv(16)
     with pytest.raises(ValueError, match=r"`drop` must be a bool tensor of shape \(2, 2, 16\)"):
         if kernel == "causal":
-            causal_linear_attention(q, k, v, None, "elu", CHUNK, drop=drop)
+            causal_linear_attention(q, k, v, None, feature_map="elu", chunk_size=CHUNK, drop=drop)
         else:
-            prefix_causal_linear_attention(q, k, v, None, "elu", CHUNK, prefix_length=4, drop=drop)
+            prefix_causal_linear_attention(
+                q, k, v, None, feature_map="elu", chunk_size=CHUNK, prefix_length=4, drop=drop
+            )
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -760,3 +776,95 @@ def test_attention_scales_by_head_dim():
     q, k, _ = attn.project(x)
     expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
     assert torch.allclose(weights, expected, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one op signature: (q, k, v, mask, state, *, feature_map, ...) -> (out, state)
+
+LINEAR_OPS = [linear_attention, causal_linear_attention, prefix_causal_linear_attention, linear_attention_step]
+
+
+@pytest.mark.parametrize("op", LINEAR_OPS, ids=lambda op: op.__name__)
+def test_linear_ops_share_one_signature(op):
+    import inspect
+
+    params = list(inspect.signature(op).parameters.values())
+    assert [p.name for p in params[:5]] == ["q", "k", "v", "mask", "state"]
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[:5])
+    assert params[3].default is None and params[4].default is None
+    assert all(p.kind is p.KEYWORD_ONLY for p in params[5:]) and "feature_map" in [p.name for p in params[5:]]
+    q, k, v = _qkv(1)
+    out, state = op(q, k, v, feature_map="exp")
+    assert out.shape == (B, H, 1, E) and out.dtype == torch.float32
+    if op is linear_attention:
+        assert state is None
+    else:
+        assert state.kv.shape == (B, H, D, E) and state.k_max.shape == (B, H, D)
+
+
+@pytest.mark.parametrize("op", LINEAR_OPS, ids=lambda op: op.__name__)
+def test_linear_ops_name_a_state_given_as_the_mask(op):
+    q, k, v = _qkv(1)
+    _, state = causal_linear_attention(q, k, v)
+    with pytest.raises(TypeError, match=r"`mask` of .* key mask.*got a LinearAttentionState.*\(q, k, v, mask, state\)"):
+        op(q, k, v, state)
+    with pytest.raises(ValueError, match=r"`mask` of .* must have shape \(2, 1\)"):
+        op(q, k, v, torch.ones(B, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="`state` of .* LinearAttentionState or None; got a Tensor"):
+        op(q, k, v, None, torch.zeros(B, H, D, E))
+
+
+def test_non_causal_linear_attention_refuses_a_state():
+    q, k, v = _qkv(4)
+    _, state = causal_linear_attention(q, k, v)
+    with pytest.raises(ValueError, match="non-causal and carries no state"):
+        linear_attention(q, k, v, None, state)
+
+
+def test_linear_attention_step_takes_one_token():
+    q, k, v = _qkv(3)
+    with pytest.raises(ValueError, match="takes one token; got 3 queries"):
+        linear_attention_step(q, k, v)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("prefix_length", [0, 5])
+def test_prefix_causal_state_continues_and_is_returned(feature_map, prefix_length):
+    """The prefix op reads a carried state (keys every query sees) and returns the state after its last key: the
+    same state as the causal op's over the same keys, which a later step continues."""
+    n, lead = 12, 3
+    q, k, v = _qkv(n, m=lead + n, seed=5)
+    key_mask = _key_mask("random", B, lead + n)
+    _, before = causal_linear_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2], feature_map=feature_map)
+    opts = {"feature_map": feature_map, "chunk_size": CHUNK}
+    out, state = prefix_causal_linear_attention(q, k, v, key_mask, before, prefix_length=prefix_length, **opts)
+    _, want_state = causal_linear_attention(k, k, v, key_mask, before, **opts)  # the same keys, from the same state
+    for got, want in zip(dataclasses.astuple(state), dataclasses.astuple(want_state)):
+        assert (got is None) == (want is None)
+        if got is not None:
+            _check(got, want)
+    # the carried keys count for every query: the reference sees them as leading keys of a longer sequence
+    q2, k2, v2 = _qkv(2, seed=9)
+    _, first = causal_linear_attention(q2, k2, v2, feature_map=feature_map)
+    whole, _ = prefix_causal_linear_attention(
+        q,
+        torch.cat([k2, k], dim=2),
+        torch.cat([v2, v], dim=2),
+        _two_real_keys_before(key_mask),
+        prefix_length=prefix_length,
+        **opts,
+    )
+    carried, _ = prefix_causal_linear_attention(q, k, v, key_mask, first, prefix_length=prefix_length, **opts)
+    _check(carried, whole)
+
+
+def _two_real_keys_before(key_mask):
+    return torch.cat([torch.ones(B, 2, dtype=torch.bool), key_mask], dim=1)
+
+
+def test_prefix_causal_names_a_prefix_out_of_range():
+    q, k, v = _qkv(6, m=4)
+    with pytest.raises(ValueError, match=r"m - n \+ prefix_length >= 0\); got n=6 queries, m=4 keys, prefix_length=1"):
+        prefix_causal_linear_attention(q, k, v, prefix_length=1)
+    with pytest.raises(ValueError, match="prefix_length=7"):
+        prefix_causal_linear_attention(q, k, v, prefix_length=7)

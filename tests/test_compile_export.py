@@ -82,7 +82,7 @@ def test_compiled_exp_kernel_takes_the_exact_path_in_steep_chunks():
 
     def run(fn):
         qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-        out, _ = fn(qq, kk, vv, None, "exp", 8)
+        out, _ = fn(qq, kk, vv, None, feature_map="exp", chunk_size=8)
         out.square().sum().backward()
         return out.detach(), [x.grad for x in (qq, kk, vv)]
 
@@ -197,7 +197,9 @@ def test_compiled_linear_attention_step_equals_eager_and_writes_the_state_in_pla
         torch._dynamo.reset()
         fused = torch.compile(linear_attention_step, fullgraph=True)
         sq, sk, sv = steps[0]
-        for got, want in zip(fused(sq, sk, sv, eager.state), linear_attention_step(sq, sk, sv, eager.state)):
+        for got, want in zip(
+            fused(sq, sk, sv, None, eager.state), linear_attention_step(sq, sk, sv, None, eager.state)
+        ):
             if isinstance(got, torch.Tensor):
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
             else:

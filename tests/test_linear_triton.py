@@ -153,7 +153,7 @@ def test_fused_matches_float64_reference_with_gradients(feature_map, n, mask_kin
     tail chunk is masked) and key padding; queries that see only padding give exactly 0."""
     q, k, v = _leaves(*_qkv(n))
     key_mask = _key_mask(mask_kind, n)
-    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
     assert out.shape == (B, H, n, E) and out.dtype == torch.float32
     keep = None if key_mask is None else key_mask[:, None]
     want_out, want_kv, want_z, want_max = _reference(q, k, v, feature_map, keep)
@@ -179,7 +179,7 @@ def test_fused_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map,
     q, k, v = _leaves(*_qkv(n, seed=2))
     drop = (torch.rand(B, H, n, generator=torch.Generator().manual_seed(3)) >= 0.3).to(DEVICE)
     key_mask = _key_mask("random", n) if with_mask else None
-    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map, drop=drop, chunk_size=CHUNK)
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, drop=drop, chunk_size=CHUNK)
     keep = drop if key_mask is None else drop & key_mask[:, None]
     allowed = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril() & keep[:, :, None, :]
     want = naive_linear_visible(q, k, v, allowed, feature_map)
@@ -198,10 +198,23 @@ def test_fused_carries_a_state_with_its_gradient(feature_map, split):
     n = 37
     q, k, v = _leaves(*_qkv(n, seed=4))
     key_mask = _key_mask("left", n)
-    first, state = fused_causal_linear_attention(q[:, :, :split], k[:, :, :split], v[:, :, :split],
-                                                 key_mask[:, :split], feature_map, chunk_size=CHUNK)  # fmt: skip
-    rest, final = fused_causal_linear_attention(q[:, :, split:], k[:, :, split:], v[:, :, split:],
-                                                key_mask[:, split:], feature_map, state, chunk_size=CHUNK)  # fmt: skip
+    first, state = fused_causal_linear_attention(
+        q[:, :, :split],
+        k[:, :, :split],
+        v[:, :, :split],
+        key_mask[:, :split],
+        feature_map=feature_map,
+        chunk_size=CHUNK,
+    )
+    rest, final = fused_causal_linear_attention(
+        q[:, :, split:],
+        k[:, :, split:],
+        v[:, :, split:],
+        key_mask[:, split:],
+        state,
+        feature_map=feature_map,
+        chunk_size=CHUNK,
+    )
     out = torch.cat([first, rest], dim=2)
     want_out, want_kv, want_z, _ = _reference(q, k, v, feature_map, key_mask[:, None])
     _assert_close(out, want_out, 1e-5, 1e-4, "out")
@@ -221,7 +234,7 @@ def test_fused_gradients_of_a_given_state(feature_map):
     kv0, z0 = _leaves(kv0, torch.rand(B, H, D, generator=g).to(DEVICE) + 1)
     k_max = torch.randn(B, H, D, generator=g).to(DEVICE) + 1 if feature_map == "exp" else None
     state = LinearAttentionState(kv0, z0, k_max)
-    out, final = fused_causal_linear_attention(q, k, v, None, feature_map, state, chunk_size=CHUNK)
+    out, final = fused_causal_linear_attention(q, k, v, None, state, feature_map=feature_map, chunk_size=CHUNK)
     want_out, want_kv, want_z, _ = _reference(q, k, v, feature_map, None, state)
     _assert_close(out, want_out, 1e-5, 1e-4, "out")
     _assert_close(final.kv, want_kv, 1e-4, 1e-4, "kv")
@@ -241,7 +254,7 @@ def test_fused_low_precision_inputs_read_in_place(feature_map, dtype):
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, n, d), strided
     v = v[..., :e]
     key_mask = _key_mask("random", n)
-    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    out, state = fused_causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
     assert out.dtype == state.kv.dtype == state.z.dtype == torch.float32
     want_out, want_kv, _, _ = _reference(q, k, v, feature_map, key_mask[:, None])
     _assert_close(out, want_out, 2e-2, 2e-2, "out")
@@ -268,7 +281,7 @@ def test_fused_largest_heads(feature_map):
     """Head dim 128 (the largest taken) and value dim 96 (two value blocks in the forward, the second padded), several
     chunks."""
     q, k, v = _leaves(*_qkv(70, seed=10, b=1, h=1, d=128, e=96))
-    out, _ = fused_causal_linear_attention(q, k, v, None, feature_map, chunk_size=32)
+    out, _ = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32)
     want_out, _, _, _ = _reference(q, k, v, feature_map)
     _assert_close(out, want_out, 1e-5, 1e-4, "out")
     _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv", atol=5e-5)
@@ -307,7 +320,7 @@ def test_fused_noncausal_matches_float64_reference_with_gradients(feature_map, n
     (a row of all padding gives 0) and per-head key dropout (a dropped key gets no gradient)."""
     q, k, v = _leaves(*_noncausal_inputs(n, m, seed=20))
     key_mask = _noncausal_mask(mask_kind, m)
-    out = fused_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK, split=CHUNK)
+    out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK, split=CHUNK)
     assert out.shape == (B, H, n, E) and out.dtype == torch.float32
     want = naive_linear_attention(q, k, v, key_mask, feature_map)
     _assert_close(out, want, 1e-5, 1e-4, "out")
@@ -327,7 +340,7 @@ def test_fused_noncausal_exp_keys_hundreds_of_nats_apart():
     k[:, :, 33, 0] += 300.0
     k[:, :, 3, 1] -= 300.0
     q, k, v = _leaves(q, k, v)
-    out = fused_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK, split=CHUNK)
+    out, _ = fused_linear_attention(q, k, v, None, feature_map="exp", chunk_size=CHUNK, split=CHUNK)
     want = naive_linear_attention(q, k, v, None, "exp")
     _assert_close(out, want, 1e-5, 1e-4, "out")
     _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv")
@@ -343,7 +356,7 @@ def test_fused_noncausal_low_precision_inputs_read_in_place(feature_map, dtype):
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     v = v[..., :e]
     key_mask = _noncausal_mask("dropout", n)
-    out = fused_linear_attention(q, k, v, key_mask, feature_map, chunk_size=CHUNK)
+    out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK)
     want = naive_linear_attention(q, k, v, key_mask, feature_map)
     _assert_close(out, want, 2e-2, 2e-2, "out")
     (got,) = _grads([out], (qkv,))
@@ -356,7 +369,7 @@ def test_fused_noncausal_low_precision_inputs_read_in_place(feature_map, dtype):
 def test_fused_noncausal_largest_heads(feature_map):
     """Head dim 128 and value dim 96 (two value blocks in the forward, the second padded), the default split."""
     q, k, v = _leaves(*_noncausal_inputs(33, 70, seed=23, b=1, h=1, d=128, e=96))
-    out = fused_linear_attention(q, k, v, None, feature_map)
+    out, _ = fused_linear_attention(q, k, v, None, feature_map=feature_map)
     want = naive_linear_attention(q, k, v, None, feature_map)
     _assert_close(out, want, 1e-5, 1e-4, "out")
     _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
@@ -412,7 +425,7 @@ def test_fused_exp_is_exact_for_keys_tens_of_nats_apart(pattern):
     """Keys 30 nats apart (no chunk steep enough for the exact path): the kernel's running per-feature maxima and
     state rescaling give the float64 log-space outputs and gradients."""
     q, k, v = _leaves(*_keys_with(pattern, 30.0))
-    result = fused_causal_linear_attention(q, k, v, None, "exp", chunk_size=CHUNK)
+    result = fused_causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=CHUNK)
     assert result is not None
     out, state = result
     want = naive_linear_visible(q, k, v, torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril(), "exp")
@@ -428,7 +441,7 @@ def test_fused_exp_is_exact_for_keys_hundreds_of_nats_apart(pattern):
     log-space outputs and gradients, with the key padding of row 0."""
     q, k, v = _leaves(*_keys_with(pattern, 300.0))
     key_mask = _key_mask("left", 64)
-    out, _ = fused_causal_linear_attention(q, k, v, key_mask, "exp", chunk_size=CHUNK)
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map="exp", chunk_size=CHUNK)
     allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & key_mask[:, None, None, :]
     want = naive_linear_visible(q, k, v, allowed, "exp")
     _assert_close(out, want, 1e-5, 1e-4, "out")
@@ -447,10 +460,12 @@ def test_fused_exp_exact_path_with_a_carried_state_and_dropped_keys():
     drop = torch.ones(B, H, 64, dtype=torch.bool, device=DEVICE)
     drop[:, :, 16] = False
     drop[1, 0, 30:33] = False
-    first, state = fused_causal_linear_attention(q[:, :, :21], k[:, :, :21], v[:, :, :21], None, "exp",
-                                                 drop=drop[..., :21], chunk_size=CHUNK)  # fmt: skip
-    rest, _ = fused_causal_linear_attention(q[:, :, 21:], k[:, :, 21:], v[:, :, 21:], None, "exp", state,
-                                            drop=drop[..., 21:], chunk_size=CHUNK)  # fmt: skip
+    first, state = fused_causal_linear_attention(
+        q[:, :, :21], k[:, :, :21], v[:, :, :21], None, feature_map="exp", drop=drop[..., :21], chunk_size=CHUNK
+    )
+    rest, _ = fused_causal_linear_attention(
+        q[:, :, 21:], k[:, :, 21:], v[:, :, 21:], None, state, feature_map="exp", drop=drop[..., 21:], chunk_size=CHUNK
+    )
     out = torch.cat([first, rest], dim=2)
     allowed = torch.ones(64, 64, dtype=torch.bool, device=DEVICE).tril() & drop[:, :, None, :]
     want = naive_linear_visible(q, k, v, allowed, "exp")
@@ -465,8 +480,8 @@ def test_fused_exp_outputs_do_not_change_when_tokens_are_appended(monkeypatch, c
     monkeypatch.setenv("HFST_FORCE_TRITON", "1")
     q, k, v = _qkv(64, seed=7)
     k[:, :, 45, 1] += span
-    prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, "exp")
-    whole, _ = causal_linear_attention(q, k, v, None, "exp")
+    prefix, _ = causal_linear_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], None, feature_map="exp")
+    whole, _ = causal_linear_attention(q, k, v, None, feature_map="exp")
     _assert_close(whole[:, :, :40], prefix, 1e-6, 1e-5, "prefix")
     assert count_fused == [True, True]
 
@@ -500,7 +515,7 @@ def _count_calls(monkeypatch, name):
 
     def counted(*args, **kwargs):
         result = fused(*args, **kwargs)
-        calls.append(result is not None)
+        calls.append(result[0] is not None)  # (out, state): out None where the PyTorch op takes over
         return result
 
     monkeypatch.setattr(linear_ops, name, counted)
@@ -541,7 +556,7 @@ def test_causal_linear_attention_through_the_kernel_equals_the_pytorch_path(monk
     state = LinearAttentionState(torch.rand(B, H, D, E, device=DEVICE), torch.rand(B, H, D, device=DEVICE) + 1, k_max)
 
     def run():
-        out, new = causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size=8, state=state, drop=drop)
+        out, new = causal_linear_attention(q, k, v, key_mask, state, feature_map=feature_map, chunk_size=8, drop=drop)
         return (out, new.kv, new.z, *_grads([out, new.kv], (q, k, v)))
 
     pytorch, fused = _both_paths(monkeypatch, run)
@@ -585,17 +600,18 @@ def test_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch
     """`linear_attention` with per-head kept keys: the same outputs and gradients whichever implementation runs; no
     query (n = 0) stays with the PyTorch op."""
     q, k, v = _leaves(*_noncausal_inputs(19, 37, seed=24))
-    key_mask = _noncausal_mask("dropout", 37)
+    kept = _noncausal_mask("dropout", 37)  # (b, h, m): key dropout's kept keys and the padding
+    padding = kept.any(dim=1)  # (b, m): the keys some head keeps, as the real ones
 
     def run():
-        out = linear_attention(q, k, v, key_mask, feature_map)
+        out, _ = linear_attention(q, k, v, padding, feature_map=feature_map, drop=kept)
         return (out, *_grads([out], (q, k, v)))
 
     pytorch, fused = _both_paths(monkeypatch, run)
     assert count_fused_noncausal == [True]
     for name, a, b in zip(["out", "dq", "dk", "dv"], fused, pytorch):
         _assert_close(a, b, 2e-5, 1e-4, name)
-    assert linear_attention(q[:, :, :0], k, v, None, feature_map).shape == (B, H, 0, E)
+    assert linear_attention(q[:, :, :0], k, v, None, feature_map=feature_map)[0].shape == (B, H, 0, E)
     assert count_fused_noncausal == [True, False]
 
 
