@@ -372,7 +372,8 @@ def prefix_causal_linear_attention(
 
     The K = m - n + prefix_length leading keys are folded into one state (continuing `state`); the first
     `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
-    `causal_linear_attention`."""
+    `causal_linear_attention`'s chunks: on a GPU with triton, its fused kernels, which take the prefix's state as a
+    carried state (and give it its gradients)."""
     _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
@@ -380,20 +381,21 @@ def prefix_causal_linear_attention(
             f"`prefix_causal_linear_attention` needs 0 <= prefix_length <= n and one key per query after the prefix "
             f"(m - n + prefix_length >= 0); got n={n} queries, m={m} keys, prefix_length={prefix_length}."
         )
+    fused = fused_linear_attention_available(q, feature_map, v)
     with _no_autocast(q):
-        q, k, v = q.float(), k.float(), v.float()
         lead = m - n + prefix_length
         if lead:
             lead_mask = _with_dropped(None if mask is None else mask[:, :lead], _slice(drop, 0, lead))
-            _, phi_k, state, k_max = _causal_features(k[:, :, :1], k[:, :, :lead], lead_mask, feature_map, state)
-            kv = torch.matmul(phi_k.transpose(-1, -2), v[:, :, :lead])  # (b, h, d, e)
+            k_lead, v_lead = k[:, :, :lead].float(), v[:, :, :lead].float()
+            _, phi_k, state, k_max = _causal_features(k_lead[:, :, :1], k_lead, lead_mask, feature_map, state)
+            kv = torch.matmul(phi_k.transpose(-1, -2), v_lead)  # (b, h, d, e)
             z = phi_k.sum(dim=-2)
             if state is not None:  # rescaled to the new key maxima by _causal_features
                 kv, z = kv + state.kv, z + state.z
             state = LinearAttentionState(kv=kv, z=z, k_max=k_max)
         outs = []
         if prefix_length:
-            phi_q = _query_features(q[:, :, :prefix_length], feature_map, state.k_max)
+            phi_q = _query_features(q[:, :, :prefix_length].float(), feature_map, state.k_max)
             num = torch.matmul(phi_q, state.kv)  # (b, h, prefix, e)
             den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
             outs.append(_ratio(num, den))
@@ -401,9 +403,16 @@ def prefix_causal_linear_attention(
             rest_mask = None if mask is None else mask[:, lead:]
             q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
             drop_rest = _slice(drop, lead, m)
-            out, state = _causal_linear_attention(
-                q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
-            )
+            if fused:  # the causal part in the fused kernels, from the prefix's state (gradients flow into it)
+                out, state = fused_causal_linear_attention(
+                    q_rest, k_rest, v_rest, rest_mask, state, feature_map=feature_map, drop=drop_rest,
+                    spread=EXP_CHUNK_SPREAD,
+                )  # fmt: skip
+            else:
+                q_rest, k_rest, v_rest = q_rest.float(), k_rest.float(), v_rest.float()
+                out, state = _causal_linear_attention(
+                    q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
+                )
             outs.append(out)
         return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
 

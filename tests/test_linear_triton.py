@@ -565,6 +565,36 @@ def test_causal_linear_attention_through_the_kernel_equals_the_pytorch_path(monk
         _assert_close(a, b, 2e-5, 1e-4, name)
 
 
+@pytest.mark.parametrize("prefix_length", [0, 9])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_prefix_causal_linear_attention_through_the_kernel_equals_the_pytorch_path(
+    monkeypatch, count_fused, feature_map, prefix_length
+):
+    """`prefix_causal_linear_attention` (leading keys every query sees, a bidirectional prefix, then causal) with key
+    padding, key dropout and a carried state: its causal part runs in the fused kernels from the prefix's state; the
+    same outputs, final state and gradients (of q, k, v and the carried state) as the PyTorch path."""
+    n, lead = 29, 5
+    q, _, _ = _qkv(n, seed=30)
+    _, k, v = _qkv(n + lead, seed=31)
+    q, k, v = _leaves(q, k, v)
+    key_mask = _key_mask("random", n + lead)
+    drop = (torch.rand(B, H, n + lead, generator=torch.Generator().manual_seed(32)) >= 0.2).to(DEVICE)
+    k_max = torch.randn(B, H, D, device=DEVICE) if feature_map == "exp" else None
+    kv0, z0 = _leaves(torch.rand(B, H, D, E, device=DEVICE), torch.rand(B, H, D, device=DEVICE) + 1)
+    state = LinearAttentionState(kv0, z0, k_max)
+
+    def run():
+        out, new = linear_ops.prefix_causal_linear_attention(
+            q, k, v, key_mask, state, feature_map=feature_map, prefix_length=prefix_length, drop=drop
+        )
+        return (out, new.kv, new.z, *_grads([out, new.kv], (q, k, v, kv0, z0)))
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused == [True]
+    for name, a, b in zip(["out", "kv", "z", "dq", "dk", "dv", "dkv0", "dz0"], fused, pytorch):
+        _assert_close(a, b, 2e-5, 1e-4, name)
+
+
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train_key_dropout"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_decoder_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch, count_fused, feature_map, training):
@@ -587,12 +617,16 @@ def _assert_same_step_with_the_kernel(monkeypatch, model, attention_mask):
         torch.manual_seed(0)
         output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
         output.loss.backward()
-        return output.logits, {name: p.grad.clone() for name, p in model.named_parameters()}
+        scores = output.loss if output.logits is None else output.logits  # a training head returns only its loss
+        return scores, {name: p.grad for name, p in model.named_parameters()}  # None: unused
 
     pytorch, fused = _both_paths(monkeypatch, run)
     _assert_close(fused[0], pytorch[0], 1e-5, 1e-4, "logits")
+    assert any(grad is not None for grad in fused[1].values())
     for name, grad in fused[1].items():
-        _assert_close(grad, pytorch[1][name], 1e-5, 1e-4, name)
+        assert (grad is None) == (pytorch[1][name] is None), name
+        if grad is not None:
+            _assert_close(grad, pytorch[1][name], 1e-5, 1e-4, name)
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
@@ -628,3 +662,19 @@ def test_encoder_gives_the_same_logits_and_gradients_with_the_kernel(
     attention_mask[0, 5:] = 0  # right padding
     _assert_same_step_with_the_kernel(monkeypatch, model.train(training), attention_mask)
     assert count_fused_noncausal == [True] * config.num_hidden_layers
+
+
+@pytest.mark.parametrize("family", ["encoder", "perceiver_io"])
+def test_next_token_head_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch, count_fused, family):
+    """A tiny linear next-token head (many targets: a bidirectional prefix, then causal targets; Perceiver IO's
+    causal cross-attention adds leading keys), exp map with key dropout, forward and backward on a padded batch: its
+    prefix attention runs the fused causal kernels from the prefix's state, with the same logits and gradients."""
+    config = tiny_config(family, "linear", "exp", attention_probs_dropout_prob=0.1, target_length=3)
+    cls = (
+        hfst.TransformerEncoderForNextTokenPrediction if family == "encoder" else hfst.PerceiverIOForNextTokenPrediction
+    )
+    model = make_model(cls, config).to(DEVICE)
+    attention_mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
+    attention_mask[0, :2] = 0  # left padding
+    _assert_same_step_with_the_kernel(monkeypatch, model.train(), attention_mask)
+    assert count_fused and all(count_fused)
