@@ -36,7 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LinearAttentionState
-from .linear_triton import fused_causal_linear_attention, fused_linear_attention, fused_linear_attention_available
+from .linear_triton import (
+    fused_causal_linear_attention,
+    fused_linear_attention,
+    fused_linear_attention_available,
+    fused_linear_attention_step,
+)
 
 
 def _ratio(num, den):
@@ -63,7 +68,7 @@ def _check_drop(drop, k):
         )
 
 
-def _check_op_inputs(op, q, k, mask, state, drop=None):
+def _check_op_inputs(op, q, k, mask, state, drop=None, feature_map=None):
     """The arguments every op shares, checked by type and shape (no value is read): `mask` a (b, m) key mask tensor,
     `state` a `LinearAttentionState`, `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order
     of the old `linear_attention_step(q, k, v, state, key_mask)`) is named, not read as a mask."""
@@ -79,6 +84,11 @@ def _check_op_inputs(op, q, k, mask, state, drop=None):
             )
     if state is not None and not isinstance(state, LinearAttentionState):
         raise TypeError(f"`state` of {op} must be a LinearAttentionState or None; got a {type(state).__name__}.")
+    if state is not None and feature_map == "exp" and state.k_max is None:
+        raise ValueError(
+            f"{op} with feature_map='exp' needs a state with the key maxima its sums are scaled by (`k_max`); this "
+            "state has none: an 'elu' state."
+        )
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads and head dim (b, h, *, d)."
@@ -104,7 +114,7 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
     """Non-causal linear attention: every query sees every (real, kept) key. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
     mask (b,m), drop (b,h,m) -> (out (b,h,n,e) fp32, None). `state` must be None: a non-causal op carries no state.
     On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
-    _check_op_inputs("linear_attention", q, k, mask, state, drop)
+    _check_op_inputs("linear_attention", q, k, mask, state, drop, feature_map)
     if state is not None:
         raise ValueError(
             "`linear_attention` is non-causal and carries no state: pass state=None (the causal ops continue one)."
@@ -206,7 +216,7 @@ def causal_linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu"
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
     """
-    _check_op_inputs("causal_linear_attention", q, k, mask, state, drop)
+    _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map)
     if fused_linear_attention_available(q, feature_map, v):
         return fused_causal_linear_attention(
             q, k, v, mask, state, feature_map=feature_map, drop=drop, spread=EXP_CHUNK_SPREAD
@@ -374,7 +384,7 @@ def prefix_causal_linear_attention(
     `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
     `causal_linear_attention`'s chunks: on a GPU with triton, its fused kernels, which take the prefix's state as a
     carried state (and give it its gradients)."""
-    _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop)
+    _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
         raise ValueError(
@@ -431,19 +441,29 @@ def _query_features(q, feature_map, k_max):
 def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
     """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e), mask (b,1) -> (out (b,h,1,e), new state).
 
-    Cost and memory are independent of the number of tokens already in `state`. No branch on values and no host read:
+    Cost and memory are independent of the number of tokens already in `state`. On a GPU with triton installed, and
+    where no gradient is needed (generation), one fused kernel computes it (`linear_triton.fused_linear_attention_step`).
+    No branch on values and no host read:
     it compiles to one graph (`torch.compile(fullgraph=True)`), the same at every step; a `RecurrentStateLayer` built
     with `static=True` copies the new state into fixed buffers, which CUDA graphs replay on.
     """
-    _check_op_inputs("linear_attention_step", q, k, mask, state, drop)
+    _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map)
     if q.shape[2] != 1 or k.shape[2] != 1:
         raise ValueError(
             f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "
             "(use causal_linear_attention for several)."
         )
+    if fused_linear_attention_available(q, feature_map, v, dots=False) and not _needs_grad(q, k, v, state):
+        return fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
     with _no_autocast(q):
         key_mask = _with_dropped(mask, drop)
         return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, feature_map)
+
+
+def _needs_grad(q, k, v, state):
+    """Whether a step's result needs autograd (the fused step has none; generation never does)."""
+    tensors = [q, k, v] + ([] if state is None else [state.kv, state.z])
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _linear_attention_step(q, k, v, state, key_mask, feature_map):

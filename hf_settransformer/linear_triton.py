@@ -40,8 +40,10 @@ whose partial sums the host adds (exp: rescaled to the common maximum); the outp
 queries; in the backward, the query gradients with the partial sums of dS and dz per split of the queries, then the
 key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask.
 
-Not fused: the one-token step of generation, and the bidirectional prefix / leading keys of
-`prefix_causal_linear_attention`; they stay in PyTorch (chunked prefill from a state is fused: pass `state`).
+The one-token step of generation (`fused_linear_attention_step`): one kernel, one program per (batch, head, value
+block), which reads the token and the state and writes the output and the new state; forward only (generation).
+`prefix_causal_linear_attention` folds its leading keys into a state in PyTorch (one matmul) and runs its causal part
+here from that state (chunked prefill from a state is fused: pass `state`).
 
 Block sizes and warps (`_blocks`) are chosen from the register use of the causal kernels compiled for an H100, not
 timed on a GPU.
@@ -66,6 +68,7 @@ __all__ = [
     "fused_causal_linear_attention_available",
     "fused_linear_attention",
     "fused_linear_attention_available",
+    "fused_linear_attention_step",
 ]
 
 FEATURE_MAPS = ("elu", "exp")
@@ -93,11 +96,12 @@ def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
-def fused_linear_attention_available(q, feature_map="elu", v=None):
-    """Whether `linear_attention` and `causal_linear_attention` run the fused kernels for queries `q` (and values
-    `v`): the elu or exp feature map, head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile (which
-    compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `HFST_FORCE_TRITON=1` also takes fp32
-    inputs, and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
+def fused_linear_attention_available(q, feature_map="elu", v=None, dots=True):
+    """Whether the linear ops run the fused kernels for queries `q` (and values `v`): the elu or exp feature map, head
+    dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile
+    (which compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `dots=False` (the one-token step,
+    which has no matrix product) also takes fp32 inputs. `HFST_FORCE_TRITON=1` also takes fp32 inputs, and CPU
+    tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
     if feature_map not in FEATURE_MAPS or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
         return False
     if v is not None and v.shape[-1] > MAX_HEAD_DIM:
@@ -105,7 +109,7 @@ def fused_linear_attention_available(q, feature_map="elu", v=None):
     forced = _flag("HFST_FORCE_TRITON")
     if _flag("HFST_DISABLE_TRITON") or not (q.is_cuda or q.device.type == "cpu" and forced):
         return False
-    if q.dtype == torch.float32 and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS serves fp32 better
+    if q.dtype == torch.float32 and dots and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS is faster
         return False
     return not torch.compiler.is_compiling() and _import_triton()
 
@@ -169,6 +173,44 @@ def fused_linear_attention(
         keep = drop if keep is None else drop & keep
     out = _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
     return out, None
+
+
+def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+    """One causal step of generation in one Triton kernel; the arguments and results of
+    `linear_ops.linear_attention_step(q, k, v, mask, state, feature_map=, drop=)`:
+
+    q, k (b,h,1,d), v (b,h,1,e), mask (b,1) bool, drop (b,h,1) bool, state a `LinearAttentionState` or None ->
+    (out (b,h,1,e) fp32, the state after this token, fp32). One program per (batch, head, value block of 64) reads the
+    token and the state, updates the state (exp: rescaled to the new per-feature key maxima) and writes the output and
+    the new state: one launch where the PyTorch step makes about a dozen. No autograd: for generation (the PyTorch
+    step serves a step whose inputs need gradients)."""
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    if not _import_triton():
+        raise ImportError("fused_linear_attention_step needs triton (`pip install triton`).")
+    b, h, _, d = q.shape
+    e = v.shape[-1]
+    exp = feature_map == "exp"
+    keep = None if mask is None else mask[:, None, :]  # (b, 1, 1)
+    if drop is not None:
+        keep = drop if keep is None else drop & keep
+    f32 = {"device": q.device, "dtype": torch.float32}
+    out, kv1, z1 = torch.empty(b, h, 1, e, **f32), torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+    m1 = torch.empty(b, h, d, **f32) if exp else z1
+    kv0 = z0 = m0 = None
+    if state is not None:
+        kv0, z0 = state.kv.float().contiguous(), state.z.float().contiguous()
+        m0 = state.k_max.float().contiguous() if exp and state.k_max is not None else None
+    keep, s_mb, s_mh, _ = _mask_args(keep, q)
+    be = min(64, max(16, triton.next_power_of_2(e)))
+    _run(
+        _step_kernel, (b * h, triton.cdiv(e, be)),
+        q, k, v, keep, kv0 if kv0 is not None else kv1, z0 if z0 is not None else z1, m0 if m0 is not None else m1,
+        out, kv1, z1, m1, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), s_mb, s_mh,
+        h, d, e, EXP=exp, HAS_KEEP=keep is not q, HAS_STATE=kv0 is not None, HAS_MAX=m0 is not None,
+        BK=max(16, triton.next_power_of_2(d)), BE=be,
+    )  # fmt: skip
+    return out, LinearAttentionState(kv=kv1, z=z1, k_max=m1 if exp else None)
 
 
 def _inner_contiguous(x):
@@ -914,3 +956,55 @@ def _key_grads_kernel(
     tl.store(dk + i_bh * M * D + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
     dvv = tl.dot(_op(b32, RD, DT), ds, input_precision=PRECISION)  # (c, e)
     tl.store(dv + i_bh * M * E + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
+
+
+def _step_kernel(
+    q, k, v, keep, kv0, z0, m0, out, kv1, z1, m1, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh, H, D, E,
+    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr, HAS_MAX: tl.constexpr,
+    BK: tl.constexpr, BE: tl.constexpr,
+):  # fmt: skip
+    """One token of generation for (batch, head) i_bh and value block i_e: the state (b*h, D, E) contiguous fp32
+    updated with phi(k) v^T, the output phi(q) S / phi(q) z. exp: the keys scaled by the new running per-feature
+    maximum (the state rescaled to it), the query shifted by max_f (q_f + M_f), as `linear_ops._causal_features`."""
+    i_bh, i_e = tl.program_id(0), tl.program_id(1)
+    o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
+    in_k, in_e = o_k < D, o_e < E
+    xq = tl.load(q + _head(i_bh, H, s_qb, s_qh) + o_k, in_k, other=0.0).to(tl.float32)
+    xk = tl.load(k + _head(i_bh, H, s_kb, s_kh) + o_k, in_k, other=0.0).to(tl.float32)
+    xv = tl.load(v + _head(i_bh, H, s_vb, s_vh) + o_e, in_e, other=0.0).to(tl.float32)
+    kept = tl.full((BK,), 1, tl.int1)
+    if HAS_KEEP:
+        kept = tl.full((BK,), 1, tl.int1) & (tl.load(keep + _head(i_bh, H, s_mb, s_mh)) != 0)
+    tile = i_bh.to(tl.int64) * D * E + o_k[:, None] * E + o_e[None, :]
+    in_s = in_k[:, None] & in_e[None, :]
+    kv = tl.zeros((BK, BE), tl.float32)
+    z = tl.zeros((BK,), tl.float32)
+    if HAS_STATE:
+        kv = tl.load(kv0 + tile, in_s, other=0.0)
+        z = tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
+    if EXP:
+        key = tl.where(kept, xk, float("-inf"))
+        before = tl.full((BK,), float("-inf"), tl.float32)
+        if HAS_MAX:
+            before = tl.load(m0 + i_bh * D + o_k, in_k, other=0.0)
+        ref = tl.maximum(tl.maximum(before, key), -1e30)
+        if HAS_STATE and HAS_MAX:
+            scale = tl.exp(before - ref)
+            kv = kv * scale[:, None]
+            z = z * scale
+        phi_k = tl.where(in_k & kept, tl.exp(key - ref), 0.0)
+        fold = tl.where(in_k, xq + ref, float("-inf"))
+        phi_q = tl.where(in_k, tl.exp(fold - tl.max(fold, 0)), 0.0)
+    else:
+        phi_k = tl.where(in_k & kept, _elu1(xk), 0.0)
+        phi_q = tl.where(in_k, _elu1(xq), 0.0)
+    kv = kv + phi_k[:, None] * xv[None, :]
+    z = z + phi_k
+    num = tl.sum(phi_q[:, None] * kv, 0)  # (BE,)
+    den = tl.sum(phi_q * z, 0)
+    tl.store(out + i_bh.to(tl.int64) * E + o_e, num / tl.where(den > 0, den, 1.0), in_e)
+    tl.store(kv1 + tile, kv, in_s)
+    if i_e == 0:
+        tl.store(z1 + i_bh * D + o_k, z, in_k)
+        if EXP:
+            tl.store(m1 + i_bh * D + o_k, ref, in_k)

@@ -678,3 +678,86 @@ def test_next_token_head_gives_the_same_logits_and_gradients_with_the_kernel(mon
     attention_mask[0, :2] = 0  # left padding
     _assert_same_step_with_the_kernel(monkeypatch, model.train(), attention_mask)
     assert count_fused and all(count_fused)
+
+
+@pytest.fixture
+def count_fused_step(monkeypatch):
+    """The calls of the fused step kernel from `linear_attention_step`."""
+    return _count_calls(monkeypatch, "fused_linear_attention_step")
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("start", ["no_state", "state"])
+def test_fused_step_equals_the_pytorch_step(feature_map, start):
+    """One generation step in the fused kernel: output and new state equal to the PyTorch step's, from no state or a
+    carried state; with a masked row and per-head dropped keys."""
+    from hf_settransformer.linear_ops import _linear_attention_step, _with_dropped
+    from hf_settransformer.linear_triton import fused_linear_attention_step
+
+    q, k, v = _qkv(1, seed=40, e=70)  # two value blocks of 64
+    k = k * 3
+    g = torch.Generator().manual_seed(41)
+    state = None
+    if start != "no_state":
+        k_max = torch.randn(B, H, D, generator=g).to(DEVICE) if feature_map == "exp" else None
+        state = LinearAttentionState(
+            torch.rand(B, H, D, 70, generator=g).to(DEVICE), torch.rand(B, H, D).to(DEVICE) + 1, k_max
+        )
+    mask = torch.tensor([[True], [False]], device=DEVICE)  # row 1's key is padding
+    drop = torch.tensor([[[True], [False]], [[True], [True]]], device=DEVICE)  # head 1 of row 0 drops its key
+    out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
+    want, want_new = _linear_attention_step(q, k, v, state, _with_dropped(mask, drop), feature_map)
+    _assert_close(out, want, 1e-6, 1e-5, "out")
+    for name in ["kv", "z", "k_max"]:
+        got, expected = getattr(new, name), getattr(want_new, name)
+        assert (got is None) == (expected is None), name
+        if got is not None:
+            _assert_close(got, expected, 1e-6, 1e-5, name)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_steps_continue_a_prefill_as_the_one_pass_forward(monkeypatch, count_fused_step, feature_map):
+    """Token-by-token fused steps after a prefill give the one-pass causal outputs (keys 300 nats apart for exp); a
+    step whose inputs need gradients takes the PyTorch path."""
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    n = 20
+    q, k, v = _qkv(n, seed=42)
+    if feature_map == "exp":
+        k[:, :, 12, 0] += 300.0
+    whole, _ = causal_linear_attention(q, k, v, feature_map=feature_map)
+    _, state = causal_linear_attention(q[:, :, :8], k[:, :, :8], v[:, :, :8], feature_map=feature_map)
+    steps = []
+    with torch.no_grad():
+        for t in range(8, n):
+            sl = slice(t, t + 1)
+            o, state = linear_ops.linear_attention_step(
+                q[:, :, sl], k[:, :, sl], v[:, :, sl], None, state, feature_map=feature_map
+            )
+            steps.append(o)
+    assert count_fused_step == [True] * (n - 8)
+    _assert_close(torch.cat(steps, dim=2), whole[:, :, 8:], 1e-5, 1e-4, "steps")
+    qq = q[:, :, :1].clone().requires_grad_()
+    linear_ops.linear_attention_step(qq, k[:, :, :1], v[:, :, :1], None, state, feature_map=feature_map)
+    assert len(count_fused_step) == n - 8
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_decoder_generates_the_same_with_the_fused_step(monkeypatch, count_fused_step, feature_map):
+    """A tiny linear decoder's cached greedy generation, left-padded: the same tokens and scores with the fused
+    kernels (prefill and steps) as with the PyTorch ops, and the steps ran in the fused kernel."""
+    model = decoder("linear", feature_map).to(DEVICE)
+    input_ids = batch_of_tokens(2, 5).to(DEVICE)
+    attention_mask = torch.ones(2, 5, dtype=torch.long, device=DEVICE)
+    attention_mask[0, :2] = 0
+
+    def run():
+        out = model.generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=0,
+        )  # fmt: skip
+        return out.sequences, torch.stack(out.scores)
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert torch.equal(fused[0], pytorch[0])
+    _assert_close(fused[1], pytorch[1], 1e-5, 1e-4, "scores")
+    assert count_fused_step and all(count_fused_step)
