@@ -969,6 +969,7 @@ def _step_kernel(
     i_bh, i_e = tl.program_id(0), tl.program_id(1)
     o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
     in_k, in_e = o_k < D, o_e < E
+    row = i_bh.to(tl.int64) * D + o_k  # this head's entries of the (b*h, D) normaliser and key maxima
     xq = tl.load(q + _head(i_bh, H, s_qb, s_qh) + o_k, in_k, other=0.0).to(tl.float32)
     xk = tl.load(k + _head(i_bh, H, s_kb, s_kh) + o_k, in_k, other=0.0).to(tl.float32)
     xv = tl.load(v + _head(i_bh, H, s_vb, s_vh) + o_e, in_e, other=0.0).to(tl.float32)
@@ -981,12 +982,12 @@ def _step_kernel(
     z = tl.zeros((BK,), tl.float32)
     if HAS_STATE:
         kv = tl.load(kv0 + tile, in_s, other=0.0)
-        z = tl.load(z0 + i_bh * D + o_k, in_k, other=0.0)
+        z = tl.load(z0 + row, in_k, other=0.0)
     if EXP:
         key = tl.where(kept, xk, float("-inf"))
         before = tl.full((BK,), float("-inf"), tl.float32)
         if HAS_MAX:
-            before = tl.load(m0 + i_bh * D + o_k, in_k, other=0.0)
+            before = tl.load(m0 + row, in_k, other=0.0)
         ref = tl.maximum(tl.maximum(before, key), -1e30)
         if HAS_STATE and HAS_MAX:
             scale = tl.exp(before - ref)
@@ -1005,6 +1006,6 @@ def _step_kernel(
     tl.store(out + i_bh.to(tl.int64) * E + o_e, num / tl.where(den > 0, den, 1.0), in_e)
     tl.store(kv1 + tile, kv, in_s)
     if i_e == 0:
-        tl.store(z1 + i_bh * D + o_k, z, in_k)
+        tl.store(z1 + row, z, in_k)
         if EXP:
-            tl.store(m1 + i_bh * D + o_k, ref, in_k)
+            tl.store(m1 + row, ref, in_k)
