@@ -787,47 +787,59 @@ def token_loss(logits, labels, num_items_in_batch=None):
     return total / (divisor.clamp_min(1) if torch.is_tensor(divisor) else max(divisor, 1))
 
 
-class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
-    """The design document's WikiText-2 model: the tokens before a target go through the family's stack, an attention
-    pooling (PMA, a learned seed) reads them, a vocabulary projection predicts the target.
-
-    `config.next_token_mode="many"` (default): one pass over a window of up to `context_length` tokens predicts the
-    next token at each of its last `target_length` positions. The positions before them are a prefix that the stack
-    reads bidirectionally (encoder, Set Transformer: its inducing points summarise the prefix) or through a causal
-    cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix and the positions up to
-    itself, never its own target or a later token. The pooling query of each target is the PMA seed plus that
-    position's state: a shared seed alone gives every target the same query, whose softmax weights over the keys
-    cannot depend on where the target is, so it cannot single out the most recent tokens.
-    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
-    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing.
-    `labels` (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the
-    loss counts the target positions only.
-
-    `"window"`: one prediction per window: `logits` (b, 1, vocab) for the token after the window; `labels` (b,) hold
-    that token (or causal-LM labels, read as "predict each row's last token from the tokens before it").
-
-    `generate()` slides a window over the last `context_length` tokens (the family's class lists `GenerationMixin`
-    after its `PreTrainedModel`, as transformers requires).
-    """
+class NextTokenHeadBase(PooledHeadMixin, LMHeadMixin):
+    """What the two next-token heads share (the design document's WikiText-2 model): the family's base model over the
+    last `context_length` tokens, a pooling (`head_pool`), a vocabulary projection (`lm_head`), and `generate()`, which
+    slides the window over the last `context_length` tokens (the family's class lists `GenerationMixin` after its
+    `PreTrainedModel`, as transformers requires). Each head adds its forward, objective and label contract."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
 
-    @property
-    def objective(self):
-        """The toolkit's OBJECTIVES row of this head: many targets per window, or one."""
-        return "many_target_windows" if self.config.next_token_mode == "many" else "one_target_window"
-
     def __init__(self, config):
         super().__init__(config)
-        if config.next_token_mode == "many" and config.pooling != "pma":
-            raise ValueError(
-                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
-                "`next_token_mode='window'` for mean pooling."
-            )
+        self.check_head_config(config)
         self.model = self.base_model_class(config)
         self.head_pool = self.make_head_pool(config)
         self.lm_head = self.make_lm_head(config)
         self.post_init()
+
+    def check_head_config(self, config):
+        """Refuses a config this head cannot run (before any module is built)."""
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
+        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
+        window = self.config.context_length
+        inputs = {"input_ids": input_ids[:, -window:]}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -window:]
+        return inputs
+
+    def _supports_default_dynamic_cache(self):
+        return False
+
+
+class ManyTargetsHeadMixin(NextTokenHeadBase):
+    """Many targets per window (`next_token_mode="many"`): one pass over a window of up to `context_length` tokens
+    predicts the next token at each of its last `target_length` positions. The positions before them are a prefix that
+    the base model reads bidirectionally (`prefix_length`: encoder, Set Transformer, whose inducing points summarise
+    the prefix) or through a causal cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix
+    and the positions up to itself, never its own target or a later token. The pooling query of each target is the PMA
+    seed plus that position's state: a shared seed alone gives every target the same query, whose softmax weights over
+    the keys cannot depend on where the target is, so it cannot single out the most recent tokens.
+
+    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
+    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing. `labels`
+    (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the loss counts
+    the target positions only."""
+
+    objective = "many_target_windows"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
+    def check_head_config(self, config):
+        if config.pooling != "pma":
+            raise ValueError(
+                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
+                "`next_token_mode='window'` for mean pooling."
+            )
 
     @can_return_tuple
     def forward(
@@ -840,59 +852,19 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         output_hidden_states=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor`): `"many"`: shape (batch, length), causal-LM labels (-100 ignored).
-        `"window"`: shape (batch,), the token after each window, or causal-LM labels shaped like `input_ids`.
-        prefix_length (`int`, *optional*, `"many"` only, a keyword argument): where the prefix of the (last
-        `context_length` tokens of the) window ends; every later position is a target. Default: all but the last
-        `target_length` positions. The same prefix gives a target the same prediction in any window that ends at or
-        after it (evaluation passes it for the short windows at the start of a text).
+        r"""labels (`torch.LongTensor` of shape (batch, length)): causal-LM labels (-100 ignored), shifted inside.
+        prefix_length (`int`, *optional*, a keyword argument): where the prefix of the (last `context_length` tokens of
+        the) window ends; every later position is a target. Default: all but the last `target_length` positions. The
+        same prefix gives a target the same prediction in any window that ends at or after it (evaluation passes it
+        for the short windows at the start of a text).
         shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
         aligned with the positions (`shift_labels[:, i]` is what position i predicts), as transformers' causal LMs
         take them under sequence/context parallelism; they replace `labels`."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
         shift_labels = kwargs.pop("shift_labels", None)
-        if shift_labels is not None:  # targets already aligned with the positions (sequence/context parallelism)
+        if shift_labels is not None:
             labels = shift_labels
         labels_to_check = check_token_labels(labels)
-        if self.config.next_token_mode == "window":
-            if shift_labels is not None:
-                labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
-            output = self.window_forward(
-                input_ids,
-                attention_mask,
-                inputs_embeds,
-                labels,
-                output_attentions,
-                output_hidden_states,
-                labels_to_check=labels_to_check,
-                **kwargs,
-            )
-        else:
-            output = self.many_forward(
-                input_ids,
-                attention_mask,
-                inputs_embeds,
-                labels,
-                output_attentions,
-                output_hidden_states,
-                shifted=shift_labels is not None,
-                labels_to_check=labels_to_check,
-                **kwargs,
-            )
-        return output
-
-    def many_forward(
-        self,
-        input_ids,
-        attention_mask,
-        inputs_embeds,
-        labels,
-        output_attentions,
-        output_hidden_states,
-        shifted=False,
-        labels_to_check=(),
-        **kwargs,
-    ):
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
             raise ValueError(f"{type(self).__name__} needs `input_ids` or `inputs_embeds`.")
@@ -908,17 +880,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             None if x is None else x[:, -window:] for x in (input_ids, inputs_embeds, attention_mask)
         )
         length = min(full_length, window)
-        prefix_length = kwargs.pop("prefix_length", None)
-        if prefix_length is None:
-            num_targets = min(self.config.target_length, length)
-        elif isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
-            num_targets = length - prefix_length
-        else:
-            raise ValueError(
-                f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), "
-                f"got {prefix_length!r}."
-            )
-        inputs = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
+        num_targets = length - self.window_prefix_length(kwargs.pop("prefix_length", None), length)
         outputs = self.model(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
@@ -929,22 +891,24 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             prefix_length=length - num_targets,  # every base model: a bidirectional prefix, then the targets
             _labels_to_check=labels_to_check,
             _return_key_mask=True,
-            **inputs,
+            **{k: v for k, v in kwargs.items() if k != "num_items_in_batch"},
         )
         states = self.target_states(outputs, num_targets, outputs.key_mask)  # (b, t, hidden)
-        if labels is not None and not shifted:
+        if labels is not None and shift_labels is None:
             labels = F.pad(labels, (0, 1), value=-100)[:, 1:]  # position i predicts token i + 1
-        targets = None if labels is None else labels[:, -num_targets:]  # (b, t)
-        logits = loss = None
-        if targets is not None and self.training and torch.is_grad_enabled():
-            loss = self.lm_loss(states, targets)  # no full logits while training
-        else:
-            target_logits = self.lm_logits(states)  # (b, t, vocab)
-            if targets is not None:
-                loss = token_loss(target_logits, targets)
-            logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
-            logits[:, -num_targets:] = target_logits
+        loss, logits = self.target_loss_and_logits(states, None if labels is None else labels[:, -num_targets:], full_length)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    def window_prefix_length(self, prefix_length, length):
+        """The prefix of a window of `length` tokens: `prefix_length` if given (checked), else all but the last
+        `target_length` positions."""
+        if prefix_length is None:
+            return length - min(self.config.target_length, length)
+        if isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
+            return prefix_length
+        raise ValueError(
+            f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), got {prefix_length!r}."
+        )
 
     def target_states(self, outputs, num_targets, key_mask):
         """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA
@@ -960,31 +924,57 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         pooled, _ = self.head_pool.pma(states, mask, queries=states[:, -num_targets:])
         return pooled
 
-    def window_forward(
+    def target_loss_and_logits(self, states, targets, length):
+        """(b, t, hidden) states, (b, t) targets or None -> (loss or None, logits (b, length, vocab) or None: zeros
+        before the targets). A training step with targets computes the loss only."""
+        if targets is not None and self.training and torch.is_grad_enabled():
+            return self.lm_loss(states, targets), None  # no full logits while training
+        target_logits = self.lm_logits(states)  # (b, t, vocab)
+        loss = None if targets is None else token_loss(target_logits, targets)
+        logits = target_logits.new_zeros(states.shape[0], length, target_logits.shape[-1])
+        logits[:, length - states.shape[1] :] = target_logits
+        return loss, logits
+
+
+class WindowHeadMixin(NextTokenHeadBase):
+    """One target per window (`next_token_mode="window"`, the design document's literal model): the window through
+    the base model, pooled (PMA or mean, `config.pooling`), predicts the token after it: `logits` (b, 1, vocab).
+    `labels` (b,) hold that token, or are causal-LM labels shaped like `input_ids`, read as "predict each row's last
+    token from the tokens before it"."""
+
+    objective = "one_target_window"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
+    @can_return_tuple
+    def forward(
         self,
-        input_ids,
-        attention_mask,
-        inputs_embeds,
-        labels,
-        output_attentions,
-        output_hidden_states,
-        labels_to_check=(),
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
         **kwargs,
     ):
-        window = self.config.context_length
-        if labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
+        r"""labels (`torch.LongTensor`): shape (batch,), the token after each window, or causal-LM labels shaped like
+        `input_ids` (the last token of each row is then the target, and the window ends before it).
+        shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
+        aligned with the positions; the last one, the token after the window, is the target; they replace `labels`."""
+        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        shift_labels = kwargs.pop("shift_labels", None)
+        labels_to_check = check_token_labels(labels if shift_labels is None else shift_labels)
+        if shift_labels is not None:
+            labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
+        elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
             input_ids, labels = input_ids[:, :-1], labels[:, -1]
             attention_mask = None if attention_mask is None else attention_mask[:, :-1]
-        input_ids = None if input_ids is None else input_ids[:, -window:]
-        inputs_embeds = None if inputs_embeds is None else inputs_embeds[:, -window:]
-        attention_mask = None if attention_mask is None else attention_mask[:, -window:]
+        window = self.config.context_length
         outputs, pooled = self.run_base_model(
-            attention_mask,
+            None if attention_mask is None else attention_mask[:, -window:],
             output_attentions,
             output_hidden_states,
             labels_to_check=labels_to_check,
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
+            input_ids=None if input_ids is None else input_ids[:, -window:],
+            inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, -window:],
             **kwargs,
         )
         logits = self.lm_logits(pooled).unsqueeze(1)  # (b, 1, vocab)
@@ -999,13 +989,34 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
-        window = self.config.context_length
-        inputs = {"input_ids": input_ids[:, -window:]}
-        if attention_mask is not None:
-            inputs["attention_mask"] = attention_mask[:, -window:]
-        return inputs
 
-    def _supports_default_dynamic_cache(self):
-        return False
+class ForNextTokenPredictionMixin(ManyTargetsHeadMixin, WindowHeadMixin):
+    """Both next-token heads under one class: `config.next_token_mode` picks `ManyTargetsHeadMixin` ("many") or
+    `WindowHeadMixin` ("window") at each call. One class, because transformers maps a config class to one causal-LM
+    class and checkpoints of either mode name it; the two heads have the same modules, so the same parameters."""
+
+    @property
+    def next_token_head(self):
+        return ManyTargetsHeadMixin if self.config.next_token_mode == "many" else WindowHeadMixin
+
+    @property
+    def objective(self):
+        return self.next_token_head.objective
+
+    def check_head_config(self, config):
+        self.next_token_head.check_head_config(self, config)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ):
+        """The forward of `next_token_head`: see `ManyTargetsHeadMixin.forward` and `WindowHeadMixin.forward`."""
+        return self.next_token_head.forward(
+            self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+        )
