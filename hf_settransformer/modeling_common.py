@@ -5,7 +5,6 @@ import difflib
 import inspect
 import math
 import os
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +32,15 @@ class SetModelOutput(ModelOutput):
     pooler_output: (b, k, hidden) the k pooled vectors (permutation invariant).
     hidden_states: embeddings and the output of every encoder layer, when asked.
     attentions: softmax weights of every attention, when asked (two per ISAB: inducing<-set, set<-inducing).
+    key_mask: (b, n) bool, the padding mask the model used (None when every element is real); set only for this
+        package's heads (`_return_key_mask`, see `HfstPreTrainedModel`).
     """
 
     last_hidden_state: torch.FloatTensor | None = None
     pooler_output: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+    key_mask: torch.BoolTensor | None = None
 
 
 @dataclass
@@ -50,6 +52,8 @@ class PerceiverIOModelOutput(ModelOutput):
     hidden_states: the embedded inputs, then the latents after the cross-attention and after every self-attention.
     attentions: self-attention weights over the latents, when asked.
     cross_attentions: (encoder cross-attention, decoder cross-attention) weights, when asked.
+    key_mask: (b, n) bool, the inputs' padding mask the model used (None when every input is real); set only for this
+        package's heads (`_return_key_mask`, see `HfstPreTrainedModel`).
     """
 
     last_hidden_state: torch.FloatTensor | None = None
@@ -57,6 +61,7 @@ class PerceiverIOModelOutput(ModelOutput):
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    key_mask: torch.BoolTensor | None = None
 
 
 def check_attention_mask(attention_mask, batch_size, length, name="attention_mask"):
@@ -78,20 +83,21 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
 
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
-                       config=None):
+                       labels=()):
     """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
     the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
     would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
     NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
     kernels take their unmasked paths).
 
-    The token labels a head of `config` handed over (`check_token_labels`) are read in the same read.
+    `labels`: the token labels a head handed its base model (`_labels_to_check`, dtypes checked by
+    `check_token_labels`), read in the same read: ids outside [0, vocab_size) other than -100 are refused.
 
     Under `torch.compile` nothing is read (no graph break, no check) and a mask is kept as given."""
-    pending = _take_pending_labels(config)
     if torch.compiler.is_compiling():
         return attention_mask is None
-    checks = [] if pending is None else [pending[1]]
+    labels = [x for x in labels if x.numel()]
+    checks = [torch.stack([labels_outside(x, vocab_size).any() for x in labels]).any()] if labels else []
     if position_ids is not None and position_ids.numel():
         checks += list(torch.aminmax(position_ids))
     if input_ids is not None and (
@@ -108,10 +114,10 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     if not checks:
         return attention_mask is None
     values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
-    if pending is not None:
+    if labels:
         labels_bad, values = values[0], values[1:]
         if labels_bad:
-            _refuse_labels(pending[2], pending[3])
+            _refuse_labels(labels, vocab_size)
     if position_ids is not None and position_ids.numel():
         (first, last), values = values[:2], values[2:]
         if first < 0:
@@ -246,7 +252,13 @@ def resolve_output_flags(config, output_attentions, output_hidden_states):
 
 
 class HfstPreTrainedModel(PreTrainedModel):
-    """Base of every hf_settransformer model."""
+    """Base of every hf_settransformer model.
+
+    A base model builds its masks once, in `embed_inputs`, and takes two keywords that only this package's heads pass:
+    `_labels_to_check`, the head's token labels, read with the inputs in the forward's one host read
+    (`check_input_values`), and `_return_key_mask=True` (pooling bases), which puts in the output's `key_mask` the
+    (b, n) bool padding mask the base model built (None when every element is real), so the head pools with that mask
+    and builds none. Without them the outputs are transformers' (no `key_mask`, the same tuples)."""
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -323,6 +335,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         past_length=0,
         prefix_length=0,
         cache_slots=None,
+        labels=(),
     ):
         """Checks the inputs and the mask, embeds the inputs and builds the attention mask once for the stack.
 
@@ -332,7 +345,8 @@ class HfstPreTrainedModel(PreTrainedModel):
         to each other bidirectionally, the later ones causally. `cache_slots` (with `causal`): the length of a static
         cache's key buffers (transformers' `StaticCache`): `attention_mask` then covers every slot, (b, cache_slots),
         and the new tokens are written to the slots `past_length + 0..n-1`, which give their positions and, as
-        `AttentionMask.query_positions`, the keys they see (the later slots, unwritten, are masked).
+        `AttentionMask.query_positions`, the keys they see (the later slots, unwritten, are masked). `labels`: a head's
+        token labels, read with the inputs (`check_input_values`).
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
         b, n = input_shape(input_ids, input_features, inputs_embeds)
         source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
@@ -357,7 +371,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
         if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions,
-                              config=self.config):
+                              labels=labels):
             key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
             check_position_count(key_length, max_positions)  # derived positions: known without a read
@@ -443,17 +457,19 @@ class PooledHeadMixin:
         """Default: pool the per-element states with this head's own `SequencePool`."""
         return self.head_pool(outputs.last_hidden_state, key_mask)
 
-    def run_base_model(self, attention_mask, output_attentions, output_hidden_states, **inputs):
+    def run_base_model(self, attention_mask, output_attentions, output_hidden_states, labels_to_check=(), **inputs):
+        """-> (the base model's output, (b, hidden) pooled), pooled with the key mask the base model built."""
         inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
         outputs = self.model(
             attention_mask=attention_mask,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            _labels_to_check=labels_to_check,
+            _return_key_mask=True,
             **inputs,
         )
-        b, n = input_shape(inputs.get("input_ids"), inputs.get("input_features"), inputs.get("inputs_embeds"))
-        return outputs, self.pool_outputs(outputs, check_attention_mask(attention_mask, b, n))
+        return outputs, self.pool_outputs(outputs, outputs.key_mask)
 
 
 class LMHeadMixin:
@@ -600,7 +616,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         With an adaptive softmax (`adaptive_softmax_cutoffs`) the logits are exact log-probabilities, and a training
         forward with `labels` computes only the loss (`logits=None`): the masked positions are a small share of the
         block, and full log-probabilities of every position would cost most of the step."""
-        check_token_labels(self.config, labels)
+        labels_to_check = check_token_labels(labels)
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
             input_ids=input_ids,
@@ -609,6 +625,7 @@ class ForMaskedLMMixin(LMHeadMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            _labels_to_check=labels_to_check,
             **model_kwargs,
         )
         hidden = outputs.last_hidden_state
@@ -678,41 +695,27 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output
 
 
-class _PendingLabelCheck(threading.local):
-    """The token labels a head has handed to its base model's input check, per thread: (config, device flag, labels,
-    vocabulary size), or None."""
-
-    check = None
-
-
-_PENDING_LABELS = _PendingLabelCheck()
-
-
-def check_token_labels(config, *labels):
+def check_token_labels(*labels):
     """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype is refused
-    here, naming it (cross-entropy would say "expected target dtype to be Long"). Ids outside the vocabulary
-    (cross-entropy's "Target 109 is out of bounds", a device-side assert on CUDA) are flagged on the device and read
-    with the inputs, in the one read of the base model's `check_input_values` for this `config`: a head calls this just
-    before its base model. Nothing is read under `torch.compile`."""
-    flags, given = [], [x for x in labels if x is not None]
+    here, naming it (cross-entropy would say "expected target dtype to be Long"). Returns the labels given (None left
+    out), which the head hands its base model as `_labels_to_check`: ids outside the vocabulary (cross-entropy's
+    "Target 109 is out of bounds", a device-side assert on CUDA) are flagged on the device and read with the inputs,
+    in the one read of `check_input_values`. Nothing is read under `torch.compile`."""
+    given = tuple(x for x in labels if x is not None)
     for x in given:
         if not torch.is_tensor(x) or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
             kind = x.dtype if torch.is_tensor(x) else type(x).__name__
             raise ValueError(f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}.")
-        if x.numel() and not torch.compiler.is_compiling():
-            flags.append((((x < 0) & (x != -100)) | (x >= config.vocab_size)).any())
-    flag = torch.stack(flags).any() if len(flags) > 1 else flags[0] if flags else None
-    _PENDING_LABELS.check = None if flag is None else (config, flag, given, config.vocab_size)
+    return given
 
 
-def _take_pending_labels(config):
-    """The label check a head left for the base model of `config` (None if none, or if it was another model's)."""
-    pending, _PENDING_LABELS.check = _PENDING_LABELS.check, None
-    return pending if pending is not None and pending[0] is config else None
+def labels_outside(labels, vocab_size):
+    """Bool tensor shaped like `labels`: True for ids outside [0, vocab_size) that are not -100 (ignored)."""
+    return ((labels < 0) & (labels != -100)) | (labels >= vocab_size)
 
 
 def _refuse_labels(labels, vocab_size):
-    bad = [x[((x < 0) & (x != -100)) | (x >= vocab_size)] for x in labels]
+    bad = [x[labels_outside(x, vocab_size)] for x in labels]
     values = torch.cat([x.flatten() for x in bad]).unique()[:5].tolist()  # the error path only: a second read is fine
     raise ValueError(
         f"`labels` hold ids outside the vocabulary [0, {vocab_size - 1}] (and not -100, the ignored label): {values}."
@@ -784,47 +787,59 @@ def token_loss(logits, labels, num_items_in_batch=None):
     return total / (divisor.clamp_min(1) if torch.is_tensor(divisor) else max(divisor, 1))
 
 
-class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
-    """The design document's WikiText-2 model: the tokens before a target go through the family's stack, an attention
-    pooling (PMA, a learned seed) reads them, a vocabulary projection predicts the target.
-
-    `config.next_token_mode="many"` (default): one pass over a window of up to `context_length` tokens predicts the
-    next token at each of its last `target_length` positions. The positions before them are a prefix that the stack
-    reads bidirectionally (encoder, Set Transformer: its inducing points summarise the prefix) or through a causal
-    cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix and the positions up to
-    itself, never its own target or a later token. The pooling query of each target is the PMA seed plus that
-    position's state: a shared seed alone gives every target the same query, whose softmax weights over the keys
-    cannot depend on where the target is, so it cannot single out the most recent tokens.
-    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
-    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing.
-    `labels` (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the
-    loss counts the target positions only.
-
-    `"window"`: one prediction per window: `logits` (b, 1, vocab) for the token after the window; `labels` (b,) hold
-    that token (or causal-LM labels, read as "predict each row's last token from the tokens before it").
-
-    `generate()` slides a window over the last `context_length` tokens (the family's class lists `GenerationMixin`
-    after its `PreTrainedModel`, as transformers requires).
-    """
+class NextTokenHeadBase(PooledHeadMixin, LMHeadMixin):
+    """What the two next-token heads share (the design document's WikiText-2 model): the family's base model over the
+    last `context_length` tokens, a pooling (`head_pool`), a vocabulary projection (`lm_head`), and `generate()`, which
+    slides the window over the last `context_length` tokens (the family's class lists `GenerationMixin` after its
+    `PreTrainedModel`, as transformers requires). Each head adds its forward, objective and label contract."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
 
-    @property
-    def objective(self):
-        """The toolkit's OBJECTIVES row of this head: many targets per window, or one."""
-        return "many_target_windows" if self.config.next_token_mode == "many" else "one_target_window"
-
     def __init__(self, config):
         super().__init__(config)
-        if config.next_token_mode == "many" and config.pooling != "pma":
-            raise ValueError(
-                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
-                "`next_token_mode='window'` for mean pooling."
-            )
+        self.check_head_config(config)
         self.model = self.base_model_class(config)
         self.head_pool = self.make_head_pool(config)
         self.lm_head = self.make_lm_head(config)
         self.post_init()
+
+    def check_head_config(self, config):
+        """Refuses a config this head cannot run (before any module is built)."""
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
+        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
+        window = self.config.context_length
+        inputs = {"input_ids": input_ids[:, -window:]}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -window:]
+        return inputs
+
+    def _supports_default_dynamic_cache(self):
+        return False
+
+
+class ManyTargetsHeadMixin(NextTokenHeadBase):
+    """Many targets per window (`next_token_mode="many"`): one pass over a window of up to `context_length` tokens
+    predicts the next token at each of its last `target_length` positions. The positions before them are a prefix that
+    the base model reads bidirectionally (`prefix_length`: encoder, Set Transformer, whose inducing points summarise
+    the prefix) or through a causal cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix
+    and the positions up to itself, never its own target or a later token. The pooling query of each target is the PMA
+    seed plus that position's state: a shared seed alone gives every target the same query, whose softmax weights over
+    the keys cannot depend on where the target is, so it cannot single out the most recent tokens.
+
+    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
+    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing. `labels`
+    (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the loss counts
+    the target positions only."""
+
+    objective = "many_target_windows"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
+    def check_head_config(self, config):
+        if config.pooling != "pma":
+            raise ValueError(
+                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
+                "`next_token_mode='window'` for mean pooling."
+            )
 
     @can_return_tuple
     def forward(
@@ -837,50 +852,19 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         output_hidden_states=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor`): `"many"`: shape (batch, length), causal-LM labels (-100 ignored).
-        `"window"`: shape (batch,), the token after each window, or causal-LM labels shaped like `input_ids`.
-        prefix_length (`int`, *optional*, `"many"` only, a keyword argument): where the prefix of the (last
-        `context_length` tokens of the) window ends; every later position is a target. Default: all but the last
-        `target_length` positions. The same prefix gives a target the same prediction in any window that ends at or
-        after it (evaluation passes it for the short windows at the start of a text).
+        r"""labels (`torch.LongTensor` of shape (batch, length)): causal-LM labels (-100 ignored), shifted inside.
+        prefix_length (`int`, *optional*, a keyword argument): where the prefix of the (last `context_length` tokens of
+        the) window ends; every later position is a target. Default: all but the last `target_length` positions. The
+        same prefix gives a target the same prediction in any window that ends at or after it (evaluation passes it
+        for the short windows at the start of a text).
         shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
         aligned with the positions (`shift_labels[:, i]` is what position i predicts), as transformers' causal LMs
         take them under sequence/context parallelism; they replace `labels`."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
         shift_labels = kwargs.pop("shift_labels", None)
-        if shift_labels is not None:  # targets already aligned with the positions (sequence/context parallelism)
+        if shift_labels is not None:
             labels = shift_labels
-        check_token_labels(self.config, labels)
-        if self.config.next_token_mode == "window":
-            if shift_labels is not None:
-                labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
-            output = self.window_forward(
-                input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
-            )
-        else:
-            output = self.many_forward(
-                input_ids,
-                attention_mask,
-                inputs_embeds,
-                labels,
-                output_attentions,
-                output_hidden_states,
-                shifted=shift_labels is not None,
-                **kwargs,
-            )
-        return output
-
-    def many_forward(
-        self,
-        input_ids,
-        attention_mask,
-        inputs_embeds,
-        labels,
-        output_attentions,
-        output_hidden_states,
-        shifted=False,
-        **kwargs,
-    ):
+        labels_to_check = check_token_labels(labels)
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
             raise ValueError(f"{type(self).__name__} needs `input_ids` or `inputs_embeds`.")
@@ -896,17 +880,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             None if x is None else x[:, -window:] for x in (input_ids, inputs_embeds, attention_mask)
         )
         length = min(full_length, window)
-        prefix_length = kwargs.pop("prefix_length", None)
-        if prefix_length is None:
-            num_targets = min(self.config.target_length, length)
-        elif isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
-            num_targets = length - prefix_length
-        else:
-            raise ValueError(
-                f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), "
-                f"got {prefix_length!r}."
-            )
-        inputs = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
+        num_targets = length - self.window_prefix_length(kwargs.pop("prefix_length", None), length)
         outputs = self.model(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
@@ -915,23 +889,26 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
             prefix_length=length - num_targets,  # every base model: a bidirectional prefix, then the targets
-            **inputs,
+            _labels_to_check=labels_to_check,
+            _return_key_mask=True,
+            **{k: v for k, v in kwargs.items() if k != "num_items_in_batch"},
         )
-        key_mask = check_attention_mask(attention_mask, b, length)  # its values were checked by the base model
-        states = self.target_states(outputs, num_targets, key_mask)  # (b, t, hidden)
-        if labels is not None and not shifted:
+        states = self.target_states(outputs, num_targets, outputs.key_mask)  # (b, t, hidden)
+        if labels is not None and shift_labels is None:
             labels = F.pad(labels, (0, 1), value=-100)[:, 1:]  # position i predicts token i + 1
-        targets = None if labels is None else labels[:, -num_targets:]  # (b, t)
-        logits = loss = None
-        if targets is not None and self.training and torch.is_grad_enabled():
-            loss = self.lm_loss(states, targets)  # no full logits while training
-        else:
-            target_logits = self.lm_logits(states)  # (b, t, vocab)
-            if targets is not None:
-                loss = token_loss(target_logits, targets)
-            logits = target_logits.new_zeros(b, full_length, target_logits.shape[-1])
-            logits[:, -num_targets:] = target_logits
+        loss, logits = self.target_loss_and_logits(states, None if labels is None else labels[:, -num_targets:], full_length)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    def window_prefix_length(self, prefix_length, length):
+        """The prefix of a window of `length` tokens: `prefix_length` if given (checked), else all but the last
+        `target_length` positions."""
+        if prefix_length is None:
+            return length - min(self.config.target_length, length)
+        if isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
+            return prefix_length
+        raise ValueError(
+            f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), got {prefix_length!r}."
+        )
 
     def target_states(self, outputs, num_targets, key_mask):
         """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA
@@ -947,22 +924,57 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         pooled, _ = self.head_pool.pma(states, mask, queries=states[:, -num_targets:])
         return pooled
 
-    def window_forward(
-        self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+    def target_loss_and_logits(self, states, targets, length):
+        """(b, t, hidden) states, (b, t) targets or None -> (loss or None, logits (b, length, vocab) or None: zeros
+        before the targets). A training step with targets computes the loss only."""
+        if targets is not None and self.training and torch.is_grad_enabled():
+            return self.lm_loss(states, targets), None  # no full logits while training
+        target_logits = self.lm_logits(states)  # (b, t, vocab)
+        loss = None if targets is None else token_loss(target_logits, targets)
+        logits = target_logits.new_zeros(states.shape[0], length, target_logits.shape[-1])
+        logits[:, length - states.shape[1] :] = target_logits
+        return loss, logits
+
+
+class WindowHeadMixin(NextTokenHeadBase):
+    """One target per window (`next_token_mode="window"`, the design document's literal model): the window through
+    the base model, pooled (PMA or mean, `config.pooling`), predicts the token after it: `logits` (b, 1, vocab).
+    `labels` (b,) hold that token, or are causal-LM labels shaped like `input_ids`, read as "predict each row's last
+    token from the tokens before it"."""
+
+    objective = "one_target_window"  # the toolkit's OBJECTIVES row: how it is trained and scored
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
     ):
-        window = self.config.context_length
-        if labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
+        r"""labels (`torch.LongTensor`): shape (batch,), the token after each window, or causal-LM labels shaped like
+        `input_ids` (the last token of each row is then the target, and the window ends before it).
+        shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
+        aligned with the positions; the last one, the token after the window, is the target; they replace `labels`."""
+        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        shift_labels = kwargs.pop("shift_labels", None)
+        labels_to_check = check_token_labels(labels if shift_labels is None else shift_labels)
+        if shift_labels is not None:
+            labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
+        elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
             input_ids, labels = input_ids[:, :-1], labels[:, -1]
             attention_mask = None if attention_mask is None else attention_mask[:, :-1]
-        input_ids = None if input_ids is None else input_ids[:, -window:]
-        inputs_embeds = None if inputs_embeds is None else inputs_embeds[:, -window:]
-        attention_mask = None if attention_mask is None else attention_mask[:, -window:]
+        window = self.config.context_length
         outputs, pooled = self.run_base_model(
-            attention_mask,
+            None if attention_mask is None else attention_mask[:, -window:],
             output_attentions,
             output_hidden_states,
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
+            labels_to_check=labels_to_check,
+            input_ids=None if input_ids is None else input_ids[:, -window:],
+            inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, -window:],
             **kwargs,
         )
         logits = self.lm_logits(pooled).unsqueeze(1)  # (b, 1, vocab)
@@ -977,13 +989,34 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
             loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
-        window = self.config.context_length
-        inputs = {"input_ids": input_ids[:, -window:]}
-        if attention_mask is not None:
-            inputs["attention_mask"] = attention_mask[:, -window:]
-        return inputs
 
-    def _supports_default_dynamic_cache(self):
-        return False
+class ForNextTokenPredictionMixin(ManyTargetsHeadMixin, WindowHeadMixin):
+    """Both next-token heads under one class: `config.next_token_mode` picks `ManyTargetsHeadMixin` ("many") or
+    `WindowHeadMixin` ("window") at each call. One class, because transformers maps a config class to one causal-LM
+    class and checkpoints of either mode name it; the two heads have the same modules, so the same parameters."""
+
+    @property
+    def next_token_head(self):
+        return ManyTargetsHeadMixin if self.config.next_token_mode == "many" else WindowHeadMixin
+
+    @property
+    def objective(self):
+        return self.next_token_head.objective
+
+    def check_head_config(self, config):
+        self.next_token_head.check_head_config(self, config)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ):
+        """The forward of `next_token_head`: see `ManyTargetsHeadMixin.forward` and `WindowHeadMixin.forward`."""
+        return self.next_token_head.forward(
+            self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
+        )

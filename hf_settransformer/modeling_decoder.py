@@ -86,8 +86,9 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
                 past_key_values = self_cache
         return past_key_values, self_cache, past_key_values if is_pair else None
 
-    def embed_with_cache(self, input_ids, inputs_embeds, attention_mask, position_ids, self_cache):
-        """`embed_inputs` after the tokens in `self_cache`: -> (hidden_states (b, n, hidden), AttentionMask)."""
+    def embed_with_cache(self, input_ids, inputs_embeds, attention_mask, position_ids, self_cache, labels=()):
+        """`embed_inputs` after the tokens in `self_cache` (`labels`: the head's, read with the inputs) -> (hidden_states
+        (b, n, hidden), AttentionMask)."""
         if attention_mask is not None and attention_mask.dim() == 4:
             # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
             # says otherwise, as this decoder's does; EncoderDecoderModel's does not
@@ -114,6 +115,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             causal=True,
             past_length=past_length,
             cache_slots=static_cache_length(self_cache),
+            labels=labels,
         )
         return hidden_states, mask
 
@@ -148,6 +150,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
+        *,
+        _labels_to_check=(),
         **kwargs,
     ):
         r"""
@@ -158,6 +162,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
             covering the cached tokens too (as `generate()` passes it); with a `StaticCache`, (batch, max_cache_len):
             one column per slot, 0 past the tokens given so far.
+        _labels_to_check: passed by the causal-LM head (see `HfstPreTrainedModel`).
         """
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
@@ -168,7 +173,9 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         past_key_values, self_cache, cross_cache = self.prepare_cache(
             past_key_values, use_cache, encoder_hidden_states is not None
         )
-        hidden_states, mask = self.embed_with_cache(input_ids, inputs_embeds, attention_mask, position_ids, self_cache)
+        hidden_states, mask = self.embed_with_cache(
+            input_ids, inputs_embeds, attention_mask, position_ids, self_cache, labels=_labels_to_check
+        )
         cross_mask = self.cross_mask(encoder_hidden_states, encoder_attention_mask, hidden_states.shape[0])
         hidden_states, all_states, all_weights, all_cross = run_stack(
             self.layers,
@@ -225,7 +232,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
         logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
-        check_token_labels(self.config, labels, kwargs.get("shift_labels"))
+        labels_to_check = check_token_labels(labels, kwargs.get("shift_labels"))
         if use_cache is None and labels is not None and self.training and past_key_values is None:
             use_cache = False  # a training step has no use for a cache: do not fill one
         outputs = self.model(
@@ -240,6 +247,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            _labels_to_check=labels_to_check,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:

@@ -2,6 +2,9 @@
 softmax or linear attention. Each block is `MAB(X, X)`: `H = X + Attn(Norm(X))`, `out = H + FF(Norm(H))`; a final
 norm closes the stack. With `position_embedding_type="none"` the encoder is permutation equivariant."""
 
+from dataclasses import dataclass
+
+import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
@@ -18,6 +21,14 @@ from .modeling_common import (
     resolve_output_flags,
     run_stack,
 )
+
+
+@dataclass
+class TransformerEncoderModelOutput(BaseModelOutput):
+    """transformers' `BaseModelOutput`, plus `key_mask`: (b, n) bool, the padding mask the stack used (None when every
+    element is real), set only for this package's heads (`_return_key_mask`)."""
+
+    key_mask: torch.BoolTensor | None = None
 
 
 class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
@@ -46,11 +57,15 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
+        *,
+        _labels_to_check=(),
+        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): None (default) for bidirectional attention over every position; an int
         for a causal encoder whose first `prefix_length` positions attend to each other bidirectionally (the
-        many-target next-token head)."""
+        many-target next-token head).
+        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
         )
@@ -62,6 +77,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
             position_ids,
             causal=prefix_length is not None,
             prefix_length=prefix_length or 0,
+            labels=_labels_to_check,
         )
         hidden_states, all_states, all_weights, _ = run_stack(
             self.layers, hidden_states, mask, output_attentions, output_hidden_states
@@ -69,7 +85,12 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_states = all_states[:-1] + (hidden_states,)
-        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_states, attentions=all_weights)
+        output = TransformerEncoderModelOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=all_states,
+            attentions=all_weights,
+            key_mask=mask.key_mask if _return_key_mask else None,
+        )
         return output
 
 

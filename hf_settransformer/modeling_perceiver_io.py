@@ -61,17 +61,21 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
+        *,
+        _labels_to_check=(),
+        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): Perceiver AR (Hawthorne et al. 2022), for the many-target language model:
         the `t = n - prefix_length` inputs after the prefix, plus the first t learned latents, are the latents; latent
         i cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
-        querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
+        querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target.
+        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
         )
         inputs, position_ids, mask = self.embed_inputs(
-            input_ids, input_features, inputs_embeds, attention_mask, position_ids
+            input_ids, input_features, inputs_embeds, attention_mask, position_ids, labels=_labels_to_check
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
         latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length)
@@ -102,6 +106,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             hidden_states=all_states,
             attentions=all_weights,
             cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
+            key_mask=mask.key_mask if _return_key_mask else None,
         )
         return output
 

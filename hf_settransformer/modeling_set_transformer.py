@@ -59,19 +59,29 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
+        *,
+        _labels_to_check=(),
+        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): the many-target language model. The first `prefix_length` elements are
         a set (ISAB: summarised by the inducing points; SAB: bidirectional among themselves); every later element
         reads that summary and the later elements up to itself, and `pooler_output` has one PMA-pooled vector per later
         element (b, n - prefix_length, hidden), whose query is the seed plus that element's state and whose keys stop at
-        it; the decoder SABs run causally over them."""
+        it; the decoder SABs run causally over them.
+        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
         output_attentions, output_hidden_states = resolve_output_flags(
             self.config, output_attentions, output_hidden_states
         )
         causal = prefix_length is not None
         hidden_states, _, mask = self.embed_inputs(
-            input_ids, input_features, inputs_embeds, attention_mask, causal=causal, prefix_length=prefix_length or 0
+            input_ids,
+            input_features,
+            inputs_embeds,
+            attention_mask,
+            causal=causal,
+            prefix_length=prefix_length or 0,
+            labels=_labels_to_check,
         )
         masks = self.build_masks(mask, hidden_states.shape[:2], prefix_length, hidden_states.device)
 
@@ -103,7 +113,11 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         )
         pooled = self.decoder_norm(pooled)
         output = SetModelOutput(
-            last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_states, attentions=all_weights
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_states,
+            attentions=all_weights,
+            key_mask=mask.key_mask if _return_key_mask else None,
         )
         return output
 
