@@ -960,6 +960,12 @@ class WindowHeadMixin(NextTokenHeadBase):
         shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
         aligned with the positions; the last one, the token after the window, is the target; they replace `labels`."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
+        if kwargs.get("prefix_length") is not None:
+            raise ValueError(
+                "`prefix_length` applies to next_token_mode='many' (where the targets of a window begin); "
+                "next_token_mode='window' predicts the one token after the window from all of it."
+            )
+        kwargs.pop("prefix_length", None)
         shift_labels = kwargs.pop("shift_labels", None)
         labels_to_check = check_token_labels(labels if shift_labels is None else shift_labels)
         if shift_labels is not None:

@@ -188,6 +188,8 @@ def test_next_token_head_contract_window_mode(family):
     causal = model(input_ids=ids, labels=ids)
     expected = torch.nn.functional.cross_entropy(model(input_ids=ids[:, :-1]).logits[:, 0], ids[:, -1])
     assert torch.allclose(causal.loss, expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"`prefix_length` applies to next_token_mode='many'"):
+        model(input_ids=ids, prefix_length=2)  # the many-target head's argument: meaningless for one target
 
 
 def test_bad_inputs_raise_clear_errors():
