@@ -221,6 +221,11 @@ class InputEmbeddings(nn.Module):
                     f"`input_features` must have shape (batch, set size, input_size={self.config.input_size}), "
                     f"got {tuple(input_features.shape)}."
                 )
+            if not input_features.is_floating_point():  # integer or bool coordinates would be cast without a word
+                raise ValueError(
+                    f"`input_features` must be floating-point values, got {input_features.dtype}: pass floats, e.g. "
+                    "`input_features.float()`."
+                )
             return self.feature_projection(input_features.to(self.feature_projection.weight.dtype))
         if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.hidden_size:
             raise ValueError(
@@ -228,7 +233,10 @@ class InputEmbeddings(nn.Module):
                 f"got {tuple(inputs_embeds.shape)}."
             )
         if not inputs_embeds.is_floating_point():
-            raise ValueError(f"`inputs_embeds` must be floating-point vectors, got {inputs_embeds.dtype}.")
+            raise ValueError(
+                f"`inputs_embeds` must be floating-point vectors, got {inputs_embeds.dtype}: pass floats, e.g. "
+                "`inputs_embeds.float()` (token ids go in `input_ids`)."
+            )
         return inputs_embeds
 
     def positions(self, position_ids, dtype):

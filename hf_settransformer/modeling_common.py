@@ -83,12 +83,16 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
 
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
-                       labels=()):
+                       labels=(), model_name=None):
     """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
     the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
     would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
     NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
     kernels take their unmasked paths).
+
+    `model_name` given (every model but the decoder, see `allows_empty_rows`): each row of `attention_mask` must hold a
+    real element; a set or sequence of padding only has nothing to attend to or pool, and its outputs would be finite
+    numbers computed from nothing.
 
     `labels`: the token labels a head handed its base model (`_labels_to_check`, dtypes checked by
     `check_token_labels`), read in the same read: ids outside [0, vocab_size) other than -100 are refused.
@@ -111,6 +115,8 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
             raise ValueError(f"`attention_mask` must hold 0 (padding) and 1 (real), got a {attention_mask.dtype} tensor.")
         real = attention_mask == 1
         checks += [(real | (attention_mask == 0)).all(), real.all()]
+        if model_name is not None:
+            checks.append(real.any(-1).all())  # every row holds a real element
     if not checks:
         return attention_mask is None
     values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
@@ -131,12 +137,19 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
             )
     if attention_mask is None:
         return True
-    binary, all_real = values
+    binary, all_real = values[:2]
     if not binary:
         bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)].unique()[:5].tolist()
         raise ValueError(
             f"`attention_mask` must hold only 0 (padding) and 1 (real element), as bool, integer or float; got other "
             f"values such as {bad}."
+        )
+    if model_name is not None and not values[2]:
+        rows = (attention_mask != 1).all(-1).nonzero().flatten()[:10].tolist()  # the error path: a second read is fine
+        raise ValueError(
+            f"`attention_mask` rows {rows} hold no real element (all 0): {model_name} has nothing to attend to or pool "
+            "in them, and would return numbers computed from nothing. Drop those rows from the batch, or give each at "
+            "least one real element (a BOS token, say)."
         )
     return bool(all_real)
 
@@ -192,6 +205,16 @@ def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
             raise ValueError(f"`{name}` holds sequences of length 0, shape {tuple(x.shape)}: pass at least one element.")
         return x.shape[0], x.shape[1]
     raise ValueError("Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got none.")
+
+
+def check_prefix_length(prefix_length, length):
+    """`prefix_length` of a base model: an int in [0, length), so that at least one position follows the prefix (a
+    bool, a negative or a too large value would build masks for another sequence: silently, or deep inside torch)."""
+    if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or not 0 <= prefix_length < length:
+        raise ValueError(
+            f"`prefix_length` must be an integer in [0, {length}) (the inputs hold {length} positions, and at least "
+            f"one must follow the prefix), got {prefix_length!r}."
+        )
 
 
 def warn_if_no_weights(config, output_attentions):
@@ -251,6 +274,19 @@ def resolve_output_flags(config, output_attentions, output_hidden_states):
     return output_attentions and attention_kernel(config).returns_weights, output_hidden_states
 
 
+# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
+# the range): name -> (test, the range in words). NaN fails every test.
+GENERATION_RANGES = {
+    "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
+    "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
+    "epsilon_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
+    "eta_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
+    "min_new_tokens": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer"),
+    "no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
+    "encoder_no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
+}
+
+
 class HfstPreTrainedModel(PreTrainedModel):
     """Base of every hf_settransformer model.
 
@@ -269,6 +305,10 @@ class HfstPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["MAB", "ISAB", "PMA"]
+    # a row of `attention_mask` with no real element is refused (see `check_input_values`), except by the decoder
+    allows_empty_rows = False
+    # only the decoder continues a `past_key_values`; the other families read their whole input at every call
+    keeps_a_cache = False
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -311,17 +351,46 @@ class HfstPreTrainedModel(PreTrainedModel):
     def __call__(self, *args, **kwargs):
         if kwargs and not torch.compiler.is_compiling():
             check_keyword_names(type(self), kwargs)
+            self.check_no_cache(kwargs.get("past_key_values"))
         return super().__call__(*args, **kwargs)
 
+    def check_no_cache(self, past_key_values):
+        """Refuses a cache handed to a family that keeps none (they take `**kwargs`, so it would be dropped without a
+        word). `use_cache` passes, as in transformers' encoder-only models (BERT without `is_decoder`): no cache is
+        returned."""
+        if past_key_values is not None and not self.keeps_a_cache:
+            family = family_for_model_type(self.config.model_type).name
+            raise ValueError(
+                f"{type(self).__name__} (family {family!r}) keeps no cache, so `past_key_values` has nothing to "
+                "continue: an encoder reads its whole input at every call. Pass the whole sequence, without "
+                "`past_key_values` (the decoder family is the one that continues a cache)."
+            )
+
     def _prepare_generation_config(self, generation_config, **kwargs):
-        """As `GenerationMixin`'s (the heads that generate list it), then counts that transformers 5.23 does not check:
+        """As `GenerationMixin`'s (the heads that generate list it), then values that transformers 5.23 does not check:
         `num_beams=0` divides by zero deep inside, a negative one fails on a tensor shape, and
-        `num_return_sequences=0` returns one sequence each."""
+        `num_return_sequences=0` returns one sequence each; a sampling parameter out of its range (`top_p=1.5`,
+        `typical_p=2`, `epsilon_cutoff=1`, NaN) or a negative length or n-gram size turns its logits processor off
+        without a word. A `past_key_values` for a family without a cache is refused as in the forward."""
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
         for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
             value = getattr(generation_config, name, None)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        for name, (inside, allowed) in GENERATION_RANGES.items():
+            value = getattr(generation_config, name, None)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not inside(value)):
+                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
+        vocab = self.config.vocab_size
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # the config refuses them; generate()'s own not
+            value = getattr(generation_config, name, None)
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            if vocab and any(isinstance(i, int) and not 0 <= i < vocab for i in ids):
+                raise ValueError(
+                    f"`{name}` must lie in the vocabulary [0, {vocab - 1}], got {value!r}: generate() would emit it "
+                    "(padding) or never meet it (end of sequence)."
+                )
+        self.check_no_cache(model_kwargs.get("past_key_values"))
         return generation_config, model_kwargs
 
     def embed_inputs(
@@ -349,6 +418,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         token labels, read with the inputs (`check_input_values`).
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
         b, n = input_shape(input_ids, input_features, inputs_embeds)
+        check_prefix_length(prefix_length, n)
         source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
         slots = None if cache_slots is None else torch.arange(n, device=source.device) + past_length  # (n,)
         key_length = past_length + n if cache_slots is None else cache_slots
@@ -371,7 +441,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
         if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions,
-                              labels=labels):
+                              labels=labels, model_name=None if self.allows_empty_rows else type(self).__name__):
             key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
             check_position_count(key_length, max_positions)  # derived positions: known without a read

@@ -22,6 +22,7 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     PerceiverIOModelOutput,
+    check_prefix_length,
     resolve_output_flags,
     run_stack,
 )
@@ -117,6 +118,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         b, n = inputs.shape[:2]
         if prefix_length is None:
             return self.latents(b), mask, AttentionMask()
+        check_prefix_length(prefix_length, n)
         t = n - prefix_length
         if t > self.config.num_latents:
             raise ValueError(

@@ -72,7 +72,6 @@ from transformers import (
     AutoConfig,
     AutoTokenizer,
     HfArgumentParser,
-    TrainingArguments,
     set_seed,
 )
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
@@ -81,6 +80,7 @@ import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
     MLM_PROBABILITY,
     OBJECTIVES,
+    CheckedTrainingArguments,
     PerplexityLoggingTrainer,
     auto_class_for_flag,
     build_word_tokenizer,
@@ -100,6 +100,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     max_steps_for_budget,
     model_flops_utilization,
     objective_of,
+    parse_flags,
     push_folder_to_hub,
     replica_checksums,
     resolve_resume,
@@ -292,7 +293,7 @@ class DataArguments:
 
 
 @dataclass
-class LMTrainingArguments(TrainingArguments):
+class LMTrainingArguments(CheckedTrainingArguments):
     """`TrainingArguments` with the tuned defaults of this script (docs/tuning.md); every flag still works. The
     types are transformers' own, so the flags parse as they do everywhere."""
 
@@ -696,7 +697,7 @@ def parse_arguments(argv):
     extra = {}
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
         extra["use_cpu"] = True  # several processes and no GPU: data parallel on CPUs (gloo)
-    model_args, data_args, training_args = parse(extra)
+    model_args, data_args, training_args = parse_flags(parse, extra)
     is_cuda = torch.cuda.is_available() and not training_args.use_cpu
     preset = resolve_preset(model_args.preset, is_cuda)
     extra.update(training_defaults(preset, is_cuda, explicit, processes, training_args.learning_rate))
@@ -705,7 +706,7 @@ def parse_arguments(argv):
         if not torch.cuda.is_available() and not training_args.use_cpu:
             extra["use_cpu"] = True  # transformers accepts CPU bf16 (autocast) only with use_cpu
     if extra:
-        model_args, data_args, training_args = parse(extra)
+        model_args, data_args, training_args = parse_flags(parse, extra)
     model_args.preset = preset
     return model_args, data_args, training_args, command
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+from transformers import HfArgumentParser, Trainer, set_seed
 from transformers.utils import logging as transformers_logging
 
 from hf_settransformer import SetTransformerConfig
@@ -38,6 +38,7 @@ from hf_settransformer.toolkit import (
     PAPER_RESULTS,
     SHAPES,
     TASK_HEADS,
+    CheckedTrainingArguments,
     DataCollatorForSets,
     DeepSetsBaseline,
     check_checkpoint_matches,
@@ -47,6 +48,7 @@ from hf_settransformer.toolkit import (
     load_pretrained,
     lock_output_dir,
     log_to_stdout,
+    parse_flags,
     make_set_task,
     resolve_resume,
     save_model_atomically,
@@ -253,8 +255,8 @@ def continued_run(args):
 
 
 def main(argv=None):
-    parser = HfArgumentParser((SetArguments, TrainingArguments))
-    args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((SetArguments, CheckedTrainingArguments))
+    args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
     # held while main runs, released however it ends (main can run again in one process after an error)

@@ -357,6 +357,22 @@ FLAG_CASES = [
     (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
     (["--context_length", "32"], ["--context_length cannot apply to --family decoder"]),
     (["--next_token_mode", "window"], ["--next_token_mode window cannot apply to --family decoder"]),
+    # TrainingArguments values transformers 5.23 accepts and then ignores or misreads
+    (["--save_steps", "0"], ["--save_steps must be a positive number", "got 0.0"]),
+    (["--save_steps", "-5"], ["--save_steps must be a positive number", "got -5.0"]),
+    (["--eval_steps", "0"], ["--eval_steps must be a positive number", "omit it to evaluate every --logging_steps"]),
+    (["--logging_steps", "0"], ["--logging_steps must be a positive number", "got 0.0"]),
+    (["--save_total_limit", "-1"], ["--save_total_limit must be a positive integer", "got -1"]),
+    (["--save_total_limit", "0"], ["--save_total_limit must be a positive integer", "keep every checkpoint"]),
+    (["--weight_decay", "nan"], ["--weight_decay must be a non-negative finite number, got nan"]),
+    (["--weight_decay", "-0.1"], ["--weight_decay must be a non-negative finite number, got -0.1"]),
+    (["--max_grad_norm", "-1"], ["--max_grad_norm must be a non-negative finite number", "got -1.0"]),
+    (["--warmup_steps", "nan"], ["--warmup_steps must be a finite number", "got nan"]),
+    (["--max_steps", "0"], ["--max_steps must be a positive integer, or -1", "got 0"]),
+    (["--max_steps", "-1", "--num_train_epochs", "0"], ["--num_train_epochs must be a positive number", "got 0.0"]),
+    (["--adam_beta2", "1.5"], ["--adam_beta2 must be in [0, 1), got 1.5"]),
+    (["--label_smoothing_factor", "1.5"], ["--label_smoothing_factor must be in [0, 1), got 1.5"]),
+    (["--eval_accumulation_steps", "0"], ["--eval_accumulation_steps must be a positive integer, got 0"]),
 ]
 
 
@@ -411,6 +427,9 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
         (["--model", "deepsets_max", "--attention_type", "linear"], ["deepsets_max", "--attention_type cannot apply"]),
         (["--model", "deepsets_sum", "--num_inducing_points", "4", "--feature_map", "exp"],
          ["--feature_map, --num_inducing_points cannot apply"]),
+        (["--save_steps", "0"], ["--save_steps must be a positive number", "got 0.0"]),
+        (["--logging_steps", "-1"], ["--logging_steps must be a positive number", "got -1.0"]),
+        (["--max_grad_norm", "nan"], ["--max_grad_norm must be a non-negative finite number", "got nan"]),
     ],
 )
 def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words):
@@ -473,7 +492,17 @@ def test_a_missing_model_offline_says_the_hub_is_not_reachable(tmp_path, texts, 
 
 GENERATE_CASES = [({"num_beams": 0}, "`num_beams` must be a positive integer, got 0"),
                   ({"num_beams": -2}, "`num_beams` must be a positive integer, got -2"),
-                  ({"num_return_sequences": 0}, "`num_return_sequences` must be a positive integer, got 0")]
+                  ({"num_return_sequences": 0}, "`num_return_sequences` must be a positive integer, got 0"),
+                  # issue 36 round two: out of range, transformers turns the logits processor off without a word
+                  ({"do_sample": True, "top_p": 1.5}, r"`top_p` must be in \[0, 1\].*got 1.5"),
+                  ({"do_sample": True, "top_p": float("nan")}, r"`top_p` must be in \[0, 1\].*got nan"),
+                  ({"do_sample": True, "typical_p": 1.5}, r"`typical_p` must be in \(0, 1\].*got 1.5"),
+                  ({"do_sample": True, "epsilon_cutoff": 2.0}, r"`epsilon_cutoff` must be in \[0, 1\).*got 2.0"),
+                  ({"do_sample": True, "eta_cutoff": 1.0}, r"`eta_cutoff` must be in \[0, 1\).*got 1.0"),
+                  ({"min_new_tokens": -1}, "`min_new_tokens` must be a non-negative integer, got -1"),
+                  ({"no_repeat_ngram_size": -1}, "`no_repeat_ngram_size` must be a non-negative integer.*got -1"),
+                  ({"eos_token_id": 10**9}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got 1000000000"),
+                  ({"eos_token_id": [2, 40]}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got \[2, 40\]")]
 
 
 @pytest.mark.parametrize("kwargs,words", GENERATE_CASES, ids=[str(c[0]) for c in GENERATE_CASES])
@@ -646,6 +675,11 @@ SIBLING_INPUT_CASES = [  # (head, family, kwargs beyond input_ids, words of the 
      ["`label` is not an input", "did you mean `labels`"]),
     ("SetTransformerForSequenceClassification", "set_transformer", {"output_attention": True},
      ["`output_attention` is not an input", "did you mean `output_attentions`"]),
+    # a base model's prefix_length out of [0, n): the encoder built masks for it silently, the others failed in torch
+    ("TransformerEncoderModel", "encoder", {"prefix_length": 6}, ["`prefix_length` must be an integer in [0, 6)", "6."]),
+    ("TransformerEncoderModel", "encoder", {"prefix_length": -1}, ["`prefix_length` must be an integer", "-1."]),
+    ("SetTransformerModel", "set_transformer", {"prefix_length": True}, ["`prefix_length` must be an integer", "True"]),
+    ("PerceiverIOModel", "perceiver_io", {"prefix_length": 100}, ["`prefix_length` must be an integer in [0, 6)"]),
 ]
 
 
@@ -715,3 +749,107 @@ def test_results_scripts_name_a_missing_folder_and_skip_a_damaged_file_aloud(tmp
     result = run_script(script, tmp_path)
     assert f"skipped {tmp_path / 'run' / 'all_results.json'}: not readable as JSON" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+FEATURE_CASES = [  # integer or bool `input_features` were cast to float without a word
+    ("SetTransformerForSequenceClassification", "set_transformer", torch.long),
+    ("SetTransformerForSequenceClassification", "set_transformer", torch.bool),
+    ("SetTransformerForMixtureOfGaussians", "set_transformer", torch.int32),
+    ("TransformerEncoderForSequenceClassification", "encoder", torch.long),
+    ("PerceiverIOForSequenceClassification", "perceiver_io", torch.uint8),
+]
+
+
+@pytest.mark.parametrize("cls,family,dtype", FEATURE_CASES, ids=[f"{c[0]}-{c[2]}" for c in FEATURE_CASES])
+def test_input_features_that_are_not_floats_are_refused_naming_their_dtype(cls, family, dtype):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family, vocab_size=None, input_size=2))
+    with pytest.raises(ValueError) as err:
+        model(input_features=torch.ones(2, 4, 2).to(dtype))
+    for word in ("`input_features` must be floating-point", str(dtype), ".float()"):
+        assert word in str(err.value), str(err.value)
+
+
+EMPTY_ROW_CASES = [  # a row of padding only: every model but the decoder pooled or read nothing and returned numbers
+    ("SetTransformerForSequenceClassification", "set_transformer"),
+    ("SetTransformerForNextTokenPrediction", "set_transformer"),
+    ("SetTransformerModel", "set_transformer"),
+    ("TransformerEncoderForSequenceClassification", "encoder"),
+    ("TransformerEncoderForNextTokenPrediction", "encoder"),
+    ("TransformerEncoderForMaskedLM", "encoder"),
+    ("PerceiverIOForSequenceClassification", "perceiver_io"),
+    ("PerceiverIOForMaskedLM", "perceiver_io"),
+]
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+@pytest.mark.parametrize("cls,family", EMPTY_ROW_CASES, ids=[c[0] for c in EMPTY_ROW_CASES])
+def test_a_row_of_padding_only_is_refused_naming_the_row(cls, family, attention_type):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family, attention_type))
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1] = 0
+    mask[2, :4] = 0  # partly padded: fine
+    with pytest.raises(ValueError) as err:
+        model(input_ids=torch.randint(1, 37, (3, 6)), attention_mask=mask)
+    for word in ("`attention_mask` rows [1] hold no real element", "Drop those rows"):
+        assert word in str(err.value), str(err.value)
+
+
+def test_a_set_of_padding_only_is_refused_for_the_mixture_head():
+    from conftest import make_model, tiny_config
+
+    model = make_model(hfst.SetTransformerForMixtureOfGaussians, tiny_config("set_transformer", input_size=2))
+    mask = torch.ones(2, 5)
+    mask[0] = 0
+    with pytest.raises(ValueError, match=r"`attention_mask` rows \[0\] hold no real element"):
+        model(input_features=torch.randn(2, 5, 2), attention_mask=mask)
+
+
+def test_the_decoder_keeps_a_row_of_padding_only_as_an_empty_prompt():
+    """A causal LM's row of padding only is an empty prompt (generate() on a left-padded batch): it stays accepted,
+    finite, and leaves the other rows as they are alone."""
+    from conftest import decoder
+
+    model = decoder("softmax", "elu")
+    ids = torch.randint(1, 37, (2, 5))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1] = 0
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        alone = model(input_ids=ids[:1]).logits
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=0, do_sample=False)
+    assert torch.isfinite(logits).all() and torch.allclose(logits[:1], alone, atol=1e-5)
+    assert generated.shape == (2, 8)
+
+
+@pytest.mark.parametrize("cls,family", [("TransformerEncoderModel", "encoder"),
+                                        ("TransformerEncoderForMaskedLM", "encoder"),
+                                        ("SetTransformerForSequenceClassification", "set_transformer"),
+                                        ("PerceiverIOModel", "perceiver_io")])
+def test_a_cache_handed_to_a_family_without_one_is_refused_naming_the_family(cls, family):
+    from conftest import make_model, tiny_config
+    from transformers import DynamicCache
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    ids = torch.randint(1, 37, (2, 6))
+    with pytest.raises(ValueError) as err:
+        model(input_ids=ids, past_key_values=DynamicCache())
+    for word in (cls, f"family '{family}'", "keeps no cache", "reads its whole input at every call"):
+        assert word in str(err.value), str(err.value)
+    # use_cache passes, as in transformers' encoder-only models: the same outputs, no cache
+    out = model(input_ids=ids, use_cache=True)
+    assert out.get("past_key_values") is None
+    first = next(v for v in out.values() if torch.is_tensor(v))
+    assert torch.equal(first, next(v for v in model(input_ids=ids).values() if torch.is_tensor(v)))
+
+
+def test_generate_refuses_a_cache_for_a_family_without_one():
+    from conftest import make_model, tiny_config
+    from transformers import DynamicCache
+
+    model = make_model(hfst.TransformerEncoderForNextTokenPrediction, tiny_config("encoder"))
+    with pytest.raises(ValueError, match="family 'encoder'.*keeps no cache"):
+        model.generate(torch.randint(1, 37, (1, 4)), max_new_tokens=2, pad_token_id=0, past_key_values=DynamicCache())

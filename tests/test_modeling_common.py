@@ -115,11 +115,12 @@ def test_left_padding_does_not_change_real_outputs(family, attention_type, featu
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_all_padding_rows_are_finite(family, attention_type, feature_map):
+def test_all_padding_rows_are_finite(attention_type, feature_map):
+    """The decoder's row of padding only (an empty prompt) gives finite outputs; the other families refuse such a row
+    (tests/test_bad_inputs.py)."""
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(family, attention_type, feature_map)
+    config = tiny_config("decoder", attention_type, feature_map)
     classes = family_classes(config)
     ids = batch_of_tokens(2, 6)
     mask = torch.ones(2, 6, dtype=torch.long)

@@ -70,6 +70,10 @@ from .set_tasks import (
     sample_shape,
 )
 from .training import (
+    TRAINING_VALUE_RANGES,
+    CheckedTrainingArguments,
+    check_training_values,
+    parse_flags,
     LOGGER_ROOT,
     log_to_stdout,
     BUDGET_FILE,
@@ -125,6 +129,10 @@ from .training import (
 )
 
 __all__ = [
+    "TRAINING_VALUE_RANGES",
+    "CheckedTrainingArguments",
+    "check_training_values",
+    "parse_flags",
     "LOGGER_ROOT",
     "log_to_stdout",
     "newest_complete_checkpoint",

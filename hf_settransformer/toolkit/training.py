@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
@@ -120,6 +121,63 @@ class OutputDirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# TrainingArguments values that transformers 5.23 accepts and then ignores or misreads: flag -> (test, what it must be).
+# `eval_steps` 0 would become `logging_steps` in `__post_init__`, `save_total_limit` 0 or less keeps every checkpoint,
+# a negative `max_grad_norm` or `max_steps` 0 turns clipping or the step limit off, NaN fails every test
+TRAINING_VALUE_RANGES = {
+    "save_steps": (lambda v: _finite(v) and v > 0, "a positive number (steps, or a fraction of the run if < 1)"),
+    "eval_steps": (lambda v: v is None or (_finite(v) and v > 0),
+                   "a positive number (steps, or a fraction of the run if < 1); omit it to evaluate every "
+                   "--logging_steps"),
+    "logging_steps": (lambda v: _finite(v) and v > 0, "a positive number (steps, or a fraction of the run if < 1)"),
+    "save_total_limit": (lambda v: v is None or v >= 1, "a positive integer; omit it to keep every checkpoint"),
+    "max_steps": (lambda v: v == -1 or v >= 1, "a positive integer, or -1 to train for --num_train_epochs"),
+    "warmup_steps": (_finite, "a finite number (steps, or a fraction of the run if < 1)"),
+    "weight_decay": (lambda v: _finite(v) and v >= 0, "a non-negative finite number"),
+    "max_grad_norm": (lambda v: _finite(v) and v >= 0, "a non-negative finite number (0 turns clipping off)"),
+    "adam_beta1": (lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+    "adam_epsilon": (lambda v: _finite(v) and v >= 0, "a non-negative finite number"),
+    "label_smoothing_factor": (lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+    "eval_accumulation_steps": (lambda v: v is None or v >= 1, "a positive integer"),
+}
+
+
+def check_training_values(args):
+    """Refuses the `TrainingArguments` values of `TRAINING_VALUE_RANGES` that would be ignored or misread, naming the
+    flag; run before `TrainingArguments.__post_init__` (which rewrites `eval_steps` 0), as `CheckedTrainingArguments`
+    does."""
+    for name, (valid, allowed) in TRAINING_VALUE_RANGES.items():
+        value = getattr(args, name)
+        if not valid(value):
+            raise ValueError(f"--{name} must be {allowed}, got {value}.")
+    epochs = args.num_train_epochs
+    if args.max_steps == -1 and not (_finite(epochs) and epochs > 0):  # with --max_steps it is not read
+        raise ValueError(f"--num_train_epochs must be a positive number (or pass --max_steps), got {epochs}.")
+
+
+@dataclass
+class CheckedTrainingArguments(transformers.TrainingArguments):
+    """`TrainingArguments` that refuse the values transformers would ignore or misread (`check_training_values`)."""
+
+    def __post_init__(self):
+        check_training_values(self)
+        super().__post_init__()
+
+
+def parse_flags(parse, *args, **kwargs):
+    """`parse(*args, **kwargs)` (an `HfArgumentParser` parse); a value the argument classes refuse (a `ValueError`
+    naming the flag, theirs or transformers') ends the process with its message, not a traceback."""
+    try:
+        return parse(*args, **kwargs)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def load_pretrained(flag, value, load, **kwargs):
