@@ -6,6 +6,7 @@ import inspect
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -94,14 +95,16 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     real element; a set or sequence of padding only has nothing to attend to or pool, and its outputs would be finite
     numbers computed from nothing.
 
-    `labels`: the token labels a head handed its base model (`_labels_to_check`, dtypes checked by
-    `check_token_labels`), read in the same read: ids outside [0, vocab_size) other than -100 are refused.
+    `labels`: the labels a head handed its base model (`_labels_to_check`, dtypes checked by `check_token_labels`),
+    read in the same read: token labels (tensors) outside [0, vocab_size), and a classification head's
+    `ClassLabels` outside [0, num_labels), other than -100, are refused.
 
     Under `torch.compile` nothing is read (no graph break, no check) and a mask is kept as given."""
     if torch.compiler.is_compiling():
         return attention_mask is None
-    labels = [x for x in labels if x.numel()]
-    checks = [torch.stack([labels_outside(x, vocab_size).any() for x in labels]).any()] if labels else []
+    labels = [x if isinstance(x, ClassLabels) else ClassLabels(x, vocab_size, "token") for x in labels]
+    labels = [x for x in labels if x.labels.numel()]
+    checks = [torch.stack([labels_outside(*x[:2]).any() for x in labels]).any()] if labels else []
     if position_ids is not None and position_ids.numel():
         checks += list(torch.aminmax(position_ids))
     if input_ids is not None and (
@@ -123,7 +126,7 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     if labels:
         labels_bad, values = values[0], values[1:]
         if labels_bad:
-            _refuse_labels(labels, vocab_size)
+            _refuse_labels(labels)
     if position_ids is not None and position_ids.numel():
         (first, last), values = values[:2], values[2:]
         if first < 0:
@@ -749,6 +752,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
             attention_mask,
             output_attentions,
             output_hidden_states,
+            labels_to_check=class_labels_to_check(labels, self.config),
             input_ids=input_ids,
             input_features=input_features,
             inputs_embeds=inputs_embeds,
@@ -767,29 +771,66 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
 
 def check_token_labels(*labels):
     """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype is refused
-    here, naming it (cross-entropy would say "expected target dtype to be Long"). Returns the labels given (None left
+    here, naming it, and so is an integer dtype other than torch.long (cross-entropy would say "expected target dtype
+    to be Long"; `labels.long()` is the fix). Returns the labels given (None left
     out), which the head hands its base model as `_labels_to_check`: ids outside the vocabulary (cross-entropy's
     "Target 109 is out of bounds", a device-side assert on CUDA) are flagged on the device and read with the inputs,
     in the one read of `check_input_values`. Nothing is read under `torch.compile`."""
     given = tuple(x for x in labels if x is not None)
     for x in given:
-        if not torch.is_tensor(x) or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        if not torch.is_tensor(x) or x.dtype != torch.long:
             kind = x.dtype if torch.is_tensor(x) else type(x).__name__
-            raise ValueError(f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}.")
+            hint = " (use labels.long())" if torch.is_tensor(x) and x.dtype in _INTEGER_DTYPES else ""
+            raise ValueError(
+                f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}{hint}."
+            )
     return given
 
 
-def labels_outside(labels, vocab_size):
-    """Bool tensor shaped like `labels`: True for ids outside [0, vocab_size) that are not -100 (ignored)."""
-    return ((labels < 0) & (labels != -100)) | (labels >= vocab_size)
+_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
 
 
-def _refuse_labels(labels, vocab_size):
-    bad = [x[labels_outside(x, vocab_size)] for x in labels]
-    values = torch.cat([x.flatten() for x in bad]).unique()[:5].tolist()  # the error path only: a second read is fine
-    raise ValueError(
-        f"`labels` hold ids outside the vocabulary [0, {vocab_size - 1}] (and not -100, the ignored label): {values}."
-    )
+class ClassLabels(NamedTuple):
+    """Labels a head hands its base model's one read (`_labels_to_check`), with the ids they may hold: [0, bound), or
+    -100 (ignored). Token labels (plain tensors) are read against the vocabulary; a classification head hands its
+    class indices against `num_labels`."""
+
+    labels: torch.Tensor
+    bound: int
+    kind: str = "class"
+
+
+def labels_outside(labels, bound):
+    """Bool tensor shaped like `labels`: True for ids outside [0, bound) that are not -100 (ignored)."""
+    return ((labels < 0) & (labels != -100)) | (labels >= bound)
+
+
+def _refuse_labels(labels):
+    """The error path only (a second read is fine): name the first labels with ids out of their range."""
+    for x, bound, kind in labels:
+        bad = x[labels_outside(x, bound)]
+        if bad.numel():
+            values = bad.unique()[:5].tolist()
+            if kind == "token":
+                raise ValueError(
+                    f"`labels` hold ids outside the vocabulary [0, {bound - 1}] (and not -100, the ignored label): "
+                    f"{values}."
+                )
+            raise ValueError(
+                f"`labels` hold class indices outside [0, {bound - 1}] (`num_labels` is {bound}; -100 is ignored): "
+                f"{values}."
+            )
+
+
+def class_labels_to_check(labels, config):
+    """A classification head's labels for its base model's one read: integer class indices of a single-label problem
+    (as `check_classification_labels` infers it) as `ClassLabels`, else nothing (their dtype and shape are checked
+    after the forward)."""
+    if not torch.is_tensor(labels) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        return ()
+    if config.problem_type not in (None, "single_label_classification") or config.num_labels == 1:
+        return ()
+    return (ClassLabels(labels, config.num_labels),)
 
 
 def check_classification_labels(labels, logits, config):

@@ -534,6 +534,7 @@ LABEL_CASES = [  # (config kwargs, labels, words of the error or None: the loss 
     ({"num_labels": 1}, torch.tensor([1, 2]), None),  # integer regression targets: as floats
     ({}, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]), None),
     ({"problem_type": "multi_label_classification"}, torch.tensor([[0, 1, 1], [1, 0, 0]]), None),
+    ({}, torch.tensor([2, -100]), None),  # -100 is ignored, as by transformers' cross-entropy
 ]
 
 
@@ -680,6 +681,18 @@ SIBLING_INPUT_CASES = [  # (head, family, kwargs beyond input_ids, words of the 
     ("TransformerEncoderModel", "encoder", {"prefix_length": -1}, ["`prefix_length` must be an integer", "-1."]),
     ("SetTransformerModel", "set_transformer", {"prefix_length": True}, ["`prefix_length` must be an integer", "True"]),
     ("PerceiverIOModel", "perceiver_io", {"prefix_length": 100}, ["`prefix_length` must be an integer in [0, 6)"]),
+    # class indices out of range: torch's "Target 5 is out of bounds" (a device-side assert on CUDA) before
+    ("SetTransformerForSequenceClassification", "set_transformer", {"labels": torch.tensor([5, 1])},
+     ["`labels` hold class indices outside [0, 2]", "`num_labels` is 3", "[5]"]),
+    ("TransformerEncoderForSequenceClassification", "encoder", {"labels": torch.tensor([-1, 0])},
+     ["class indices outside [0, 2]", "[-1]"]),
+    ("PerceiverIOForSequenceClassification", "perceiver_io", {"labels": torch.tensor([0, 3])},
+     ["class indices outside [0, 2]", "[3]"]),
+    # integer token labels other than torch.long: cross-entropy's "expected target dtype to be Long" before
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.ones(2, 6, dtype=torch.int32)},
+     ["`labels` must be token ids (torch.long", "torch.int32", "labels.long()"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.ones(2, 6, dtype=torch.uint8)},
+     ["`labels` must be token ids", "torch.uint8", "labels.long()"]),
 ]
 
 
