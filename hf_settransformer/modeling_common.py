@@ -279,6 +279,28 @@ def resolve_output_flags(config, output_attentions, output_hidden_states):
 
 # generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
 # the range): name -> (test, the range in words). NaN fails every test.
+# generate()'s token-id arguments, and what an id outside the vocabulary did in transformers 5.23
+GENERATION_TOKEN_IDS = {
+    "pad_token_id": "generate() emits it as padding",
+    "bos_token_id": "generate() starts an empty prompt with it",
+    "eos_token_id": "generation never meets it and runs to max_new_tokens",
+    "forced_bos_token_id": "the logits processor fails with an IndexError",
+    "forced_eos_token_id": "the logits processor fails with an IndexError",
+    "suppress_tokens": "it is ignored",
+    "begin_suppress_tokens": "it is ignored",
+}
+
+
+def check_generation_token_ids(generation_config, vocab_size):
+    """Every token id `generate()` is given lies in the vocabulary (the config refuses its own; generate()'s
+    arguments and a generation config's are checked here)."""
+    for name, effect in GENERATION_TOKEN_IDS.items():
+        value = getattr(generation_config, name, None)
+        ids = value if isinstance(value, (list, tuple)) else [value]
+        if vocab_size and any(isinstance(i, int) and not 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"`{name}` must lie in the vocabulary [0, {vocab_size - 1}], got {value!r}: {effect}.")
+
+
 GENERATION_RANGES = {
     "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
     "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
@@ -374,7 +396,8 @@ class HfstPreTrainedModel(PreTrainedModel):
         `num_beams=0` divides by zero deep inside, a negative one fails on a tensor shape, and
         `num_return_sequences=0` returns one sequence each; a sampling parameter out of its range (`top_p=1.5`,
         `typical_p=2`, `epsilon_cutoff=1`, NaN) or a negative length or n-gram size turns its logits processor off
-        without a word. A `past_key_values` for a family without a cache is refused as in the forward."""
+        without a word; a token id outside the vocabulary (`GENERATION_TOKEN_IDS`). A `past_key_values` for a family
+        without a cache is refused as in the forward."""
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
         for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
             value = getattr(generation_config, name, None)
@@ -384,15 +407,7 @@ class HfstPreTrainedModel(PreTrainedModel):
             value = getattr(generation_config, name, None)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not inside(value)):
                 raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
-        vocab = self.config.vocab_size
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # the config refuses them; generate()'s own not
-            value = getattr(generation_config, name, None)
-            ids = value if isinstance(value, (list, tuple)) else [value]
-            if vocab and any(isinstance(i, int) and not 0 <= i < vocab for i in ids):
-                raise ValueError(
-                    f"`{name}` must lie in the vocabulary [0, {vocab - 1}], got {value!r}: generate() would emit it "
-                    "(padding) or never meet it (end of sequence)."
-                )
+        check_generation_token_ids(generation_config, self.config.vocab_size)
         self.check_no_cache(model_kwargs.get("past_key_values"))
         return generation_config, model_kwargs
 

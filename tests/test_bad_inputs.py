@@ -502,7 +502,11 @@ GENERATE_CASES = [({"num_beams": 0}, "`num_beams` must be a positive integer, go
                   ({"min_new_tokens": -1}, "`min_new_tokens` must be a non-negative integer, got -1"),
                   ({"no_repeat_ngram_size": -1}, "`no_repeat_ngram_size` must be a non-negative integer.*got -1"),
                   ({"eos_token_id": 10**9}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got 1000000000"),
-                  ({"eos_token_id": [2, 40]}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got \[2, 40\]")]
+                  ({"eos_token_id": [2, 40]}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got \[2, 40\]"),
+                  ({"forced_eos_token_id": 999}, r"`forced_eos_token_id` must lie in the vocabulary.*IndexError"),
+                  ({"forced_bos_token_id": -2}, r"`forced_bos_token_id` must lie in the vocabulary.*got -2"),
+                  ({"suppress_tokens": [3, 999]}, r"`suppress_tokens` must lie in the vocabulary.*it is ignored"),
+                  ({"begin_suppress_tokens": [999]}, r"`begin_suppress_tokens` must lie in the vocabulary")]
 
 
 @pytest.mark.parametrize("kwargs,words", GENERATE_CASES, ids=[str(c[0]) for c in GENERATE_CASES])
