@@ -77,6 +77,11 @@ class MAB(GradientCheckpointingLayer):
         return hidden_states, weights, cross_weights
 
 
+class SAB(MAB):
+    """Set attention block `SAB(X) = MAB(X, X)` (Lee et al. eq. 8): the Set Transformer's encoder layer without
+    inducing points. Its own class so that the model's output recording can tell it from the other MABs."""
+
+
 class ISAB(nn.Module):
     """Induced set attention block: `ISAB_m(X) = MAB(X, MAB(I, X))` with m learned inducing points I (Lee et al. eq. 9)."""
 

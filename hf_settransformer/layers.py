@@ -249,10 +249,14 @@ class InputEmbeddings(nn.Module):
             return sinusoidal_positions(position_ids, self.hidden_size, dtype)
         return self.position_embeddings(position_ids)
 
-    def forward(self, input_ids=None, input_features=None, inputs_embeds=None, position_ids=None):
+    def forward(self, input_ids=None, input_features=None, inputs_embeds=None, position_ids=None, padding=None):
+        """-> (b, n, hidden). `padding` (b, n) bool, True at padding: those vectors are zeroed by selection, not
+        multiplication (NaN x 0 = NaN), so whatever values padding holds (NaN, inf) cannot reach a real element's
+        output through any later sum."""
         x = self.embed(input_ids, input_features, inputs_embeds)
         if self.config.position_embedding_type != "none":
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
             x = x + self.positions(position_ids, x.dtype)
-        return self.dropout(x)
+        x = self.dropout(x)
+        return x if padding is None else x.masked_fill(padding[..., None], 0.0)

@@ -2,6 +2,7 @@
 and mask checks, and the sequence-level heads (classification, next-token prediction) written once."""
 
 import difflib
+import functools
 import inspect
 import math
 import os
@@ -16,6 +17,7 @@ from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import ModelOutput, can_return_tuple, logging
+from transformers.utils.output_capturing import capture_outputs
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import PMA, masked_mean
@@ -228,49 +230,45 @@ def warn_if_no_weights(config, output_attentions):
         )
 
 
-def run_stack(
-    layers,
-    hidden_states,
-    mask,
-    output_attentions,
-    output_hidden_states,
-    context=None,
-    cross_states=None,
-    cross_mask=None,
-    hidden_states_so_far=(),
-    attentions_so_far=(),
-    past_key_values=None,
-    cross_past_key_values=None,
-):
-    """Apply a list of MABs in turn, collecting per-layer states and weights when asked (caches: see `MAB`).
+def record_outputs(func=None, *, tie_last_hidden_states=True):
+    """A base model's forward decorator: transformers' `capture_outputs` (hidden states and attentions recorded by hooks
+    on the modules the class's `_can_record_outputs` names), around which it keeps this package's contract:
 
-    Returns (hidden_states, all hidden states or None, attention weights or None, cross weights or None)."""
-    all_states = hidden_states_so_far + (hidden_states,) if output_hidden_states else None
-    all_weights = attentions_so_far if output_attentions else None
-    all_cross = () if output_attentions and cross_states is not None else None
-    for layer in layers:
-        hidden_states, weights, cross_weights = layer(
-            hidden_states,
-            context,
-            mask=mask,
-            cross_states=cross_states,
-            cross_mask=cross_mask,
-            output_attentions=output_attentions,
-            past_key_values=past_key_values,
-            cross_past_key_values=cross_past_key_values,
-        )
-        if output_hidden_states:
-            all_states += (hidden_states,)
-        if output_attentions:
-            all_weights += (weights,)
-            if all_cross is not None:
-                all_cross += (cross_weights,)
-    return hidden_states, all_states, all_weights, all_cross
+    - the flags take the config's defaults, also when passed positionally (`capture_outputs` reads keywords only);
+      `output_attentions` is False for a kernel that forms no weights (linear attention: `attentions` is None, with a
+      one-time warning, not an empty tuple), and `output_hidden_states` is a flag (any true value: every state);
+    - an attention that recorded nothing (`cross_attentions` of a decoder given no `encoder_hidden_states`) is None;
+    - `return_dict=False`, passed or in the config, gives `to_tuple()`, as `can_return_tuple` does."""
+
+    def decorate(func):
+        names = [n for n, p in inspect.signature(func).parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD][1:]
+        captured = capture_outputs(func, tie_last_hidden_states=tie_last_hidden_states)
+
+        @functools.wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if len(args) > len(names):
+                raise TypeError(f"{type(self).__name__}.forward takes {len(names)} positional inputs, got {len(args)}.")
+            kwargs.update(zip(names, args))
+            return_dict = kwargs.pop("return_dict", None)
+            return_dict = self.config.return_dict if return_dict is None else return_dict
+            attentions, hidden_states = resolve_output_flags(
+                self.config, kwargs.pop("output_attentions", None), kwargs.pop("output_hidden_states", None)
+            )
+            outputs = captured(self, **kwargs, output_attentions=attentions, output_hidden_states=bool(hidden_states),
+                               return_dict=True)
+            empty = [key for key in ("attentions", "cross_attentions") if getattr(outputs, key, None) == ()]
+            if empty:  # a ModelOutput keeps a field set to None in its tuple: build it again without them
+                outputs = type(outputs)(**{key: outputs[key] for key in outputs.keys() if key not in empty})
+            return outputs if return_dict else outputs.to_tuple()
+
+        return wrapper
+
+    return decorate if func is None else decorate(func)
 
 
 def resolve_output_flags(config, output_attentions, output_hidden_states):
     """The flags, with the config's defaults; `output_attentions` is False for a kernel without weights (linear
-    attention reports None, not a tuple of Nones). `return_dict` is `can_return_tuple`'s."""
+    attention reports None, not a tuple of Nones)."""
     output_attentions = config.output_attentions if output_attentions is None else output_attentions
     output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
     warn_if_no_weights(config, output_attentions)
@@ -329,7 +327,7 @@ class HfstPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["MAB", "ISAB", "PMA"]
+    _no_split_modules = ["MAB", "SAB", "ISAB", "PMA"]
     # a row of `attention_mask` with no real element is refused (see `check_input_values`), except by the decoder
     allows_empty_rows = False
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
@@ -471,12 +469,10 @@ class HfstPreTrainedModel(PreTrainedModel):
                 position_ids = (torch.arange(n, device=source.device) + past_length).expand(b, -1)
         if inputs_embeds is not None and inputs_embeds.is_floating_point() and inputs_embeds.dtype != self.dtype:
             inputs_embeds = inputs_embeds.to(self.dtype)  # as `input_features` are: float64 in, the model's dtype out
-        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids)
-        if key_mask is not None:
-            # padded elements are zeroed here, by selection, not multiplication (NaN x 0 = NaN): whatever values
-            # padding holds (NaN, inf), it cannot reach a real element's output through any later sum
-            new = key_mask[:, key_mask.shape[1] - n :] if slots is None else key_mask[:, slots]  # (b, n): new tokens
-            hidden_states = hidden_states.masked_fill(~new[..., None], 0.0)
+        padding = None
+        if key_mask is not None:  # the new tokens' padding, zeroed by the embeddings
+            padding = ~(key_mask[:, key_mask.shape[1] - n :] if slots is None else key_mask[:, slots])  # (b, n)
+        hidden_states = self.embeddings(input_ids, input_features, inputs_embeds, position_ids, padding=padding)
         mask = AttentionMask.build(
             key_mask,
             causal=causal,

@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
@@ -30,8 +31,7 @@ from .modeling_common import (
     check_attention_mask,
     check_token_labels,
     chunked_causal_lm_loss,
-    resolve_output_flags,
-    run_stack,
+    record_outputs,
 )
 
 
@@ -44,7 +44,15 @@ class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
 
 
 class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
-    """Embeddings -> `num_hidden_layers` causal blocks -> final norm."""
+    """Embeddings -> `num_hidden_layers` causal blocks -> final norm. `hidden_states` (the embeddings, then every
+    block's output, the last one after the final norm), `attentions` and `cross_attentions` are recorded by
+    transformers' hooks (`_can_record_outputs`)."""
+
+    _can_record_outputs = {
+        "hidden_states": MAB,
+        "attentions": MAB,
+        "cross_attentions": OutputRecorder(MAB, index=2),  # None per block without `encoder_hidden_states`: no record
+    }
 
     def __init__(self, config):
         super().__init__(config)
@@ -141,7 +149,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         )
         return AttentionMask.build(encoder_key_mask)
 
-    @can_return_tuple
+    @record_outputs
     def forward(
         self,
         input_ids=None,
@@ -168,9 +176,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             one column per slot, 0 past the tokens given so far.
         _labels_to_check: passed by the causal-LM head (see `HfstPreTrainedModel`).
         """
-        output_attentions, output_hidden_states = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states
-        )
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False
@@ -181,28 +186,20 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, position_ids, self_cache, labels=_labels_to_check
         )
         cross_mask = self.cross_mask(encoder_hidden_states, encoder_attention_mask, hidden_states.shape[0])
-        hidden_states, all_states, all_weights, all_cross = run_stack(
-            self.layers,
-            hidden_states,
-            mask,
-            output_attentions,
-            output_hidden_states,
-            cross_states=encoder_hidden_states,
-            cross_mask=cross_mask,
-            past_key_values=self_cache,
-            cross_past_key_values=cross_cache,
-        )
-        hidden_states = self.final_norm(hidden_states)
-        if output_hidden_states:
-            all_states = all_states[:-1] + (hidden_states,)
-        output = BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
+        for layer in self.layers:
+            hidden_states, _, _ = layer(
+                hidden_states,
+                mask=mask,
+                cross_states=encoder_hidden_states,
+                cross_mask=cross_mask,
+                output_attentions=output_attentions,
+                past_key_values=self_cache,
+                cross_past_key_values=cross_cache,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=self.final_norm(hidden_states),
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=all_states,
-            attentions=all_weights,
-            cross_attentions=all_cross,
         )
-        return output
 
 
 class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedModel, GenerationMixin):

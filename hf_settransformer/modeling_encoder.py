@@ -8,8 +8,6 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.utils import can_return_tuple
-
 from .blocks import MAB
 from .configuration_encoder import TransformerEncoderConfig
 from .layers import InputEmbeddings, make_norm
@@ -18,8 +16,7 @@ from .modeling_common import (
     ForNextTokenPredictionMixin,
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
-    resolve_output_flags,
-    run_stack,
+    record_outputs,
 )
 
 
@@ -36,7 +33,11 @@ class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
 
 
 class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
-    """Embeddings -> `num_hidden_layers` self-attention blocks -> final norm. Output: `BaseModelOutput`."""
+    """Embeddings -> `num_hidden_layers` self-attention blocks -> final norm. Output: `BaseModelOutput`, whose
+    `hidden_states` (the embeddings, then every block's output, the last one after the final norm) and `attentions`
+    are recorded by transformers' hooks (`_can_record_outputs`)."""
+
+    _can_record_outputs = {"hidden_states": MAB, "attentions": MAB}
 
     def __init__(self, config):
         super().__init__(config)
@@ -46,7 +47,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    @can_return_tuple
+    @record_outputs
     def forward(
         self,
         input_ids=None,
@@ -66,9 +67,6 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         for a causal encoder whose first `prefix_length` positions attend to each other bidirectionally (the
         many-target next-token head).
         _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
-        output_attentions, output_hidden_states = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states
-        )
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
             input_features,
@@ -79,19 +77,12 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
             prefix_length=prefix_length or 0,
             labels=_labels_to_check,
         )
-        hidden_states, all_states, all_weights, _ = run_stack(
-            self.layers, hidden_states, mask, output_attentions, output_hidden_states
-        )
-        hidden_states = self.final_norm(hidden_states)
-        if output_hidden_states:
-            all_states = all_states[:-1] + (hidden_states,)
-        output = TransformerEncoderModelOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_states,
-            attentions=all_weights,
+        for layer in self.layers:
+            hidden_states, _, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
+        return TransformerEncoderModelOutput(
+            last_hidden_state=self.final_norm(hidden_states),
             key_mask=mask.key_mask if _return_key_mask else None,
         )
-        return output
 
 
 class TransformerEncoderForMaskedLM(ForMaskedLMMixin, TransformerEncoderPreTrainedModel):

@@ -10,7 +10,7 @@ inputs (`output_query_type="inputs"`, one per input position), their position em
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask
 from .blocks import MAB
@@ -23,8 +23,7 @@ from .modeling_common import (
     HfstPreTrainedModel,
     PerceiverIOModelOutput,
     check_prefix_length,
-    resolve_output_flags,
-    run_stack,
+    record_outputs,
 )
 
 
@@ -33,6 +32,27 @@ class PerceiverIOPreTrainedModel(HfstPreTrainedModel):
 
 
 class PerceiverIOModel(PerceiverIOPreTrainedModel):
+    """Embeddings -> latents cross-attending to them -> `num_blocks` x the latent self-attention layers -> latent norm
+    -> output queries cross-attending to the latents -> final norm.
+
+    Recorded by transformers' hooks (`_can_record_outputs`): `hidden_states`, the embedded inputs (the embeddings'
+    output: they are no block's input), the latents after the cross-attention and after every self-attention layer,
+    the last one before the latent norm (not tied to `last_hidden_state`, the decoded queries); `attentions`, the
+    latent self-attentions'; `cross_attentions`, the encoder's then the decoder's cross-attention."""
+
+    _can_record_outputs = {
+        "hidden_states": [
+            OutputRecorder(InputEmbeddings, capture_initial_hidden_state=False),
+            OutputRecorder(MAB, index=0, layer_name="encoder_cross_attention", capture_initial_hidden_state=False),
+            OutputRecorder(MAB, index=0, layer_name="latent_layers", capture_initial_hidden_state=False),
+        ],
+        "attentions": OutputRecorder(MAB, index=1, layer_name="latent_layers"),
+        "cross_attentions": [
+            OutputRecorder(MAB, index=1, layer_name="encoder_cross_attention"),
+            OutputRecorder(MAB, index=1, layer_name="decoder_cross_attention"),
+        ],
+    }
+
     def __init__(self, config):
         super().__init__(config)
         heads = config.num_cross_attention_heads
@@ -51,7 +71,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    @can_return_tuple
+    @record_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         input_ids=None,
@@ -72,44 +92,28 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         i cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
         querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target.
         _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
-        output_attentions, output_hidden_states = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states
-        )
         inputs, position_ids, mask = self.embed_inputs(
             input_ids, input_features, inputs_embeds, attention_mask, position_ids, labels=_labels_to_check
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
         latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length)
-        latents, enc_weights, _ = self.encoder_cross_attention(
+        latents, _, _ = self.encoder_cross_attention(
             latents, inputs, mask=cross_mask, output_attentions=output_attentions
         )  # (b, num_latents or t, hidden)
-        all_states = (inputs, latents) if output_hidden_states else None
-        all_weights = () if output_attentions else None
         for _ in range(self.config.num_blocks):  # the same weights every time
-            latents, all_states, all_weights, _ = run_stack(
-                self.latent_layers,
-                latents,
-                self_mask,
-                output_attentions,
-                output_hidden_states,
-                hidden_states_so_far=all_states[:-1] if output_hidden_states else (),
-                attentions_so_far=all_weights or (),
-            )
+            for layer in self.latent_layers:
+                latents, _, _ = layer(latents, mask=self_mask, output_attentions=output_attentions)
         latents = self.latent_norm(latents)
         # Perceiver AR: latent i decodes target i, reading the latents up to it
         queries = self.decoder_queries(inputs, position_ids, b, n) if prefix_length is None else latents
-        outputs, dec_weights, _ = self.decoder_cross_attention(
+        outputs, _, _ = self.decoder_cross_attention(
             queries, latents, mask=self_mask, output_attentions=output_attentions
         )  # (b, q or t, hidden)
-        output = PerceiverIOModelOutput(
+        return PerceiverIOModelOutput(
             last_hidden_state=self.final_norm(outputs),
             latent_hidden_state=latents,
-            hidden_states=all_states,
-            attentions=all_weights,
-            cross_attentions=(enc_weights, dec_weights) if output_attentions else None,
             key_mask=mask.key_mask if _return_key_mask else None,
         )
-        return output
 
     def initial_latents(self, inputs, mask, prefix_length):
         """-> (latents (b, num_latents or t, hidden), the encoder cross-attention's mask, the latents' mask). Perceiver

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask
-from .blocks import ISAB, MAB, PMA, masked_mean
+from .blocks import ISAB, MAB, PMA, SAB, masked_mean
 from .configuration_set_transformer import SetTransformerConfig
 from .layers import InputEmbeddings, make_norm
 from .modeling_common import (
@@ -24,8 +25,7 @@ from .modeling_common import (
     ForSequenceClassificationMixin,
     HfstPreTrainedModel,
     SetModelOutput,
-    resolve_output_flags,
-    run_stack,
+    record_outputs,
 )
 
 
@@ -35,12 +35,21 @@ class SetTransformerPreTrainedModel(HfstPreTrainedModel):
 
 class SetTransformerModel(SetTransformerPreTrainedModel):
     """Encoder: `num_hidden_layers` ISAB_m (SAB when `num_inducing_points=0`) + norm -> `last_hidden_state`.
-    Decoder: PMA_k, `num_decoder_layers` SABs + norm -> `pooler_output` (b, k, hidden)."""
+    Decoder: PMA_k, `num_decoder_layers` SABs + norm -> `pooler_output` (b, k, hidden).
+
+    Recorded by transformers' hooks (`_can_record_outputs`): `hidden_states`, the embeddings and every encoder layer's
+    output (the last one after the encoder norm, as `last_hidden_state`); `attentions`, every MAB's weights in the order
+    they run (two per ISAB, then the PMA's, then the decoder's)."""
+
+    _can_record_outputs = {
+        "hidden_states": [OutputRecorder(ISAB, index=0), OutputRecorder(SAB, index=0, layer_name="encoder_layers")],
+        "attentions": MAB,
+    }
 
     def __init__(self, config):
         super().__init__(config)
         self.embeddings = InputEmbeddings(config)
-        block = ISAB if config.num_inducing_points > 0 else MAB
+        block = ISAB if config.num_inducing_points > 0 else SAB
         self.encoder_layers = nn.ModuleList([block(config) for _ in range(config.num_hidden_layers)])
         self.encoder_norm = make_norm(config)
         self.pma = PMA(config, num_seeds=config.num_seeds)
@@ -49,7 +58,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    @can_return_tuple
+    @record_outputs
     def forward(
         self,
         input_ids=None,
@@ -70,9 +79,6 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         element (b, n - prefix_length, hidden), whose query is the seed plus that element's state and whose keys stop at
         it; the decoder SABs run causally over them.
         _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
-        output_attentions, output_hidden_states = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states
-        )
         causal = prefix_length is not None
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
@@ -85,41 +91,25 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         )
         masks = self.build_masks(mask, hidden_states.shape[:2], prefix_length, hidden_states.device)
 
-        all_states = (hidden_states,) if output_hidden_states else None
-        all_weights = () if output_attentions else None
         for layer in self.encoder_layers:
             if isinstance(layer, ISAB):
-                hidden_states, weights = layer(
+                hidden_states, _ = layer(
                     hidden_states, masks["induce"], output_attentions, masks["broadcast"], keys_from=prefix_length
                 )
             else:
-                hidden_states, weights, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
-                weights = (weights,)
-            if output_hidden_states:
-                all_states += (hidden_states,)
-            if output_attentions:
-                all_weights += weights
+                hidden_states, _, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
         hidden_states = self.encoder_norm(hidden_states)
-        if output_hidden_states:
-            all_states = all_states[:-1] + (hidden_states,)
 
         # causal: one pooled vector per target element (b, t, hidden), its query the seed plus the element's state
         queries = None if prefix_length is None else hidden_states[:, prefix_length:]
-        pooled, weights = self.pma(hidden_states, masks["pool"], output_attentions, queries=queries)  # (b, k|t, hidden)
-        if output_attentions:
-            all_weights += (weights,)
-        pooled, _, all_weights, _ = run_stack(
-            self.decoder_layers, pooled, masks["decoder"], output_attentions, False, attentions_so_far=all_weights or ()
-        )
-        pooled = self.decoder_norm(pooled)
-        output = SetModelOutput(
+        pooled, _ = self.pma(hidden_states, masks["pool"], output_attentions, queries=queries)  # (b, k|t, hidden)
+        for layer in self.decoder_layers:
+            pooled, _, _ = layer(pooled, mask=masks["decoder"], output_attentions=output_attentions)
+        return SetModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_states,
-            attentions=all_weights,
+            pooler_output=self.decoder_norm(pooled),
             key_mask=mask.key_mask if _return_key_mask else None,
         )
-        return output
 
     def build_masks(self, mask, shape, prefix_length, device):
         """Every mask of the forward, from `embed_inputs`' `mask`: {"induce", "broadcast"} for the ISABs (a SAB reads
