@@ -4,32 +4,29 @@ our metric next to the paper's (Lee et al. 2019), training time.
     python scripts/set_results.py outputs/sets                                  # prints the markdown table
     python scripts/set_results.py outputs/sets --copy_to results/sets   # and keeps the JSON files
 
-Training times are this machine's, as the runs recorded them (see each run's `threads`).
+Training times are this machine's, as the runs recorded them (see each run's `threads`). Each task's metric, its
+format and order are its row of `OBJECTIVES` (`hf_settransformer.toolkit.set_tasks`).
 """
 
 import argparse
 from pathlib import Path
 
+from hf_settransformer.toolkit import set_objectives
 from results_common import check_folders, keep, read_results
 
-ORDER = ["max_regression", "mixture_of_gaussians", "point_clouds"]
-METRIC = {
-    "max_regression": ("mae", "MAE", "{:.4f}"),
-    "mixture_of_gaussians": ("log_likelihood_per_point", "log-likelihood / point", "{:.4f}"),
-    "point_clouds": ("accuracy", "accuracy", "{:.3f}"),
-}
 BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
 
 
 def load(folders):
+    tasks = list(set_objectives())  # the table's order: the rows'
     runs = []
     for folder in folders:
         for path in sorted(Path(folder).glob("**/all_results.json")):
             result = read_results(path)
-            if result is not None and result.get("task") in METRIC:
+            if result is not None and result.get("task") in tasks:
                 result["name"], result["path"] = path.parent.name, path
                 runs.append(result)
-    runs.sort(key=lambda r: (ORDER.index(r["task"]), r["model"].startswith("deepsets"), r["model"], r["name"]))
+    runs.sort(key=lambda r: (tasks.index(r["task"]), r["model"].startswith("deepsets"), r["model"], r["name"]))
     return runs
 
 
@@ -38,7 +35,7 @@ def paper_value(run):
     model = run["model"]
     key = BASELINES.get(model, model.split(",")[0])  # "ISAB(16)+PMA, softmax" -> "ISAB(16)+PMA"
     value = run.get("paper", {}).get(key)
-    return "-" if value is None else METRIC[run["task"]][2].format(value)
+    return "-" if value is None else set_objectives()[run["task"]].metric[2].format(value)
 
 
 def split_model(model):
@@ -74,14 +71,12 @@ def table(runs):
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        key, label, fmt = METRIC[r["task"]]
-        ours = fmt.format(r[key])
-        if r["task"] == "mixture_of_gaussians":
-            ours += f" (oracle {r['oracle_log_likelihood_per_point']:.4f})"
+        task = set_objectives()[r["task"]]
         blocks, attention = split_model(r["model"])
         lines.append(
-            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | "
-            f"{steps(r)} | {r.get('lr_scheduler', '?')} | {label} | {ours} | {paper_value(r)} | {training_time(r)} |"
+            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {steps(r)} | "
+            f"{r.get('lr_scheduler', '?')} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
+            f"{training_time(r)} |"
         )
     return "\n".join(lines)
 

@@ -79,7 +79,6 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
     MLM_PROBABILITY,
-    OBJECTIVES,
     CheckedTrainingArguments,
     PerplexityLoggingTrainer,
     auto_class_for_flag,
@@ -93,6 +92,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     fast_bf16_available,
     gpu_training_defaults,
     lm_flops_per_token,
+    lm_objectives,
     lm_training_dataset,
     load_pretrained,
     lock_output_dir,
@@ -230,7 +230,7 @@ class ModelArguments:
         default="next_token",
         metadata={"help": "next_token: causal LM (decoder) or next-token head; mlm: masked LM (encoder, perceiver_io; "
                   "the fill-mask pipeline), 15%% of each block masked (--mlm_probability).",
-                  "choices": sorted({objective.flag for objective in OBJECTIVES.values()})},
+                  "choices": sorted({objective.flag for objective in lm_objectives().values()})},
     )
 
 
@@ -796,7 +796,7 @@ def check_arguments(model_args, data_args, training_args):
         )
     auto_name = auto_class_for_flag(model_args.objective).__name__
     if auto_name not in hfst.FAMILIES[model_args.family].models:
-        heads = sorted({o.head for o in OBJECTIVES.values() if o.flag == model_args.objective})
+        heads = sorted({o.head for o in lm_objectives().values() if o.flag == model_args.objective})
         able = [name for name, family in hfst.FAMILIES.items() if auto_name in family.models]
         raise SystemExit(
             f"--objective {model_args.objective} needs a family with a {' or '.join(heads)} head ({auto_name}): "

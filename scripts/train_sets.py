@@ -35,16 +35,11 @@ from transformers.utils import logging as transformers_logging
 
 from hf_settransformer import SetTransformerConfig
 from hf_settransformer.toolkit import (
-    PAPER_RESULTS,
-    SHAPES,
-    TASK_HEADS,
     CheckedTrainingArguments,
     DataCollatorForSets,
     DeepSetsBaseline,
     check_checkpoint_matches,
     check_output_dir,
-    evaluate_set_task,
-    l1_loss,
     load_pretrained,
     lock_output_dir,
     log_to_stdout,
@@ -52,6 +47,8 @@ from hf_settransformer.toolkit import (
     make_set_task,
     resolve_resume,
     save_model_atomically,
+    set_objective,
+    set_objectives,
     timed_callbacks,
     train_unless_finished,
     write_text_atomically,
@@ -60,10 +57,17 @@ from hf_settransformer.toolkit import (
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 
 
+def task_defaults(key):
+    """Each task's default for the flag `key` (its row's `defaults`), for the help: "64 / 128 / 128"."""
+    return " / ".join(f"{row.defaults[key]:g}" for row in set_objectives().values())
+
+
 @dataclass
 class SetArguments:
     task: str = field(
-        default="max_regression", metadata={"choices": ["max_regression", "mixture_of_gaussians", "point_clouds"]}
+        default="max_regression",
+        metadata={"help": "a set-task row of OBJECTIVES (hf_settransformer.toolkit.set_tasks)",
+                  "choices": list(set_objectives())},
     )
     model: str = field(
         default="set_transformer",
@@ -84,18 +88,24 @@ class SetArguments:
         default=None,
         metadata={"help": "pre-norm of every block, default scalenorm", "choices": ["scalenorm", "layernorm"]},
     )
-    num_inducing_points: int | None = field(default=None, metadata={"help": "m of ISAB, 0 for SAB (task default)"})
-    hidden_size: int | None = field(default=None, metadata={"help": "task default: 64 / 128 / 128"})
+    num_inducing_points: int | None = field(
+        default=None, metadata={"help": f"m of ISAB, 0 for SAB (task default {task_defaults('num_inducing_points')})"}
+    )
+    hidden_size: int | None = field(default=None, metadata={"help": f"task default: {task_defaults('hidden_size')}"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "default 4"})
     num_hidden_layers: int | None = field(default=None, metadata={"help": "ISABs or SABs before pooling, default 2"})
-    num_decoder_layers: int | None = field(default=None, metadata={"help": "SABs after PMA (task default 0 / 1 / 0)"})
+    num_decoder_layers: int | None = field(
+        default=None, metadata={"help": f"SABs after PMA (task default {task_defaults('num_decoder_layers')})"}
+    )
     initializer_range: float | None = field(
-        default=None, metadata={"help": "std of the normal init of the linear layers (task default 0.02 / 0.05 / 0.02)"}
+        default=None,
+        metadata={"help": "std of the normal init of the linear layers (task default "
+                          f"{task_defaults('initializer_range')})"},
     )
     train_sets: int = field(default=10_000_000, metadata={"help": "size of the (generated) training index range"})
     eval_sets: int = field(default=1000, metadata={"help": "fresh sets for the final evaluation"})
-    min_size: int | None = None
-    max_size: int | None = None
+    min_size: int | None = field(default=None, metadata={"help": f"task default {task_defaults('min_size')}"})
+    max_size: int | None = field(default=None, metadata={"help": f"task default {task_defaults('max_size')}"})
     max_values: str = field(
         default="real",
         metadata={"help": "max_regression values: real (paper) or integer", "choices": ["real", "integer"]},
@@ -111,31 +121,7 @@ class SetArguments:
     )
 
 
-# initializer_range: transformers' 0.02 learns the mixture of Gaussians slowly; 0.05 (about PyTorch's default for a
-# 128-wide nn.Linear, 1 / sqrt(3 * 128), which the paper's code keeps) gave a training loss 0.22 lower at 1,500 steps
-# on the same batches (2.106 vs 2.327) and -1.4814 per point after 30,000 steps against -1.5594 (docs/set_transformer.md).
-# The other tasks' results were made with 0.02.
-TASK_DEFAULTS = {
-    "max_regression": dict(
-        hidden_size=64, num_inducing_points=0, num_decoder_layers=0, initializer_range=0.02, min_size=1, max_size=10
-    ),
-    "mixture_of_gaussians": dict(
-        hidden_size=128,
-        num_inducing_points=16,
-        num_decoder_layers=1,
-        initializer_range=0.05,
-        min_size=300,
-        max_size=600,
-    ),
-    "point_clouds": dict(
-        hidden_size=128,
-        num_inducing_points=16,
-        num_decoder_layers=0,
-        initializer_range=0.02,
-        min_size=1000,
-        max_size=4000,
-    ),
-}
+# every task's defaults; each task's own are its row's `defaults` (hf_settransformer/toolkit/set_tasks.py)
 MODEL_DEFAULTS = dict(
     attention_type="softmax", feature_map="elu", norm_type="scalenorm", num_attention_heads=4, num_hidden_layers=2
 )
@@ -145,10 +131,10 @@ ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_deco
 
 def build_model(args):
     """A new model: the task's Set Transformer head from the arguments, or the rFF+pooling baseline of --model."""
+    task = set_objective(args.task)
     if args.model != "set_transformer":
-        out = len(SHAPES) if args.task == "point_clouds" else 1
-        dims = 3 if args.task == "point_clouds" else 1
-        return DeepSetsBaseline(input_size=dims, hidden=args.hidden_size, out=out, pooling=args.model.split("_")[1])
+        return DeepSetsBaseline(input_size=task.config["input_size"], hidden=args.hidden_size,
+                                out=task.config["num_labels"], pooling=args.model.split("_")[1])
     common = dict(
         hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads,
@@ -163,14 +149,13 @@ def build_model(args):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    model_class, needs = TASK_HEADS[args.task]
-    if args.task == "max_regression":
-        common["problem_type"] = "regression"
+    if task.problem_type:
+        common["problem_type"] = task.problem_type
     try:
-        config = SetTransformerConfig(**needs, **common)
+        config = SetTransformerConfig(**task.config, **common)
     except ValueError as err:  # a config field is the flag of the same name
         raise SystemExit(f"Invalid model configuration (flags of the same names): {err}") from None
-    return model_class(config)
+    return task.head(config)
 
 
 def load_model(args):
@@ -181,7 +166,8 @@ def load_model(args):
     given = [f"--{key}" for key in ARCHITECTURE if getattr(args, key) is not None]
     if given:
         raise SystemExit(f"{', '.join(given)}: the model comes from --model_name_or_path, whose config sets these.")
-    model_class, needs = TASK_HEADS[args.task]
+    task = set_objective(args.task)
+    model_class, needs = task.head, task.config
     config = load_pretrained("--model_name_or_path", args.model_name_or_path, SetTransformerConfig.from_pretrained)
     wrong = {key: getattr(config, key, None) for key, value in needs.items() if getattr(config, key, None) != value}
     if wrong or model_class.__name__ not in (config.architectures or []):
@@ -197,8 +183,9 @@ def load_model(args):
 
 def check_arguments(args):
     """Refuses values that would train or evaluate something meaningless, naming the flag."""
-    if args.model != "set_transformer" and args.task == "mixture_of_gaussians":
-        raise SystemExit("The rFF+pooling baselines are implemented for max_regression and point_clouds.")
+    if args.model != "set_transformer" and not set_objective(args.task).baselines:
+        able = [name for name, row in set_objectives().items() if row.baselines]
+        raise SystemExit(f"The rFF+pooling baselines are implemented for {' and '.join(able)}.")
     if args.model != "set_transformer":  # an rFF + pooling: no attention, no blocks to set
         given = [name for name in ("attention_type", "feature_map", "norm_type", "num_inducing_points",
                                    "num_attention_heads", "num_hidden_layers", "num_decoder_layers")
@@ -224,8 +211,7 @@ def check_arguments(args):
 def datasets(args, seed):
     """The training sets (a large index range) and the fresh evaluation sets (another seed)."""
     options = dict(min_size=args.min_size, max_size=args.max_size)
-    if args.task == "max_regression":
-        options.update(values=args.max_values, scale=args.value_scale)
+    options.update({option: getattr(args, flag) for option, flag in set_objective(args.task).dataset_flags.items()})
     return (make_set_task(args.task, args.train_sets, seed, **options),
             make_set_task(args.task, args.eval_sets, seed + 1_000_000, **options))
 
@@ -271,8 +257,9 @@ def run(args, training_args):
     """main's work, under the output folder's lock."""
     check_output_dir(training_args, args.overwrite_output_dir, script="train_sets")
     set_seed(training_args.seed)
+    task = set_objective(args.task)
     model = load_model(args) if args.model_name_or_path else None
-    for key, value in {**MODEL_DEFAULTS, **TASK_DEFAULTS[args.task]}.items():
+    for key, value in {**MODEL_DEFAULTS, **task.defaults}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     train_dataset, eval_dataset = datasets(args, training_args.seed)
@@ -280,8 +267,8 @@ def run(args, training_args):
     parameters, name = sum(p.numel() for p in model.parameters()), describe_model(args)
     logger.info(f"[train_sets] {args.task}: {name}, {parameters:,} parameters")
     training_args.remove_unused_columns = False
-    if args.task == "mixture_of_gaussians":
-        training_args.label_names = []  # the points are the targets: the model returns the loss itself
+    if task.label_names is not None:
+        training_args.label_names = list(task.label_names)
     # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
     # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
     resume = resolve_resume(training_args, script="train_sets")
@@ -293,7 +280,7 @@ def run(args, training_args):
         args=training_args,
         train_dataset=train_dataset,
         data_collator=DataCollatorForSets(),
-        compute_loss_func=l1_loss if args.task == "max_regression" and args.model == "set_transformer" else None,
+        compute_loss_func=task.loss if args.model == "set_transformer" else None,  # the rFF baselines: their own
         callbacks=callbacks,
     )
     start = time.time()
@@ -322,8 +309,9 @@ def run(args, training_args):
         results.update({key: getattr(args, key) for key in
                         ("hidden_size", "num_hidden_layers", "num_decoder_layers", "initializer_range")})
     eval_batch = training_args.per_device_eval_batch_size
-    results.update(evaluate_set_task(trainer.model, args.task, eval_dataset, eval_batch, args.value_scale))
-    results["paper"] = PAPER_RESULTS.get(args.task, {})
+    logger.info(f"[train_sets] evaluation: {task.protocol} ({len(eval_dataset):,} sets)")
+    results.update(task.evaluate(trainer.model, eval_dataset, eval_batch, args.value_scale))
+    results["paper"] = dict(task.paper)
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         logger.info("[train_sets] " + json.dumps(results, indent=1))

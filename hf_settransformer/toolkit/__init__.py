@@ -1,6 +1,6 @@
 """The toolkit of hf_settransformer: what trains, evaluates and publishes the models, as the scripts in `scripts/`
 use it. The table of training objectives (`objectives`), language-modelling data and evaluation
-(`language_modeling`), the Set Transformer paper's set tasks (`set_tasks`, `data`), training around the Trainer:
+(`language_modeling`), the Set Transformer paper's set tasks and their rows of the table (`set_tasks`, `data`), training around the Trainer:
 time budgets, resumable checkpoints, output-folder locks, Hub uploads (`training`), and model cards (`cards`, with
 their templates as package data).
 
@@ -44,15 +44,19 @@ from .objectives import (
     OBJECTIVES,
     Evaluation,
     Objective,
+    SetObjective,
     auto_class_for_flag,
     evaluate_perplexity,
     evaluate_stream,
     evaluation_protocol,
     example_length,
     is_masked_lm,
+    lm_objectives,
     lm_training_dataset,
     objective_of,
     register_objective,
+    set_objective,
+    set_objectives,
 )
 from .set_tasks import (
     PAPER_RESULTS,
@@ -186,6 +190,7 @@ __all__ = [
     "load_pretrained",
     "lm_flops_per_token",
     "lm_model_card_fields",
+    "lm_objectives",
     "lm_training_dataset",
     "lock_output_dir",
     "make_set_task",
@@ -207,6 +212,8 @@ __all__ = [
     "restore_use_cache",
     "run_environment",
     "sample_shape",
+    "set_objective",
+    "set_objectives",
     "save_model_atomically",
     "selected_checkpoint",
     "target_window_logits",
@@ -232,6 +239,7 @@ __all__ = [
     "OutputDirLockedError",
     "PerplexityLoggingTrainer",
     "PointClouds",
+    "SetObjective",
     "TargetWindowDataset",
     "TimeBudgetCallback",
     "TimedEvalCallback",

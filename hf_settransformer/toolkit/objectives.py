@@ -6,10 +6,15 @@ read `config.next_token_mode`); `objective_of(model)` finds its row. Everything 
 example length, the training dataset and collator, the evaluation protocol and the sentence that names it, the model
 card's template and design line) is read from the row, here and in `scripts/train_lm.py`. A new objective is one
 `register_objective(Objective(...))` plus its functions (README, "Extending: an objective").
+
+The Set Transformer paper's synthetic tasks are rows too, of their own type (`SetObjective`: dataset, head and config,
+loss, metric, the paper's figures, `scripts/train_sets.py`'s defaults), registered in `set_tasks` beside their
+datasets and metrics; `scripts/train_sets.py` and `scripts/set_results.py` read them. `lm_objectives()` and
+`set_objectives()` are the two kinds of row.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -83,7 +88,49 @@ class Objective:
     eval_batch_factor: int = 2
 
 
-OBJECTIVES: dict[str, Objective] = {}
+@dataclass(frozen=True)
+class SetObjective:
+    """One set-task row of `OBJECTIVES` (Lee et al. 2019's synthetic tasks, `set_tasks`), which
+    `scripts/train_sets.py` trains and `scripts/set_results.py` tabulates.
+
+    name: `train_sets.py --task`, and all_results.json's "task". dataset: its class, built as
+    dataset(size, seed, **options); dataset_flags: dataset option -> the train_sets.py flag that sets it (besides
+    min_size and max_size, which every task takes). head: the Set Transformer head that learns it; config: the config
+    values the task needs (a checkpoint it continues must have them); problem_type: the config's, where one is set.
+    loss: the Trainer's `compute_loss_func` for that head (None: the head's own loss). label_names: the Trainer's
+    (None: its default; () where the inputs are the targets and the head returns the loss itself).
+    evaluate(model, dataset, batch_size, value_scale) -> the task's metrics on every set of `dataset`.
+    metric: (key, label, format) of the figure the results table shows; reference: (key, label) of one shown beside it
+    in brackets. paper: the paper's figures by model ("SAB+PMA", "rFF+max"). defaults: train_sets.py's values for
+    flags left unset. baselines: whether the rFF+pooling baselines (`DeepSetsBaseline`, config's input_size ->
+    num_labels) learn it. protocol: the evaluation in words (train_sets.py's log)."""
+
+    name: str
+    dataset: type
+    head: type
+    config: dict
+    evaluate: Callable
+    metric: tuple
+    protocol: str
+    defaults: dict
+    dataset_flags: dict = field(default_factory=dict)
+    problem_type: str | None = None
+    loss: Callable | None = None
+    label_names: tuple | None = None
+    reference: tuple | None = None
+    paper: dict = field(default_factory=dict)
+    baselines: bool = False
+
+    def metric_text(self, results):
+        """The metric of a run's `results` as the results table shows it: "0.0179", "-1.5123 (oracle -1.4700)"."""
+        key, _, form = self.metric
+        text = form.format(results[key])
+        if self.reference:
+            text += f" ({self.reference[1]} {form.format(results[self.reference[0]])})"
+        return text
+
+
+OBJECTIVES: dict[str, Objective | SetObjective] = {}
 
 
 def register_objective(objective):
@@ -102,12 +149,31 @@ def objective_of(model):
     return OBJECTIVES[name]
 
 
+def lm_objectives():
+    """The language-modelling rows of `OBJECTIVES` (`Objective`: train_lm.py's), by name, in registration order."""
+    return {name: row for name, row in OBJECTIVES.items() if isinstance(row, Objective)}
+
+
+def set_objectives():
+    """The set-task rows of `OBJECTIVES` (`SetObjective`: train_sets.py's), by name, in registration order."""
+    return {name: row for name, row in OBJECTIVES.items() if isinstance(row, SetObjective)}
+
+
+def set_objective(task):
+    """The set-task row named `task` (`train_sets.py --task`)."""
+    rows = set_objectives()
+    if task not in rows:
+        raise ValueError(f"Unknown set task {task!r}: choose one of {sorted(rows)}.")
+    return rows[task]
+
+
 def auto_class_for_flag(flag):
     """The transformers Auto class that builds heads for `train_lm.py --objective flag`."""
-    names = {o.auto_class for o in OBJECTIVES.values() if o.flag == flag}
+    rows = lm_objectives().values()
+    names = {o.auto_class for o in rows if o.flag == flag}
     if len(names) != 1:
         raise ValueError(f"--objective {flag!r} names {len(names)} Auto classes; expected one of "
-                         f"{sorted({o.flag for o in OBJECTIVES.values()})}.")
+                         f"{sorted({o.flag for o in rows})}.")
     return getattr(transformers, names.pop())
 
 
