@@ -188,6 +188,8 @@ def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="
         raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
     if not _import_triton():
         raise ImportError("fused_linear_attention_step needs triton (`pip install triton`).")
+    if q.shape[2] != 1 or k.shape[2] != 1 or v.shape[2] != 1:
+        raise ValueError(f"`fused_linear_attention_step` takes one token; got q {tuple(q.shape)}, k {tuple(k.shape)}.")
     b, h, _, d = q.shape
     e = v.shape[-1]
     exp = feature_map == "exp"

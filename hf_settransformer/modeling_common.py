@@ -275,8 +275,6 @@ def resolve_output_flags(config, output_attentions, output_hidden_states):
     return output_attentions and attention_kernel(config).returns_weights, output_hidden_states
 
 
-# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
-# the range): name -> (test, the range in words). NaN fails every test.
 # generate()'s token-id arguments, and what an id outside the vocabulary did in transformers 5.23
 GENERATION_TOKEN_IDS = {
     "pad_token_id": "generate() emits it as padding",
@@ -299,6 +297,8 @@ def check_generation_token_ids(generation_config, vocab_size):
             raise ValueError(f"`{name}` must lie in the vocabulary [0, {vocab_size - 1}], got {value!r}: {effect}.")
 
 
+# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
+# the range): name -> (test, the range in words). NaN fails every test.
 GENERATION_RANGES = {
     "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
     "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
@@ -834,14 +834,23 @@ def _refuse_labels(labels):
 
 
 def class_labels_to_check(labels, config):
-    """A classification head's labels for its base model's one read: integer class indices of a single-label problem
-    (as `check_classification_labels` infers it) as `ClassLabels`, else nothing (their dtype and shape are checked
-    after the forward)."""
-    if not torch.is_tensor(labels) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    """A classification head's labels for its base model's one read: the class indices of a single-label problem (as
+    `problem_type_of` infers it) as `ClassLabels`, else nothing (their dtype and shape are checked after the
+    forward)."""
+    if not torch.is_tensor(labels):
         return ()
-    if config.problem_type not in (None, "single_label_classification") or config.num_labels == 1:
-        return ()
-    return (ClassLabels(labels, config.num_labels),)
+    problem, integer = problem_type_of(labels, config.num_labels, config)
+    return (ClassLabels(labels, config.num_labels),) if problem == "single_label_classification" and integer else ()
+
+
+def problem_type_of(labels, num_labels, config):
+    """(`config.problem_type`, or what transformers infers from the labels as `ForSequenceClassificationLoss` does;
+    whether the labels are integers)."""
+    integer = not labels.is_floating_point() and labels.dtype != torch.bool and not labels.is_complex()
+    problem = config.problem_type or (
+        "regression" if num_labels == 1 else "single_label_classification" if integer else "multi_label_classification"
+    )
+    return problem, integer
 
 
 def check_classification_labels(labels, logits, config):
@@ -853,10 +862,7 @@ def check_classification_labels(labels, logits, config):
     if not torch.is_tensor(labels):
         raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
     batch, num_labels = logits.shape
-    integer = not labels.is_floating_point() and labels.dtype != torch.bool and not labels.is_complex()
-    problem = config.problem_type or (
-        "regression" if num_labels == 1 else "single_label_classification" if integer else "multi_label_classification"
-    )
+    problem, integer = problem_type_of(labels, num_labels, config)
     got = f"got {labels.dtype} of shape {tuple(labels.shape)}"
     if problem == "single_label_classification":
         if not integer or labels.shape not in ((batch,), (batch, 1)):

@@ -705,6 +705,8 @@ def test_fused_step_equals_the_pytorch_step(feature_map, start):
         )
     mask = torch.tensor([[True], [False]], device=DEVICE)  # row 1's key is padding
     drop = torch.tensor([[[True], [False]], [[True], [True]]], device=DEVICE)  # head 1 of row 0 drops its key
+    with pytest.raises(ValueError, match="takes one token"):
+        fused_linear_attention_step(*_qkv(2), feature_map=feature_map)
     out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
     want, want_new = _linear_attention_step(q, k, v, state, _with_dropped(mask, drop), feature_map)
     _assert_close(out, want, 1e-6, 1e-5, "out")
