@@ -236,7 +236,8 @@ def record_outputs(func=None, *, tie_last_hidden_states=True):
 
     - the flags take the config's defaults, also when passed positionally (`capture_outputs` reads keywords only);
       `output_attentions` is False for a kernel that forms no weights (linear attention: `attentions` is None, with a
-      one-time warning, not an empty tuple), and `output_hidden_states` is a flag (any true value: every state);
+      one-time warning, not an empty tuple); `output_hidden_states` is a flag, or as in transformers an index or a
+      list of indices (negative ones counted from the end) selecting the states kept, the others None;
     - an attention that recorded nothing (`cross_attentions` of a decoder given no `encoder_hidden_states`) is None;
     - `return_dict=False`, passed or in the config, gives `to_tuple()`, as `can_return_tuple` does."""
 
@@ -254,7 +255,7 @@ def record_outputs(func=None, *, tie_last_hidden_states=True):
             attentions, hidden_states = resolve_output_flags(
                 self.config, kwargs.pop("output_attentions", None), kwargs.pop("output_hidden_states", None)
             )
-            outputs = captured(self, **kwargs, output_attentions=attentions, output_hidden_states=bool(hidden_states),
+            outputs = captured(self, **kwargs, output_attentions=attentions, output_hidden_states=hidden_states,
                                return_dict=True)
             empty = [key for key in ("attentions", "cross_attentions") if getattr(outputs, key, None) == ()]
             if empty:  # a ModelOutput keeps a field set to None in its tuple: build it again without them

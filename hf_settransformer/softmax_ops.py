@@ -29,13 +29,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .masks import AttentionMask, causal_pattern
 
 
-def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, has_keys=None, **kwargs):
     """`modeling_llama.eager_attention_forward` without grouped keys: q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
-    additive `attention_mask` (b or 1, 1, n or 1, m) -> (out (b,n,h,e), weights (b,h,n,m))."""
+    additive `attention_mask` (b or 1, 1, n or 1, m) -> (out (b,n,h,e), weights (b,h,n,m)). `has_keys` (b or 1, 1,
+    n or 1, 1) bool: the weights of queries that see no key are 0, before the output is computed from them (the
+    returned weights are the ones the output used: their gradients exist)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (b, h, n, m)
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if has_keys is not None:
+        weights = weights * has_keys
     weights = F.dropout(weights, p=dropout, training=dropout > 0)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights  # (b, n, h, e)
 
@@ -139,6 +143,8 @@ def softmax_attention(q, k, v, mask: AttentionMask, implementation="sdpa", *, mo
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     convert = MASK_FORMS.get(ALL_MASK_ATTENTION_FUNCTIONS.get(implementation), _sdpa_inputs)
     k, v, attention_mask, kwargs, has_keys = convert(mask, q, k, v)
+    if interface is eager_attention_forward:  # ours zeroes the weights of keyless queries itself
+        kwargs["has_keys"], has_keys = has_keys, None
     module = module if module is not None else _Standalone(implementation)
     out, weights = interface(
         module, q, k, v, attention_mask, scaling=q.shape[-1] ** -0.5, dropout=dropout_p, **kwargs
@@ -146,5 +152,4 @@ def softmax_attention(q, k, v, mask: AttentionMask, implementation="sdpa", *, mo
     out = out.transpose(1, 2)  # (b, h, n, e)
     if has_keys is not None:
         out = out * has_keys
-        weights = None if weights is None else weights * has_keys
     return out, weights if need_weights else None
