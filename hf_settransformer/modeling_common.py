@@ -86,16 +86,15 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
 
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
-                       labels=(), model_name=None):
+                       labels=()):
     """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
     the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
     would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
     NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
     kernels take their unmasked paths).
 
-    `model_name` given (every model but the decoder, see `allows_empty_rows`): each row of `attention_mask` must hold a
-    real element; a set or sequence of padding only has nothing to attend to or pool, and its outputs would be finite
-    numbers computed from nothing.
+    A row of padding only is legal (an empty set or sequence): attention over no key gives 0, so its outputs are
+    what the model's positions, biases and learned queries (seeds, inducing points, latents) give alone.
 
     `labels`: the labels a head handed its base model (`_labels_to_check`, dtypes checked by `check_token_labels`),
     read in the same read: token labels (tensors) outside [0, vocab_size), and a classification head's
@@ -120,8 +119,6 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
             raise ValueError(f"`attention_mask` must hold 0 (padding) and 1 (real), got a {attention_mask.dtype} tensor.")
         real = attention_mask == 1
         checks += [(real | (attention_mask == 0)).all(), real.all()]
-        if model_name is not None:
-            checks.append(real.any(-1).all())  # every row holds a real element
     if not checks:
         return attention_mask is None
     values = torch.stack([c.to(torch.float64) for c in checks]).tolist()  # the one host sync
@@ -148,13 +145,6 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
         raise ValueError(
             f"`attention_mask` must hold only 0 (padding) and 1 (real element), as bool, integer or float; got other "
             f"values such as {bad}."
-        )
-    if model_name is not None and not values[2]:
-        rows = (attention_mask != 1).all(-1).nonzero().flatten()[:10].tolist()  # the error path: a second read is fine
-        raise ValueError(
-            f"`attention_mask` rows {rows} hold no real element (all 0): {model_name} has nothing to attend to or pool "
-            "in them, and would return numbers computed from nothing. Drop those rows from the batch, or give each at "
-            "least one real element (a BOS token, say)."
         )
     return bool(all_real)
 
@@ -255,8 +245,15 @@ def record_outputs(func=None, *, tie_last_hidden_states=True):
             attentions, hidden_states = resolve_output_flags(
                 self.config, kwargs.pop("output_attentions", None), kwargs.pop("output_hidden_states", None)
             )
-            outputs = captured(self, **kwargs, output_attentions=attentions, output_hidden_states=hidden_states,
+            selected = selected_hidden_states(hidden_states)
+            outputs = captured(self, **kwargs, output_attentions=attentions, output_hidden_states=bool(hidden_states),
                                return_dict=True)
+            if selected is not None and outputs.hidden_states is not None:
+                # selected here, not by the hooks: their per-recorder layer counts do not index a family whose states
+                # come from several kinds of layer (Set Transformer, Perceiver IO)
+                count = len(outputs.hidden_states)
+                keep = {i % count for i in selected if -count <= i < count}
+                outputs.hidden_states = tuple(h if i in keep else None for i, h in enumerate(outputs.hidden_states))
             empty = [key for key in ("attentions", "cross_attentions") if getattr(outputs, key, None) == ()]
             if empty:  # a ModelOutput keeps a field set to None in its tuple: build it again without them
                 outputs = type(outputs)(**{key: outputs[key] for key in outputs.keys() if key not in empty})
@@ -265,6 +262,22 @@ def record_outputs(func=None, *, tie_last_hidden_states=True):
         return wrapper
 
     return decorate if func is None else decorate(func)
+
+
+def selected_hidden_states(output_hidden_states):
+    """The indices an `output_hidden_states` given as an int or a list of ints selects (as in transformers), or None
+    for a flag."""
+    if isinstance(output_hidden_states, bool) or output_hidden_states is None:
+        return None
+    selected = [output_hidden_states] if isinstance(output_hidden_states, int) else output_hidden_states
+    if not isinstance(selected, (list, tuple)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in selected
+    ):
+        raise ValueError(
+            "`output_hidden_states` must be a bool, or an index or a list of indices of the hidden states to return, "
+            f"got {output_hidden_states!r}."
+        )
+    return list(selected)
 
 
 def resolve_output_flags(config, output_attentions, output_hidden_states):
@@ -329,8 +342,6 @@ class HfstPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["MAB", "SAB", "ISAB", "PMA"]
-    # a row of `attention_mask` with no real element is refused (see `check_input_values`), except by the decoder
-    allows_empty_rows = False
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
     keeps_a_cache = False
 
@@ -458,7 +469,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         max_positions = self.config.max_position_embeddings if learned else None
         user_positions = position_ids if learned else None
         if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions,
-                              labels=labels, model_name=None if self.allows_empty_rows else type(self).__name__):
+                              labels=labels):
             key_mask = None  # every element real: the unmasked paths
         if position_ids is None and self.config.position_embedding_type != "none":
             check_position_count(key_length, max_positions)  # derived positions: known without a read

@@ -38,9 +38,6 @@ from .modeling_common import (
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
     config_class = TransformerDecoderConfig
     keeps_a_cache = True
-    # a row of padding only is a causal LM's empty prompt: generate() on a left-padded batch starts it from nothing
-    # and the row is real from its first new token on; its outputs are per position and the loss counts only labels
-    allows_empty_rows = True
 
 
 class TransformerDecoderModel(TransformerDecoderPreTrainedModel):

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Build a transformers tests tree (outside this repository) for the opt-in test tests/test_transformers_common.py,
-# which runs transformers' own `ModelTesterMixin` against our model classes.
+# Build a transformers tests tree (outside this repository) for tests/test_transformers_common.py, which runs
+# transformers' own `ModelTesterMixin` against our model classes. That test module runs this script itself, into a
+# cache folder, the first time; run it by hand for a tree elsewhere:
 #
 #   scripts/get_transformers_tests.sh [DEST] [TRANSFORMERS_SRC]
 #   HFST_TRANSFORMERS_TESTS=DEST python -m pytest -q tests/test_transformers_common.py
+#
+# PYTHON (default: python) is the interpreter whose transformers version is fetched, with its pip.
 #
 # DEST (default /work/transformers-tests-5.23) becomes the `tests/` folder of the transformers source distribution
 # whose version is installed (pip download --no-binary :all:). That sdist ships tests/test_modeling_common.py but not
@@ -19,11 +22,12 @@ set -euo pipefail
 
 dest=${1:-/work/transformers-tests-5.23}
 src=${2:-${TRANSFORMERS_SRC:-}}
-version=$(python -c "import transformers; print(transformers.__version__)")
+python=${PYTHON:-python}
+version=$("$python" -c "import transformers; print(transformers.__version__)")
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pip download --quiet --no-binary :all: --no-deps "transformers==$version" -d "$tmp"
+"$python" -m pip download --quiet --no-binary :all: --no-deps "transformers==$version" -d "$tmp"
 tar -xzf "$tmp/transformers-$version.tar.gz" -C "$tmp" "transformers-$version/tests"
 
 rm -rf "$dest"

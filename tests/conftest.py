@@ -141,3 +141,15 @@ def uncompiled_flex(monkeypatch):
         return flex_attention(query, key, value, **kwargs)
 
     monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", run)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`-m "not slow"` does not collect transformers' common tests at all: importing that module builds their tests
+    tree (a download on first use), which a run that deselects them should not need."""
+    if collection_path.name != "test_transformers_common.py" or not config.getoption("markexpr"):
+        return None
+    from _pytest.mark.expression import Expression
+
+    if not Expression.compile(config.getoption("markexpr")).evaluate(lambda name, **_: name == "slow"):
+        return True
+    return None

@@ -24,6 +24,8 @@ def inputs_for(cls, padded):
     mask = torch.ones(2, 8, dtype=torch.long)
     if padded:
         mask[1, 5:] = 0
+    if padded == "empty":  # and a row of padding only
+        mask[0] = 0
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -102,11 +104,11 @@ def test_linear_attention_refuses_a_softmax_implementation():
 # eager, sdpa and flex_attention compute the same function
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("padded", [False, True, "empty"], ids=["unpadded", "padded", "empty-row"])
 @pytest.mark.parametrize("family,cls", MODEL_CLASSES, ids=IDS)
 def test_eager_sdpa_and_flex_agree(uncompiled_flex, family, cls, padded):
     """Every family x head (bidirectional prefixes of the next-token heads, PMA/ISAB and Perceiver cross-attention
-    included), fp32: the same outputs, padded positions too."""
+    included), fp32: the same outputs, padded positions and rows of padding only too."""
     model = make_model(cls, tiny_config(family))
     inputs = inputs_for(cls, padded)
     assert model.config._attn_implementation == "sdpa"
@@ -160,7 +162,7 @@ FLASH_REFUSED = {  # head: refused when padded only
 }
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("padded", [False, True, "empty"], ids=["unpadded", "padded", "empty-row"])
 @pytest.mark.parametrize("family,cls", MODEL_CLASSES, ids=IDS)
 def test_flash_attention_2_matches_sdpa_where_it_can(reference_flash, family, cls, padded):
     """Padding goes to flash attention as sequence lengths: outputs equal SDPA's at real positions (a padded query's

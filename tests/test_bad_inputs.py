@@ -788,60 +788,6 @@ def test_input_features_that_are_not_floats_are_refused_naming_their_dtype(cls, 
         assert word in str(err.value), str(err.value)
 
 
-EMPTY_ROW_CASES = [  # a row of padding only: every model but the decoder pooled or read nothing and returned numbers
-    ("SetTransformerForSequenceClassification", "set_transformer"),
-    ("SetTransformerForNextTokenPrediction", "set_transformer"),
-    ("SetTransformerModel", "set_transformer"),
-    ("TransformerEncoderForSequenceClassification", "encoder"),
-    ("TransformerEncoderForNextTokenPrediction", "encoder"),
-    ("TransformerEncoderForMaskedLM", "encoder"),
-    ("PerceiverIOForSequenceClassification", "perceiver_io"),
-    ("PerceiverIOForMaskedLM", "perceiver_io"),
-]
-
-
-@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
-@pytest.mark.parametrize("cls,family", EMPTY_ROW_CASES, ids=[c[0] for c in EMPTY_ROW_CASES])
-def test_a_row_of_padding_only_is_refused_naming_the_row(cls, family, attention_type):
-    from conftest import make_model, tiny_config
-
-    model = make_model(getattr(hfst, cls), tiny_config(family, attention_type))
-    mask = torch.ones(3, 6, dtype=torch.long)
-    mask[1] = 0
-    mask[2, :4] = 0  # partly padded: fine
-    with pytest.raises(ValueError) as err:
-        model(input_ids=torch.randint(1, 37, (3, 6)), attention_mask=mask)
-    for word in ("`attention_mask` rows [1] hold no real element", "Drop those rows"):
-        assert word in str(err.value), str(err.value)
-
-
-def test_a_set_of_padding_only_is_refused_for_the_mixture_head():
-    from conftest import make_model, tiny_config
-
-    model = make_model(hfst.SetTransformerForMixtureOfGaussians, tiny_config("set_transformer", input_size=2))
-    mask = torch.ones(2, 5)
-    mask[0] = 0
-    with pytest.raises(ValueError, match=r"`attention_mask` rows \[0\] hold no real element"):
-        model(input_features=torch.randn(2, 5, 2), attention_mask=mask)
-
-
-def test_the_decoder_keeps_a_row_of_padding_only_as_an_empty_prompt():
-    """A causal LM's row of padding only is an empty prompt (generate() on a left-padded batch): it stays accepted,
-    finite, and leaves the other rows as they are alone."""
-    from conftest import decoder
-
-    model = decoder("softmax", "elu")
-    ids = torch.randint(1, 37, (2, 5))
-    mask = torch.ones(2, 5, dtype=torch.long)
-    mask[1] = 0
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        alone = model(input_ids=ids[:1]).logits
-        generated = model.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=0, do_sample=False)
-    assert torch.isfinite(logits).all() and torch.allclose(logits[:1], alone, atol=1e-5)
-    assert generated.shape == (2, 8)
-
-
 @pytest.mark.parametrize("cls,family", [("TransformerEncoderModel", "encoder"),
                                         ("TransformerEncoderForMaskedLM", "encoder"),
                                         ("SetTransformerForSequenceClassification", "set_transformer"),

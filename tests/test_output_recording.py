@@ -211,3 +211,46 @@ def test_recording_under_torch_compile_fullgraph(family):
         assert len(getattr(compiled, key)) == len(getattr(eager, key))
         for got, expected in zip(getattr(compiled, key), getattr(eager, key)):
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recorded_attentions_are_the_weights_the_output_is_computed_from(family, implementation):
+    """Gradients of attention (attribution, rollout) reach the recorded weights, padded rows and queries that see no
+    key included: each recorded tensor is part of the graph of the output."""
+    config = tiny_config(family, attn_implementation=implementation)
+    model = make_model(BASES[family], config)
+    ids = torch.randint(1, VOCAB, (3, 6))
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2] = 0
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    weights = [w for w in (out.attentions or ()) + (out.get("cross_attentions") or ())]
+    assert weights
+    for w in weights:
+        w.retain_grad()
+    sum(v.sum() for k, v in out.items() if k.endswith(("hidden_state", "pooler_output"))).backward()
+    for w in weights:
+        assert w.grad is not None
+    assert all(torch.equal(w[2], torch.zeros_like(w[2])) for w in out.attentions[:1]) or family == "perceiver_io"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_hidden_states_selects_states_by_index(family):
+    """As in transformers: `output_hidden_states` may be an index or a list of indices (negative ones from the end);
+    the states selected are those of the full tuple, the others None."""
+    model = make_model(BASES[family], tiny_config(family))
+    ids = torch.randint(1, VOCAB, (2, 6))
+    every = model(input_ids=ids, output_hidden_states=True).hidden_states
+    count = len(every)
+    selected = model(input_ids=ids, output_hidden_states=[0, -1]).hidden_states
+    assert len(selected) == count
+    for i, state in enumerate(selected):
+        if i in (0, count - 1):
+            torch.testing.assert_close(state, every[i])
+        else:
+            assert state is None
+    one = model(input_ids=ids, output_hidden_states=1).hidden_states
+    assert [s is not None for s in one] == [i == 1 for i in range(count)]
+    with pytest.raises(ValueError, match="`output_hidden_states` must be a bool, or an index"):
+        model(input_ids=ids, output_hidden_states="all")

@@ -1,32 +1,53 @@
 """transformers' own common model tests (`ModelTesterMixin`) run against every family and attention type.
 
-Opt-in: the mixin lives in the `tests/` folder of transformers' source, not in the wheel. Build that folder with
-`scripts/get_transformers_tests.sh` (outside this repository) and point `HFST_TRANSFORMERS_TESTS` at it:
-
-    scripts/get_transformers_tests.sh /work/transformers-tests-5.23
-    HFST_TRANSFORMERS_TESTS=/work/transformers-tests-5.23 python -m pytest -q tests/test_transformers_common.py
+The mixin lives in the `tests/` folder of transformers' source distribution, not in the wheel. This module builds that
+folder the first time it runs (`scripts/get_transformers_tests.sh`: a `pip download` of the installed version's sdist,
+about 30 s) into a cache folder of this package's own, `$XDG_CACHE_HOME/hf_settransformer/transformers-tests-<version>`
+(`~/.cache/...` by default), and reuses it afterwards. `HFST_TRANSFORMERS_TESTS=<folder>` points it at a tree built
+elsewhere (for example one with transformers' exporters/ and generation/ tests copied in); where the sdist cannot be
+downloaded (offline), the module fails with the command that builds the tree.
 
 One test class per family x attention type (softmax, linear elu, linear exp), each with a small model tester as
 transformers' own model tests have. Every exclusion below says why the test does not apply to these models; the
-regressions the mixin found are also guarded by ordinary tests (test_hf_integration.py, test_modeling.py).
+regressions the mixin found are also guarded by ordinary tests (test_output_recording.py, test_empty_rows.py).
 """
 
 import copy
 import importlib
 import os
+import pathlib
+import subprocess
 import sys
 import types
 import unittest
 
 import pytest
 import torch
+import transformers
 
-TESTS_TREE = os.environ.get("HFST_TRANSFORMERS_TESTS")
-if not TESTS_TREE:
-    pytest.skip(
-        "opt-in: set HFST_TRANSFORMERS_TESTS to a transformers tests/ folder (scripts/get_transformers_tests.sh)",
-        allow_module_level=True,
-    )
+pytestmark = pytest.mark.slow
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+def transformers_tests_tree():
+    """The folder holding the installed transformers' sdist `tests/`, built on first use."""
+    if os.environ.get("HFST_TRANSFORMERS_TESTS"):
+        return pathlib.Path(os.environ["HFST_TRANSFORMERS_TESTS"])
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    tree = cache / "hf_settransformer" / f"transformers-tests-{transformers.__version__}"
+    if not (tree / "test_modeling_common.py").is_file():
+        script = REPOSITORY / "scripts" / "get_transformers_tests.sh"
+        done = subprocess.run(["bash", str(script), str(tree)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHON": sys.executable})
+        if done.returncode or not (tree / "test_modeling_common.py").is_file():
+            raise RuntimeError(
+                f"Could not build transformers' tests tree in {tree} ({script} failed: {done.stderr.strip()[-500:]}). "
+                f"Build it where PyPI is reachable with `{script} <folder>` and set HFST_TRANSFORMERS_TESTS=<folder>."
+            )
+    return tree
+
+
+TESTS_TREE = transformers_tests_tree()
 
 from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, tiny_config
 from transformers.models.auto import modeling_auto
@@ -37,7 +58,7 @@ import hf_settransformer as hfst
 # imports (`from .exporters.test_export import ...`) resolve inside it.
 if "transformers_tests" not in sys.modules:
     _package = types.ModuleType("transformers_tests")
-    _package.__path__ = [os.path.abspath(TESTS_TREE)]
+    _package.__path__ = [str(TESTS_TREE.resolve())]
     sys.modules["transformers_tests"] = _package
 common = importlib.import_module("transformers_tests.test_modeling_common")
 ModelTesterMixin = common.ModelTesterMixin
