@@ -19,7 +19,7 @@ from .attention import (
 )
 from .blocks import ISAB, MAB, PMA
 from .cache import LinearAttentionState
-from .configuration_base import HfstConfig
+from .configuration_base import HfstConfig, PooledHeadsConfig
 from .configuration_decoder import TransformerDecoderConfig
 from .configuration_encoder import TransformerEncoderConfig
 from .configuration_perceiver_io import PerceiverIOConfig
@@ -79,6 +79,7 @@ __all__ = [
     "PerceiverIOForNextTokenPrediction",
     "PerceiverIOForSequenceClassification",
     "PerceiverIOModel",
+    "PooledHeadsConfig",
     "ScaleNorm",
     "SetTransformerConfig",
     "SetTransformerForMixtureOfGaussians",

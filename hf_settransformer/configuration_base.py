@@ -1,9 +1,10 @@
 """Fields and validation shared by every hf_settransformer config.
 
 Each family's config (encoder, decoder, Set Transformer, Perceiver IO) subclasses `HfstConfig` and adds its
-own fields. Every config has its own `__init__(..., **kwargs)` (transformers 5 wraps configs without one and
-would skip a parent's), and invalid values are rejected at construction with a `ValueError` that names the
-field and the allowed values.
+own fields; the families with pooled and window heads (all but the decoder) through `PooledHeadsConfig`. Every
+config has its own `__init__(..., **kwargs)` (transformers 5 wraps configs without one and would skip a
+parent's), and invalid values are rejected at construction with a `ValueError` that names the field and the
+allowed values.
 """
 
 import difflib
@@ -100,6 +101,42 @@ def check_unknown_keys(config_class, kwargs):
             )
 
 
+def other_family_fields(config_class):
+    """Field -> names of the family configs that have it, for the fields of this package's other configs (those
+    defined here: in a remote-code checkpoint, the ones its folder holds) that `config_class` lacks. transformers'
+    generic flags (`use_cache`, `is_decoder`, ...) are left out: transformers itself sets them on any config."""
+    own = own_field_names(config_class)
+    owners = {}
+    pending = list(HfstConfig.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__.rpartition(".")[0] != __package__:  # a user's subclass is no family of this package
+            continue
+        for name in own_field_names(cls) - own - set(BOOL_FIELDS):
+            owners.setdefault(name, set())
+            if getattr(cls, "model_type", ""):
+                owners[name].add(cls.__name__)
+    return owners
+
+
+def drop_other_family_fields(config_class, config_dict, log):
+    """Remove from `config_dict`, in place, the fields of other families' configs, saying so through `log`: kept, they
+    would be saved in config.json as if this family's models read them."""
+    if not set(config_dict) - own_field_names(config_class):
+        return
+    owners = other_family_fields(config_class)
+    dropped = sorted(key for key in config_dict if key in owners)
+    for key in dropped:
+        del config_dict[key]
+    if dropped:
+        named = "; ".join(f"`{key}` ({', '.join(sorted(owners[key])) or 'another family'})" for key in dropped)
+        log(
+            f"{config_class.__name__} drops fields that only other families' configs have, which none of its models "
+            f"reads, so they are neither kept nor saved: {named}."
+        )
+
+
 def check_heads(hidden_name, hidden_size, heads_name, num_heads):
     if hidden_size % num_heads != 0:
         raise ValueError(f"`{hidden_name}` ({hidden_size}) must be divisible by `{heads_name}` ({num_heads}).")
@@ -130,15 +167,6 @@ class HfstConfig(PreTrainedConfig):
     feature_map (`str`, defaults to `"elu"`): linear attention's feature map, `"elu"` (elu(x)+1, Katharopoulos
         et al. 2020) or `"exp"` (Shen et al. 2021).
     linear_attention_chunk_size (`int`, defaults to 64): chunk length of causal linear attention.
-    pooling (`str`, defaults to `"pma"`): how sequence-level heads pool: `"pma"` (attention pooling with one seed,
-        Lee et al. 2019) or `"mean"` (masked mean).
-    context_length (`int`, defaults to 64): tokens seen by the `*ForNextTokenPrediction` heads.
-    next_token_mode (`str`, defaults to `"many"`): how a `*ForNextTokenPrediction` head reads its window. `"many"`:
-        the last `target_length` positions each predict their next token in one pass, the positions before them are
-        a bidirectional prefix (encoder, Set Transformer) or reached through a causal cross-attention (Perceiver
-        AR); no prediction sees its own target or a later token. `"window"`: the design document's literal model,
-        one prediction per window (logits of shape (batch, 1, vocab)).
-    target_length (`int`, *optional*): predictions per window in `"many"` mode; defaults to `context_length // 2`.
     adaptive_softmax_cutoffs (`list[int]`, *optional*): replace every language-model head's output layer by an
         adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`) with these cluster boundaries;
         token ids must be ordered by decreasing frequency. Logits are then log-probabilities, and the output layer
@@ -151,11 +179,17 @@ class HfstConfig(PreTrainedConfig):
         as `adaptive_softmax_cutoffs`.
     adaptive_input_div_value (`float`, defaults to 4.0): width divisor of each successive adaptive input cluster.
     initializer_range (`float`, defaults to 0.02): std of the normal initialisation.
+
+    Each family's config holds, and writes to config.json, only the fields its models read. Other keyword arguments:
+    a near miss of a field (`num_inducing_point`) is refused, naming the field; a field of another family's config
+    (`pooling` given to the decoder, or carried by a config.json that an older version wrote with every field on every
+    family) is dropped, with a logged note (a warning when passed to the constructor, an info line when read from a
+    file by `from_pretrained`/`from_dict`); any other key is kept as an attribute, as transformers does.
     """
 
-    # whether the family has the window heads (`*ForNextTokenPrediction`) that read `context_length`,
-    # `target_length` and `next_token_mode`; the decoder has not
-    windowed_heads = True
+    # whether the family has the pooled and window heads (`*ForSequenceClassification`, `*ForNextTokenPrediction`)
+    # that read `pooling`, `context_length`, `target_length` and `next_token_mode` (`PooledHeadsConfig`)
+    windowed_heads = False
 
     def __init__(
         self,
@@ -176,10 +210,6 @@ class HfstConfig(PreTrainedConfig):
         attention_type="softmax",
         feature_map="elu",
         linear_attention_chunk_size=64,
-        pooling="pma",
-        context_length=64,
-        next_token_mode="many",
-        target_length=None,
         adaptive_softmax_cutoffs=None,
         adaptive_softmax_div_value=4.0,
         adaptive_input_cutoffs=None,
@@ -191,6 +221,7 @@ class HfstConfig(PreTrainedConfig):
         tie_word_embeddings=None,
         **kwargs,
     ):
+        drop_other_family_fields(type(self), kwargs, logger.warning)
         check_unknown_keys(type(self), kwargs)
         for name in BOOL_FIELDS:  # transformers' own flags, before its __init__ stores or drops them
             if name in kwargs and kwargs[name] is not None:
@@ -215,12 +246,6 @@ class HfstConfig(PreTrainedConfig):
         self.attention_type = attention_type
         self.feature_map = feature_map
         self.linear_attention_chunk_size = linear_attention_chunk_size
-        self.pooling = pooling
-        self.context_length = context_length
-        self.next_token_mode = next_token_mode
-        self.target_length = max(context_length // 2, 1) if target_length is None and isinstance(
-            context_length, int
-        ) else target_length
         self.adaptive_softmax_cutoffs = _cutoff_list(adaptive_softmax_cutoffs)
         self.adaptive_softmax_div_value = adaptive_softmax_div_value
         self.adaptive_input_cutoffs = _cutoff_list(adaptive_input_cutoffs)
@@ -246,7 +271,6 @@ class HfstConfig(PreTrainedConfig):
             "intermediate_size",
             "max_position_embeddings",
             "linear_attention_chunk_size",
-            "context_length",
         ):
             check_positive(name, getattr(self, name))
         check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
@@ -256,22 +280,7 @@ class HfstConfig(PreTrainedConfig):
         check_choice("feature_map", self.feature_map, FEATURE_MAPS)
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
-        check_choice("pooling", self.pooling, POOLING_TYPES)
         check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))
-        check_choice("next_token_mode", self.next_token_mode, NEXT_TOKEN_MODES)
-        check_positive("target_length", self.target_length)
-        if self.target_length > self.context_length:
-            raise ValueError(
-                f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
-            )
-        if self.windowed_heads and self.next_token_mode == "many" and self.target_length < 2:
-            # position i predicts token i + 1: the last position's target lies outside the window, so with one
-            # target position (or a one-token window) no target is ever scored and the loss is always 0
-            raise ValueError(
-                f"`next_token_mode='many'` needs `target_length` >= 2 and `context_length` >= 2 (the last position's "
-                f"target lies after the window); got target_length={self.target_length}, "
-                f"context_length={self.context_length}. Use next_token_mode='window' for one target per window."
-            )
         self.check_special_tokens()
         self.check_adaptive("adaptive_softmax", "the adaptive output layer")
         self.check_adaptive("adaptive_input", "the adaptive input")
@@ -302,6 +311,15 @@ class HfstConfig(PreTrainedConfig):
                 "which pick the class from the checkpoint."
             )
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """As transformers'. A config.json written before each family had its own fields carries every family's
+        (`pooling`, `context_length`, ... on a decoder): they are dropped with an info line, not the constructor's
+        warning, since the file's reader did not choose them."""
+        config_dict = dict(config_dict)
+        drop_other_family_fields(cls, config_dict, logger.info)
+        return super().from_dict(config_dict, **kwargs)
 
     def check_special_tokens(self):
         """pad/bos/eos ids (eos may be a list) must be token ids of the vocabulary, or `generate` emits them."""
@@ -353,6 +371,54 @@ class HfstConfig(PreTrainedConfig):
             raise ValueError(
                 f"`tie_word_embeddings=True` cannot hold with `{prefix}_cutoffs`: {layer} has no vocabulary x hidden "
                 "matrix to share (leave it unset or False)."
+            )
+
+
+class PooledHeadsConfig(HfstConfig):
+    r"""
+    Base of the configs of the families with sequence-level heads, which pool the sequence
+    (`*ForSequenceClassification`) or read it in windows (`*ForNextTokenPrediction`): encoder, Set Transformer and
+    Perceiver IO, not the decoder. Takes every argument of [`HfstConfig`], plus:
+
+    pooling (`str`, defaults to `"pma"`): how sequence-level heads pool: `"pma"` (attention pooling with one seed,
+        Lee et al. 2019) or `"mean"` (masked mean).
+    context_length (`int`, defaults to 64): tokens seen by the `*ForNextTokenPrediction` heads.
+    next_token_mode (`str`, defaults to `"many"`): how a `*ForNextTokenPrediction` head reads its window. `"many"`:
+        the last `target_length` positions each predict their next token in one pass, the positions before them are
+        a bidirectional prefix (encoder, Set Transformer) or reached through a causal cross-attention (Perceiver
+        AR); no prediction sees its own target or a later token. `"window"`: the design document's literal model,
+        one prediction per window (logits of shape (batch, 1, vocab)).
+    target_length (`int`, *optional*): predictions per window in `"many"` mode; defaults to `context_length // 2`.
+    """
+
+    windowed_heads = True
+
+    def __init__(self, pooling="pma", context_length=64, next_token_mode="many", target_length=None, **kwargs):
+        self.pooling = pooling
+        self.context_length = context_length
+        self.next_token_mode = next_token_mode
+        if target_length is None and isinstance(context_length, int):
+            target_length = max(context_length // 2, 1)
+        self.target_length = target_length
+        super().__init__(**kwargs)
+
+    def check_fields(self):
+        super().check_fields()
+        check_choice("pooling", self.pooling, POOLING_TYPES)
+        check_positive("context_length", self.context_length)
+        check_choice("next_token_mode", self.next_token_mode, NEXT_TOKEN_MODES)
+        check_positive("target_length", self.target_length)
+        if self.target_length > self.context_length:
+            raise ValueError(
+                f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."
+            )
+        if self.next_token_mode == "many" and self.target_length < 2:
+            # position i predicts token i + 1: the last position's target lies outside the window, so with one
+            # target position (or a one-token window) no target is ever scored and the loss is always 0
+            raise ValueError(
+                f"`next_token_mode='many'` needs `target_length` >= 2 and `context_length` >= 2 (the last position's "
+                f"target lies after the window); got target_length={self.target_length}, "
+                f"context_length={self.context_length}. Use next_token_mode='window' for one target per window."
             )
 
 

@@ -6,7 +6,8 @@ from .configuration_base import HfstConfig, check_positive
 class TransformerDecoderConfig(HfstConfig):
     r"""
     Configuration of [`TransformerDecoderModel`] and [`TransformerDecoderForCausalLM`]. Takes every argument of
-    [`HfstConfig`], plus:
+    [`HfstConfig`] (it has no pooled or window heads: no `pooling`, `context_length`, `next_token_mode` or
+    `target_length`; a causal LM reads its whole input), plus:
 
     add_cross_attention (`bool`, defaults to `False`): add a cross-attention sublayer to every block, attending to
         `encoder_hidden_states` (set by `EncoderDecoderModel`, as for BERT and GPT-2).
@@ -26,7 +27,6 @@ class TransformerDecoderConfig(HfstConfig):
     """
 
     model_type = "hfst_decoder"
-    windowed_heads = False  # a causal LM over its whole input: no windows, no target_length
     keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(

@@ -1,11 +1,11 @@
 """Configuration of the pre-norm Transformer encoder (Vaswani et al. 2017, ScaleNorm by Nguyen & Salazar 2019)."""
 
-from .configuration_base import HfstConfig
+from .configuration_base import PooledHeadsConfig
 
 
-class TransformerEncoderConfig(HfstConfig):
+class TransformerEncoderConfig(PooledHeadsConfig):
     r"""
-    Configuration of [`TransformerEncoderModel`] and its heads. Takes every argument of [`HfstConfig`]; token
+    Configuration of [`TransformerEncoderModel`] and its heads. Takes every argument of [`PooledHeadsConfig`]; token
     inputs by default (`vocab_size=33278`, the word-level WikiText-2 vocabulary).
 
     Example:

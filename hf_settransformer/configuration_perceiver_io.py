@@ -1,14 +1,14 @@
 """Configuration of Perceiver IO (Jaegle et al. 2022) with pre-norm ScaleNorm blocks."""
 
-from .configuration_base import HfstConfig, check_choice, check_heads, check_positive
+from .configuration_base import PooledHeadsConfig, check_choice, check_heads, check_positive
 
 OUTPUT_QUERY_TYPES = ("inputs", "positions", "learned")
 
 
-class PerceiverIOConfig(HfstConfig):
+class PerceiverIOConfig(PooledHeadsConfig):
     r"""
-    Configuration of [`PerceiverIOModel`] and its heads. Takes every argument of [`HfstConfig`], plus (names as in
-    transformers' `PerceiverConfig`):
+    Configuration of [`PerceiverIOModel`] and its heads. Takes every argument of [`PooledHeadsConfig`], plus (names as
+    in transformers' `PerceiverConfig`):
 
     num_latents (`int`, defaults to 64): number of learned latent vectors.
     num_blocks (`int`, defaults to 1): times the latent self-attention block is applied, with shared weights.

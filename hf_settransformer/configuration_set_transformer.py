@@ -1,11 +1,11 @@
 """Configuration of the Set Transformer (Lee et al. 2019): ISAB/SAB encoder, PMA + SAB decoder."""
 
-from .configuration_base import HfstConfig, check_positive
+from .configuration_base import PooledHeadsConfig, check_positive
 
 
-class SetTransformerConfig(HfstConfig):
+class SetTransformerConfig(PooledHeadsConfig):
     r"""
-    Configuration of [`SetTransformerModel`] and its heads. Takes every argument of [`HfstConfig`] (inputs are
+    Configuration of [`SetTransformerModel`] and its heads. Takes every argument of [`PooledHeadsConfig`] (inputs are
     continuous features of size `input_size`, or tokens with `vocab_size`), plus:
 
     num_inducing_points (`int`, defaults to 16): m inducing points of each ISAB; 0 uses SABs instead.

@@ -1,5 +1,9 @@
+import json
+import logging
+
 import pytest
-from transformers import AutoConfig
+import torch
+from transformers import AutoConfig, PreTrainedConfig
 
 import hf_settransformer as hfst
 from conftest import CONFIG_CLASSES
@@ -59,7 +63,6 @@ BAD = [
     ({"feature_map": "relu"}, "feature_map", "elu"),
     ({"norm_type": "rmsnorm"}, "norm_type", "scalenorm"),
     ({"position_embedding_type": "rotary"}, "position_embedding_type", "sinusoidal"),
-    ({"pooling": "max"}, "pooling", "pma"),
     ({"hidden_size": 30, "num_attention_heads": 4}, "hidden_size", "divisible"),
     ({"hidden_size": 0}, "hidden_size", "positive"),
     ({"num_hidden_layers": -1}, "num_hidden_layers", "positive"),
@@ -88,6 +91,9 @@ def test_bad_values_raise_naming_the_field(family, kwargs, field, hint):
 @pytest.mark.parametrize(
     "family,kwargs,field",
     [
+        ("encoder", {"pooling": "max"}, "pooling"),
+        ("set_transformer", {"pooling": "max"}, "pooling"),
+        ("perceiver_io", {"pooling": "max"}, "pooling"),
         ("set_transformer", {"num_seeds": 0}, "num_seeds"),
         ("set_transformer", {"initializer_range": 0.0}, "initializer_range"),
         ("set_transformer", {"initializer_range": -0.05}, "initializer_range"),
@@ -104,3 +110,108 @@ def test_bad_values_raise_naming_the_field(family, kwargs, field, hint):
 def test_family_fields_are_checked(family, kwargs, field):
     with pytest.raises(ValueError, match=field):
         CONFIG_CLASSES[family](**kwargs)
+
+
+WINDOW_FIELDS = {"pooling", "context_length", "next_token_mode", "target_length"}
+
+
+def test_a_new_decoder_config_has_no_window_fields(tmp_path):
+    """The decoder has no pooled or window head: its config neither holds nor writes their fields."""
+    config = hfst.TransformerDecoderConfig()
+    assert not WINDOW_FIELDS & set(config.to_dict())
+    assert not any(hasattr(config, name) for name in WINDOW_FIELDS)
+    config.save_pretrained(tmp_path)
+    assert not WINDOW_FIELDS & set(json.loads((tmp_path / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("family", ["encoder", "set_transformer", "perceiver_io"])
+def test_families_with_pooled_heads_keep_the_window_fields(tmp_path, family):
+    config = CONFIG_CLASSES[family](pooling="mean", context_length=10, next_token_mode="window", target_length=4)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {name: saved[name] for name in WINDOW_FIELDS} == {
+        "pooling": "mean", "context_length": 10, "next_token_mode": "window", "target_length": 4
+    }
+    assert AutoConfig.from_pretrained(tmp_path).target_length == 4
+
+
+def test_another_familys_field_is_dropped_with_a_warning_and_a_misspelt_one_refused(caplog):
+    with caplog.at_level(logging.INFO, logger="hf_settransformer"):
+        decoder = hfst.TransformerDecoderConfig(pooling="mean", num_latents=3, my_note="kept")
+        encoder = hfst.TransformerEncoderConfig(lm_loss_chunk_size=8, num_inducing_points=2)
+    assert not any(hasattr(decoder, name) for name in ("pooling", "num_latents"))
+    assert not any(hasattr(encoder, name) for name in ("lm_loss_chunk_size", "num_inducing_points"))
+    assert decoder.my_note == "kept"  # a key of no family is kept, as transformers keeps it
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "`num_latents` (PerceiverIOConfig)" in warnings[0] and "`pooling` (PerceiverIOConfig" in warnings[0]
+    assert "`lm_loss_chunk_size` (TransformerDecoderConfig)" in warnings[1]
+    assert "`num_inducing_points` (SetTransformerConfig)" in warnings[1]
+    with pytest.raises(ValueError, match="did you mean `context_length`"):
+        hfst.TransformerEncoderConfig(context_lenght=16)
+
+
+def test_transformers_generic_flags_are_not_another_familys_fields():
+    """`use_cache`, `is_decoder`, `add_cross_attention` are the decoder's fields, but transformers sets them on any
+    config (the Trainer, EncoderDecoderModel): an encoder config given them does not drop them as the decoder's."""
+    config = hfst.TransformerEncoderConfig(is_decoder=False, add_cross_attention=False)
+    assert config.is_decoder is False and config.add_cross_attention is False
+
+
+# per family, configs that between them take every branch that reads a field (linear attention's fields, learned
+# positions, the adaptive layers, both next-token modes, mean pooling, learned output queries, continuous inputs)
+FIELD_VARIANTS = {
+    "encoder": [{}, {"attention_type": "linear", "position_embedding_type": "learned", "next_token_mode": "window",
+                     "pooling": "mean", "adaptive_input_cutoffs": [10], "adaptive_softmax_cutoffs": [10]}],
+    "decoder": [{}, {"attention_type": "linear", "position_embedding_type": "learned", "lm_loss_chunk_size": 4,
+                     "adaptive_input_cutoffs": [10], "adaptive_softmax_cutoffs": [10]}],
+    "set_transformer": [{}, {"attention_type": "linear", "next_token_mode": "window", "pooling": "mean",
+                             "adaptive_input_cutoffs": [10], "adaptive_softmax_cutoffs": [10]},
+                        {"vocab_size": None, "input_size": 2, "num_inducing_points": 0}],
+    "perceiver_io": [{}, {"attention_type": "linear", "position_embedding_type": "learned", "next_token_mode": "window",
+                          "pooling": "mean", "adaptive_input_cutoffs": [10], "adaptive_softmax_cutoffs": [10]},
+                     {"output_query_type": "learned", "num_output_queries": 2}],
+}
+TOKEN_HEADS = ("MaskedLM", "NextTokenPrediction", "CausalLM")
+
+
+@pytest.mark.parametrize("family", list(CONFIG_CLASSES))
+def test_config_json_holds_only_fields_the_familys_models_read(monkeypatch, family):
+    """Every key of the family's config.json (less the keys transformers writes on every config) is read by one of
+    its models (built, run forward with labels in training mode, and generating where it can)."""
+    from conftest import tiny_config
+
+    config_class = CONFIG_CLASSES[family]
+    read = set()
+    original = config_class.__getattribute__
+
+    def recording(self, name):
+        read.add(name)
+        return original(self, name)
+
+    written = set()
+    for overrides in FIELD_VARIANTS[family]:
+        config = tiny_config(family, **overrides)
+        written |= set(config.to_dict())
+        monkeypatch.setattr(config_class, "__getattribute__", recording)
+        for cls in hfst.FAMILIES[family].model_classes().values():
+            torch.manual_seed(0)
+            try:
+                model = cls(config)
+            except ValueError:  # a head this variant is not for (no vocabulary, no per-input output queries, ...)
+                continue
+            tokens = any(head in cls.__name__ for head in TOKEN_HEADS)
+            if config.vocab_size:
+                inputs = {"input_ids": torch.randint(0, config.vocab_size, (2, 8))}
+            else:
+                inputs = {"input_features": torch.randn(2, 8, config.input_size)}
+            labels = inputs.get("input_ids") if tokens else None
+            model.train()(**inputs, labels=labels)
+            if tokens and hasattr(model, "generate"):
+                model.eval().generate(**inputs, max_new_tokens=2, do_sample=False)
+        monkeypatch.undo()
+    # written on every config, or read by transformers' own classes (GenerationConfig, EncoderDecoderModel)
+    generic = set(PreTrainedConfig().to_dict()) | {"pad_token_id", "bos_token_id", "eos_token_id", "is_decoder"}
+    if family == "perceiver_io":
+        generic.add("num_hidden_layers")  # derived (num_blocks * num_self_attends_per_block) for tools counting layers
+    assert written - generic - read == set()

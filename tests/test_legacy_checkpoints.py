@@ -9,6 +9,7 @@ changes what a checkpoint computes, fails here. A deliberate change of outputs n
 
 import importlib
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,28 @@ def test_legacy_auto_map_names_current_classes(name):
     for path in config["auto_map"].values():
         module_name, class_name = path.split(".")
         assert hasattr(importlib.import_module(f"hf_settransformer.{module_name}"), class_name), path
+
+
+WINDOW_FIELDS = {"pooling", "context_length", "next_token_mode", "target_length"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_legacy_config_keeps_its_familys_fields_and_drops_the_rest_quietly(tmp_path, caplog, name):
+    """The older version wrote the window heads' fields on every family. Loaded, a decoder's config drops them with
+    an info line (no warning: the reader did not choose them) and saves without them; the other families keep them."""
+    saved = json.loads((ROOT / name / "config.json").read_text())
+    assert WINDOW_FIELDS <= set(saved)
+    with caplog.at_level(logging.INFO, logger="hf_settransformer"):
+        config = transformers.AutoConfig.from_pretrained(ROOT / name)
+    ours = [r for r in caplog.records if r.name.startswith("hf_settransformer")]
+    assert not [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    config.save_pretrained(tmp_path)
+    resaved = json.loads((tmp_path / "config.json").read_text())
+    if config.windowed_heads:
+        assert {key: getattr(config, key) for key in WINDOW_FIELDS} == {key: saved[key] for key in WINDOW_FIELDS}
+        assert WINDOW_FIELDS <= set(resaved)
+    else:
+        assert not any(hasattr(config, key) for key in WINDOW_FIELDS)
+        assert not WINDOW_FIELDS & set(resaved)
+        assert "drops" in " ".join(r.getMessage() for r in ours if r.levelno == logging.INFO)
+    assert set(resaved) - {"auto_map"} <= set(saved), "a re-saved legacy config gains no field"

@@ -228,6 +228,33 @@ def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(
     assert result.stdout.count("loaded ") == len(FAMILIES)
 
 
+# In a clean interpreter: import what the model side subclasses and registers with (transformers' base classes, the
+# gradient-checkpointing layer, the Auto classes), then the package, and print what the package added.
+IMPORTS_ADDED = """
+import sys
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
+                          AutoModelForSequenceClassification, GenerationMixin, PreTrainedConfig, PreTrainedModel)
+from transformers.modeling_layers import GradientCheckpointingLayer
+before = set(sys.modules)
+import hf_settransformer
+print(sorted(name for name in set(sys.modules) - before if name.partition(".")[0] != "hf_settransformer"))
+"""
+
+
+def test_importing_the_package_imports_nothing_its_transformers_base_classes_do_not():
+    """`import hf_settransformer`'s time is torch, transformers and `torch._dynamo` (about a third of it), which
+    transformers 5.23 imports with `PreTrainedModel` (`modeling_utils` -> `integrations.hub_kernels` ->
+    `integrations.flash_attention` -> `generation.continuous_batching`, whose `@torch.compiler.disable` imports it);
+    `masking_utils` comes with `GenerationMixin` and `GradientCheckpointingLayer`. A package whose models subclass
+    them cannot avoid either (nor triton, `torch._inductor` and flex attention, which come with them too). What is
+    avoidable is anything more: the toolkit and what it pulls in (`datasets`, ...), a compiler stage such as
+    `torch._inductor.compile_fx`, or `masking_utils` itself once transformers stops importing it."""
+    result = subprocess.run([sys.executable, "-c", IMPORTS_ADDED], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 def entry_points():
     """The scripts and benchmarks a user runs (those with a `__main__` block), by module name."""
     files = [*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
