@@ -188,7 +188,11 @@ def main():
     p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
     p.add_argument("--refresh_cards", action="store_true",
                    help="write each run's model card again with the current templates (folders with config.json)")
-    args = p.parse_args()
+    args, unknown = p.parse_known_args()
+    if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
+        from hf_settransformer.toolkit import unknown_flags_message
+
+        p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)
     runs = load(args.folders)
     if not runs:

@@ -11,7 +11,7 @@ format and order are its row of `OBJECTIVES` (`hf_settransformer.toolkit.set_tas
 import argparse
 from pathlib import Path
 
-from hf_settransformer.toolkit import set_objectives
+from hf_settransformer.toolkit import set_objectives, unknown_flags_message
 from results_common import check_folders, keep, read_results
 
 BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
@@ -85,7 +85,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+")
     p.add_argument("--copy_to", default=None)
-    args = p.parse_args()
+    args, unknown = p.parse_known_args()
+    if unknown:  # named with the nearest flag
+        p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)
     runs = load(args.folders)
     if not runs:

@@ -84,6 +84,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     auto_class_for_flag,
     build_word_tokenizer,
     check_checkpoint_matches,
+    check_flags,
     check_output_dir,
     data_file_record,
     evaluate_perplexity,
@@ -682,6 +683,7 @@ def parse_arguments(argv):
         command, explicit = " ".join(sys.argv[1:]), set(values)
 
         def parse(extra):
+            check_flags(parser, values)  # a misspelt key: named, with the nearest flag
             return parser.parse_dict({**values, **extra})
     else:
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -693,6 +695,7 @@ def parse_arguments(argv):
         def parse(extra):
             flags = [(f"--{name}", str(value).lower() if isinstance(value, bool) else str(value))
                      for name, value in extra.items()]
+            check_flags(parser, argv)  # a misspelt flag: named, with the nearest one
             return parser.parse_args_into_dataclasses(args=argv + [text for flag in flags for text in flag])
     extra = {}
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:

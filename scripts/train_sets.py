@@ -39,6 +39,7 @@ from hf_settransformer.toolkit import (
     DataCollatorForSets,
     DeepSetsBaseline,
     check_checkpoint_matches,
+    check_flags,
     check_output_dir,
     load_pretrained,
     lock_output_dir,
@@ -242,11 +243,13 @@ def continued_run(args):
 
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, CheckedTrainingArguments))
+    argv = sys.argv[1:] if argv is None else argv
+    parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
     args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
     # held while main runs, released however it ends (main can run again in one process after an error)
-    lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")
+    lock = lock_output_dir(training_args, " ".join(argv), script="train_sets")
     try:
         return run(args, training_args)
     finally:

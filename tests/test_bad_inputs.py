@@ -373,6 +373,8 @@ FLAG_CASES = [
     (["--adam_beta2", "1.5"], ["--adam_beta2 must be in [0, 1), got 1.5"]),
     (["--label_smoothing_factor", "1.5"], ["--label_smoothing_factor must be in [0, 1), got 1.5"]),
     (["--eval_accumulation_steps", "0"], ["--eval_accumulation_steps must be a positive integer, got 0"]),
+    # a misspelt flag: named, with the nearest one
+    (["--max_train_minuts", "5"], ["unknown flag --max_train_minuts (did you mean --max_train_minutes?)"]),
 ]
 
 
@@ -430,6 +432,7 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
         (["--save_steps", "0"], ["--save_steps must be a positive number", "got 0.0"]),
         (["--logging_steps", "-1"], ["--logging_steps must be a positive number", "got -1.0"]),
         (["--max_grad_norm", "nan"], ["--max_grad_norm must be a non-negative finite number", "got nan"]),
+        (["--tsk", "max_regression"], ["unknown flag --tsk (did you mean --task?)"]),
     ],
 )
 def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words):

@@ -143,6 +143,18 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
         "decoder, linear exp", ":")
 
 
+@pytest.mark.parametrize("script,args,flag,nearest", [
+    ("push_run.py", ["run", "user/name", "--privte"], "--privte", "--private"),
+    ("lm_results.py", ["runs", "--copy_tp", "kept"], "--copy_tp", "--copy_to"),
+    ("set_results.py", ["runs", "--copy-too", "kept"], "--copy-too", "--copy_to"),
+])
+def test_the_results_and_push_scripts_name_a_misspelt_flag_with_the_nearest_one(tmp_path, script, args, flag,
+                                                                                nearest):
+    result = subprocess.run([sys.executable, str(script_path(script)), *args], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and f"unknown flag {flag} (did you mean {nearest}?)" in result.stderr, result.stderr
+
+
 def test_set_results_table(tmp_path):
     runs = {
         "mog": {

@@ -670,6 +670,22 @@ def test_a_json_command_gets_the_preset_and_keeps_its_values(tmp_path, monkeypat
     assert command == str(tmp_path / "args.json")
 
 
+def test_a_misspelt_flag_is_named_with_the_nearest_one(tmp_path, monkeypatch):
+    """A flag the script does not have, on the command line or as a key of a JSON command, ends the run naming it and
+    the nearest flag it has (transformers' own message suggests nothing), before anything is created."""
+    script = train_lm_module()
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as err:
+        script.main(["--do_train", "--output_dir", str(out), "--max_train_minuts", "5", "--lerning_rate=1e-3"])
+    assert str(err.value.code) == ("unknown flag --max_train_minuts (did you mean --max_train_minutes?); "
+                                   "unknown flag --lerning_rate (did you mean --learning_rate?)")
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(out), "do_train": True, "max_stesp": 3}))
+    monkeypatch.setattr(sys, "argv", ["train_lm.py", str(tmp_path / "args.json")])
+    with pytest.raises(SystemExit, match=r"^unknown flag --max_stesp \(did you mean --max_steps\?\)$"):
+        script.main(None)
+    assert not out.exists()
+
+
 def test_training_defaults_on_cuda_and_for_several_processes():
     """What a run takes where the command is silent: the preset's hyper-parameters, the GPU's Trainer settings on
     CUDA only, and beyond 4 processes the learning rate times sqrt(processes / 4); nothing the command gave."""

@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +179,43 @@ def parse_flags(parse, *args, **kwargs):
         return parse(*args, **kwargs)
     except ValueError as err:
         raise SystemExit(str(err)) from None
+
+
+def unknown_flags_message(parser, unknown):
+    """What to say of `unknown`, the arguments an `argparse` parser (an `HfArgumentParser` too) left over
+    (`parse_known_args`): each flag it does not take named with the nearest one it does ("did you mean", difflib, as a
+    config key the config lacks is named), and any value that belongs to no flag. transformers' own message ("Some
+    specified arguments are not used by the HfArgumentParser") suggests nothing."""
+    import difflib
+
+    flags = sorted(option for option in parser._option_string_actions if option.startswith("--"))
+    problems, after_flag = [], False
+    for arg in unknown:
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0]
+            near = difflib.get_close_matches(name, flags, n=1)
+            problems.append(f"unknown flag {name}" + (f" (did you mean {near[0]}?)" if near else ""))
+            after_flag = "=" not in arg
+        elif after_flag:  # the unknown flag's value
+            after_flag = False
+        else:
+            problems.append(f"unexpected argument {arg!r} (no flag takes it)")
+    return "; ".join(problems)
+
+
+def check_flags(parser, args):
+    """Raises a `ValueError` naming every argument of `args` that `parser` does not take, with the nearest flag it does
+    (`unknown_flags_message`). `args`: a command line (a list of strings), or for an `HfArgumentParser` a dict of
+    field values (what `parse_dict` takes: a key is a flag without its dashes). Call it before
+    `parse_args_into_dataclasses` / `parse_dict`, so that a misspelt flag is the error, not a value check of the
+    dataclasses built without it."""
+    if isinstance(args, dict):
+        fields = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
+        unknown = [f"--{key}" for key in args if key not in fields]
+    else:
+        _, unknown = parser.parse_known_args(args=args)
+    if unknown:
+        raise ValueError(unknown_flags_message(parser, unknown))
 
 
 def load_pretrained(flag, value, load, **kwargs):
