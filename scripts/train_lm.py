@@ -86,6 +86,8 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     check_checkpoint_matches,
     check_flags,
     check_output_dir,
+    check_pretrained_name,
+    check_resume_checkpoint,
     data_file_record,
     evaluate_perplexity,
     evaluation_protocol,
@@ -369,26 +371,37 @@ def check_text_file(flag, path):
         raise SystemExit(f"{flag}: {path} is empty (no text on any line).")
 
 
+def data_files(data_args):
+    """{split: path} of the local text files given (--train_file, --validation_file, --test_file)."""
+    files = (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file))
+    return {split: path for split, path in files if path}
+
+
+def check_inputs(model_args, data_args, training_args):
+    """Refuses, naming the flag, what the run would read and cannot: a data file that is missing, a folder or not
+    text; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
+    folder (nor Hub id). Called before the output folder is made, so that such a run leaves nothing behind."""
+    for split, path in data_files(data_args).items():
+        if Path(path).is_dir():
+            raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
+        if not Path(path).is_file():
+            raise SystemExit(f"--{split}_file: no such file: {path}")
+        check_text_file(f"--{split}_file", path)
+    if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
+        load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
+                        trust_remote_code=model_args.trust_remote_code)
+    if model_args.tokenizer_name:
+        check_pretrained_name("--tokenizer_name", model_args.tokenizer_name)
+    check_resume_checkpoint(training_args)
+
+
 def load_splits(data_args):
-    """-> {split: list of lines}. Local files when given, else `datasets.load_dataset(name, config)`."""
+    """-> {split: list of lines}. Local files when given (checked by `check_inputs`), else
+    `datasets.load_dataset(name, config)`."""
     import datasets
 
-    files = {
-        split: path
-        for split, path in (
-            ("train", data_args.train_file),
-            ("validation", data_args.validation_file),
-            ("test", data_args.test_file),
-        )
-        if path
-    }
+    files = data_files(data_args)
     if files:
-        for split, path in files.items():
-            if Path(path).is_dir():
-                raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
-            if not Path(path).is_file():
-                raise SystemExit(f"--{split}_file: no such file: {path}")
-            check_text_file(f"--{split}_file", path)
         raw = datasets.load_dataset("text", data_files=files)
     else:
         try:
@@ -822,8 +835,10 @@ def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(model_args, data_args, training_args)
+    check_inputs(model_args, data_args, training_args)  # before anything is made: a bad input leaves nothing behind
     # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
-    # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error
+    # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
+    # release removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, command, script="train_lm")
     try:
         return run(model_args, data_args, training_args, command)
@@ -877,9 +892,9 @@ def run(model_args, data_args, training_args, command):
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     results.update({name: getattr(data_args, name) for name in objective.recorded_arguments})
-    files = {split: getattr(data_args, f"{split}_file") for split in ("train", "validation", "test")}
-    if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
-        results["data_files"] = data_file_record({split: path for split, path in files.items() if path})
+    files = data_files(data_args)
+    if files:  # local files: their digests tell the model card whether they are WikiText-2's own
+        results["data_files"] = data_file_record(files)
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length, script="train_lm"))
         results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],

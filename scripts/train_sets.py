@@ -41,6 +41,7 @@ from hf_settransformer.toolkit import (
     check_checkpoint_matches,
     check_flags,
     check_output_dir,
+    check_resume_checkpoint,
     load_pretrained,
     lock_output_dir,
     log_to_stdout,
@@ -248,20 +249,23 @@ def main(argv=None):
     args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
-    # held while main runs, released however it ends (main can run again in one process after an error)
+    # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
+    check_resume_checkpoint(training_args)
+    model = load_model(args) if args.model_name_or_path else None
+    # held while main runs, released however it ends (main can run again in one process after an error); the release
+    # removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, " ".join(argv), script="train_sets")
     try:
-        return run(args, training_args)
+        return run(args, training_args, model)
     finally:
         lock.release()
 
 
-def run(args, training_args):
-    """main's work, under the output folder's lock."""
+def run(args, training_args, model=None):
+    """main's work, under the output folder's lock; `model`: the one of --model_name_or_path."""
     check_output_dir(training_args, args.overwrite_output_dir, script="train_sets")
     set_seed(training_args.seed)
     task = set_objective(args.task)
-    model = load_model(args) if args.model_name_or_path else None
     for key, value in {**MODEL_DEFAULTS, **task.defaults}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -58,6 +58,38 @@ def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path)
     lock.release()
 
 
+def test_the_release_removes_the_lock_file_and_the_folders_the_lock_made_if_empty(tmp_path):
+    made = OutputDirLock(tmp_path / "outputs" / "run").acquire()
+    assert (tmp_path / "outputs" / "run" / LOCK_FILE).is_file()
+    made.release()
+    assert not (tmp_path / "outputs").exists()  # made by acquire, nothing written: both levels go
+    written = OutputDirLock(tmp_path / "outputs" / "run").acquire()
+    (tmp_path / "outputs" / "run" / "all_results.json").write_text("{}")
+    written.release()
+    assert sorted(p.name for p in (tmp_path / "outputs" / "run").iterdir()) == ["all_results.json"]
+    kept = OutputDirLock(tmp_path).acquire()  # a folder that was there: kept, without the lock file
+    kept.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
+def test_a_lock_file_removed_by_its_releasing_holder_is_opened_again(tmp_path, monkeypatch):
+    """A process that opened the lock file just before its holder released (and removed) it must not lock that
+    removed file (a third process would lock a new one at the same time): it opens the path again."""
+    first = OutputDirLock(tmp_path, command="first").acquire()
+    stale = first._open()  # opened while the first run holds the file
+    first.release()
+    second = OutputDirLock(tmp_path, command="second")
+    opens = iter([stale])
+    real_open = second._open
+    monkeypatch.setattr(second, "_open", lambda: next(opens, None) or real_open())
+    second.acquire()
+    assert second._is_the_file_at_path(second.handle) and stale.closed
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["command"] == "second"
+    with pytest.raises(OutputDirLockedError, match="in use by process"):
+        OutputDirLock(tmp_path).acquire()
+    second.release()
+
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "folder"])
 def test_the_lock_never_writes_through_a_link_or_into_a_non_file(tmp_path, kind):
     """A link planted at the lock's path (to a file of someone else's) is refused, and the file is untouched."""

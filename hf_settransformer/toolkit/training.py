@@ -55,38 +55,47 @@ class OutputDirLock:
     """A run owns its output folder: two runs writing one folder would interleave checkpoints and results, and a
     resuming run would move aside the checkpoint a live run is still writing.
 
-    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` and writes the holder's pid, host,
-    start time and command into it. The kernel drops the lock when its process ends, however it ends (SIGKILL
-    included), so a dead holder's folder is taken over without a word, and a live holder's gives
-    `OutputDirLockedError` naming its pid and host. Hold it for the whole run (`release()` or the end of the
-    process frees it). On systems without `fcntl` (Windows) no lock is taken."""
+    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` (making the folder where there is
+    none) and writes the holder's pid, host, start time and command into it. The kernel drops the lock when its
+    process ends, however it ends (SIGKILL included), so a dead holder's folder is taken over without a word, and a
+    live holder's gives `OutputDirLockedError` naming its pid and host. Hold it for the whole run: `release()` removes
+    the lock file, and the folders `acquire()` made if nothing else was written into them (a run that failed before
+    writing anything leaves no trace). On systems without `fcntl` (Windows) no lock is taken."""
 
     def __init__(self, output_dir, command=""):
         self.path = Path(output_dir) / LOCK_FILE
-        self.command, self.handle = command, None
+        self.command, self.handle, self.created = command, None, []
 
     def acquire(self):
         try:
             import fcntl
         except ImportError:  # not POSIX: run unlocked
             return self
+        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self._open()
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip()
-            handle.close()
+        self.created = [p for p in missing if p.is_dir()]  # deepest first, as release removes them
+        while True:
+            handle = self._open()
             try:
-                info = json.loads(holder)
-                who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
-            except (ValueError, KeyError, TypeError):
-                who = "another process"
-            raise OutputDirLockedError(
-                f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it to "
-                "finish, stop it, or pass another --output_dir."
-            ) from None
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                try:
+                    info = json.loads(holder)
+                    who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
+                except (ValueError, KeyError, TypeError):
+                    who = "another process"
+                raise OutputDirLockedError(
+                    f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it "
+                    "to finish, stop it, or pass another --output_dir."
+                ) from None
+            # a holder's release removes the file: one opened before that removal is locked by no one else, so a
+            # lock on it would be a second lock on the folder; open the path again
+            if self._is_the_file_at_path(handle):
+                break
+            handle.close()
         handle.seek(0)
         handle.truncate()
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -112,10 +121,27 @@ class OutputDirLock:
             raise OutputDirLockedError(f"{self.path} cannot be opened as a lock file: {err}") from None
         return os.fdopen(fd, "r+")
 
+    def _is_the_file_at_path(self, handle):
+        """Whether the open `handle` is the file now at the lock's path (not one a releasing holder removed)."""
+        try:
+            ours, now = os.fstat(handle.fileno()), os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (ours.st_dev, ours.st_ino) == (now.st_dev, now.st_ino)
+
     def release(self):
-        if self.handle is not None:
-            self.handle.close()  # closing the file drops the flock; the file stays (a later run reuses it)
-            self.handle = None
+        if self.handle is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # while still locked: a process that opened it meanwhile opens the path again
+        self.handle.close()  # closing the file drops the flock
+        self.handle = None
+        for folder in self.created:  # made by acquire and still empty: the run wrote nothing there
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.created = []
 
     def __enter__(self):
         return self.acquire()
@@ -222,13 +248,7 @@ def load_pretrained(flag, value, load, **kwargs):
     """`load(value, **kwargs)` (a `from_pretrained`) for a saved folder or a Hub repo id; a value that is neither, or
     that fails to load, ends the process naming the script's `flag` (transformers reads a missing folder as a repo id
     and answers "Repo id must be in the form ..."), and saying so when the Hub is off (HF_HUB_OFFLINE)."""
-    path = Path(value).expanduser()
-    offline = (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
-               if huggingface_hub.is_offline_mode() else "")
-    if path.exists() and not path.is_dir():
-        raise SystemExit(f"{flag} {value}: is a file; a saved model or tokenizer is a folder (save_pretrained).")
-    if not path.is_dir() and not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", value):
-        raise SystemExit(f"{flag} {value}: no such folder (and not a Hub repo id).{offline}")
+    path = check_pretrained_name(flag, value)
     try:
         return load(str(path) if path.is_dir() else value, **kwargs)
     except (OSError, ValueError) as err:
@@ -238,8 +258,24 @@ def load_pretrained(flag, value, load, **kwargs):
             raise
         raise SystemExit(
             f"{flag} {value}: no such folder, and no Hub repo of that name could be loaded: "
-            f"{str(err).splitlines()[0]}{offline}"
+            f"{str(err).splitlines()[0]}{_offline_note()}"
         ) from None
+
+
+def check_pretrained_name(flag, value):
+    """What `load_pretrained` checks before loading, without loading: `value` is a folder, or has the form of a Hub repo
+    id; a file or a missing folder ends the process naming `flag`. Returns the path (`~` expanded)."""
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"{flag} {value}: is a file; a saved model or tokenizer is a folder (save_pretrained).")
+    if not path.is_dir() and not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", value):
+        raise SystemExit(f"{flag} {value}: no such folder (and not a Hub repo id).{_offline_note()}")
+    return path
+
+
+def _offline_note():
+    return (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
+            if huggingface_hub.is_offline_mode() else "")
 
 
 def from_main_process(value):
@@ -430,7 +466,7 @@ def resolve_resume(training_args, script="train"):
     value = training_args.resume_from_checkpoint
     if not _resume_requested(value):
         return None
-    if str(value).lower() in ("true", "1", "last", "latest"):
+    if _resume_newest(value):
         folders = sorted(
             (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
             key=checkpoint_step,
@@ -446,6 +482,22 @@ def resolve_resume(training_args, script="train"):
             logger.info(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
+    return check_resume_checkpoint(training_args)
+
+
+def _resume_newest(value):
+    """Whether `--resume_from_checkpoint` names no folder but asks for the newest complete checkpoint."""
+    return str(value).lower() in ("true", "1", "last", "latest")
+
+
+def check_resume_checkpoint(training_args):
+    """The checkpoint folder `--resume_from_checkpoint` names, checked (a folder, complete, with a readable marker and
+    step; SystemExit naming the flag otherwise), or None where it names none (not given, or "true": the newest in
+    --output_dir, which `resolve_resume` finds under the lock). Reads only: a script can call it before it makes its
+    output folder."""
+    value = training_args.resume_from_checkpoint
+    if not _resume_requested(value) or _resume_newest(value):
+        return None
     if not Path(value).is_dir():
         raise SystemExit(f"--resume_from_checkpoint {value}: no such folder (a checkpoint-<step> folder of a run, or "
                          "true for the newest complete one in --output_dir).")
