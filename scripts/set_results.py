@@ -1,5 +1,5 @@
 """Collect the `all_results.json` of scripts/train_sets.py runs into the results table (docs/set_transformer.md): task, model, attention,
-our metric next to the paper's (Lee et al. 2019), training time.
+our metric next to the paper's (Lee et al. 2019), training wall time.
 
     python scripts/set_results.py outputs/sets                                  # prints the markdown table
     python scripts/set_results.py outputs/sets --copy_to results/sets   # and keeps the JSON files
@@ -59,15 +59,15 @@ def steps(run):
 
 
 def training_time(run):
-    """Minutes of training, the continued run's included; "?" where a run did not record them."""
-    parts = [run.get("train_seconds"), run.get("train_seconds_before", 0.0)]
+    """Wall minutes of training, the continued run's included; "?" where a run did not record them."""
+    parts = [run.get("train_wall_seconds"), run.get("train_wall_seconds_before", 0.0)]
     return "?" if None in parts else f"{sum(parts) / 60:.1f} min"
 
 
 def table(runs):
     lines = [
         "| task | model | depth | attention | parameters | steps x sets | lr schedule | metric | ours | paper "
-        "| training time |",
+        "| training wall time |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:

@@ -51,9 +51,10 @@ autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GP
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
 minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
 and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
-a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, the training tokens and
-model FLOPs per second and the model FLOPs utilisation against the GPU's dense peak: `mfu`, null on a CPU or an
-unknown GPU with the reason in `mfu_note`), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, training tokens per wall
+second and per CPU-second, model FLOPs per wall second and the model FLOPs utilisation against the GPU's dense peak:
+`mfu`, null on a CPU or an unknown GPU with the reason in `mfu_note`; every duration and speed names its clock, wall
+or CPU), the model, the tokenizer and a model card (README.md) to `--output_dir`.
 What it calls is package API (docs/training.md, "Use the pieces in your own script").
 """
 
@@ -603,9 +604,10 @@ def wants_bf16(model_args, training_args):
 
 def model_flops(trainer, model, tokens_per_second, precision, length):
     """all_results.json's model FLOPs: per training token (`lm_flops_per_token`, examples of `length` tokens), per
-    second and the MFU against the GPU's dense peak at the training `precision` (`model_flops_utilization`; None on a
-    CPU or a GPU the table does not know, with the reason in `mfu_note`). Training time includes the periodic
-    evaluations, checkpoint saves and, with torch_compile, compilation: the MFU of the steps alone is higher."""
+    wall second (`tokens_per_second`: training tokens per wall second) and the MFU against the GPU's dense peak at the
+    training `precision` (`model_flops_utilization`; None on a CPU or a GPU the table does not know, with the reason in
+    `mfu_note`). Training time includes the periodic evaluations, checkpoint saves and, with torch_compile,
+    compilation: the MFU of the steps alone is higher."""
     flops, formula = lm_flops_per_token(model, length)
     device = trainer.args.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -635,9 +637,10 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
         )
         # wall seconds, and CPU seconds of this process (time-sharing the cores does not inflate them; a machine
         # loaded past its cores still does, through caches and memory bandwidth: docs/training.md, time budget)
-        metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
+        metrics["wall_seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
-            logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
+            logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['wall_seconds']:.0f} "
+                        f"wall seconds, {metrics['cpu_seconds']:.0f} CPU-seconds)")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
     return results
 
@@ -649,9 +652,10 @@ def results_table(results):
             return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
         return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
-    keys = ["parameters", "train_steps", "train_tokens", "train_loss", "train_tokens_per_second", "mfu",
-            "validation_perplexity", "validation_accuracy", "test_perplexity", "test_accuracy", "train_seconds",
-            "wall_time_seconds"]
+    # all_results.json's keys, each naming its clock: wall (elapsed) or CPU (process time, all threads), as the card
+    keys = ["parameters", "train_steps", "train_tokens", "train_loss", "train_tokens_per_wall_second",
+            "train_tokens_per_cpu_second", "mfu", "validation_perplexity", "validation_accuracy", "test_perplexity",
+            "test_accuracy", "train_wall_seconds", "train_cpu_minutes", "wall_time_seconds"]
     rows = [(k, number(results[k])) for k in keys if results.get(k) is not None]
     if results.get("mfu") is None and results.get("mfu_note"):
         rows.append(("mfu", f"n/a ({results['mfu_note']})"))
@@ -897,7 +901,7 @@ def run(model_args, data_args, training_args, command):
         results["data_files"] = data_file_record(files)
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length, script="train_lm"))
-        results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],
+        results.update(model_flops(trainer, model, results["train_tokens_per_wall_second"], environment["precision"],
                                    length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))
     results.update(

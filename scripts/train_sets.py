@@ -53,6 +53,7 @@ from hf_settransformer.toolkit import (
     set_objectives,
     timed_callbacks,
     train_unless_finished,
+    upgrade_results,
     write_text_atomically,
 )
 
@@ -231,14 +232,16 @@ def describe_model(args):
 
 
 def continued_run(args):
-    """The steps and training seconds of the run --model_name_or_path continues, when its results are at hand."""
+    """The steps and training wall seconds of the run --model_name_or_path continues, when its results are at
+    hand."""
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
-    parent = json.loads((Path(args.model_name_or_path) / "all_results.json").read_text())
-    seconds, earlier = parent.get("train_seconds"), parent.get("train_seconds_before", 0.0)
+    # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
+    parent = upgrade_results(json.loads((Path(args.model_name_or_path) / "all_results.json").read_text()))
+    seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
     return {
         "steps_before": parent["steps"] + parent.get("steps_before", 0),
-        "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+        "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
     }
 
 
@@ -294,7 +297,7 @@ def run(args, training_args, model=None):
     train_unless_finished(trainer, resume, script="train_sets")
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
-    train_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
+    wall_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
     before = continued_run(args)  # the run this one continued (--model_name_or_path)
     save_model_atomically(trainer)
     trainer.save_state()
@@ -302,14 +305,14 @@ def run(args, training_args, model=None):
         "task": args.task,
         "model": name,
         "parameters": parameters,
-        "train_seconds": train_seconds,
-        "train_seconds_this_process": process_seconds,
+        "train_wall_seconds": wall_seconds,  # the whole run's, resumes included (the timer's wall clock)
+        "train_wall_seconds_this_process": process_seconds,
         "steps": trainer.state.global_step,
         "batch_size": training_args.per_device_train_batch_size * training_args.world_size,
         "learning_rate": training_args.learning_rate,
         "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "threads": torch.get_num_threads(),
-        "continued_from": args.model_name_or_path,  # steps and train_seconds are this run's; *_before the parent's
+        "continued_from": args.model_name_or_path,  # steps and train_wall_seconds are this run's; *_before the parent's
         **before,
     }
     if args.model == "set_transformer":  # the depth, for the results table

@@ -134,9 +134,14 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
         "train_perplexity",
         "validation_perplexity",
         "test_perplexity",
-        "train_tokens_per_second",
+        "train_tokens_per_wall_second",
+        "train_tokens_per_cpu_second",
+        "train_wall_seconds",
+        "train_cpu_minutes",
         "parameters",
         "wall_time_seconds",
+        "validation_wall_seconds",
+        "test_wall_seconds",
         "validation_accuracy",
         "test_accuracy",
         "validation_cpu_seconds",
@@ -163,7 +168,16 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
 
     flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
-    assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
+    assert results["train_model_flops_per_wall_second"] == pytest.approx(results["train_tokens_per_wall_second"] * flops)
+    # every duration and speed names its clock, alike in all_results.json, the printed table and the card
+    old = {"train_seconds", "train_seconds_whole_run", "train_tokens_per_second", "validation_seconds", "test_seconds"}
+    assert not old & set(results) and results["train_cpu_seconds_whole_run"] > 0
+    for key in ("train_tokens_per_wall_second", "train_tokens_per_cpu_second", "train_wall_seconds",
+                "train_cpu_minutes"):
+        assert f"| {key} " in result.stdout, key
+    speeds = (f"{results['train_tokens_per_cpu_second']:,.0f} tokens per CPU-second; "
+              f"{results['train_tokens_per_wall_second']:,.0f} tokens per wall second")
+    assert f"| training speed | {speeds} on " in card
     assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
     assert results["gpu_name"] is None and results["preset"] == "tiny"
     assert "| model FLOPs |" in card and "MFU not measured: no peak table for CPUs" in card
@@ -280,10 +294,10 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
     # the CPU time the checkpoint's marker recorded is carried into the whole run's
     before = json.loads((killed / f"checkpoint-{rb['resumed_from_step']}" / COMPLETE_MARKER).read_text())
-    assert before["clock"] == "cpu" and rb["train_seconds_whole_run"] > before["train_seconds"] > 0
+    assert before["clock"] == "cpu" and rb["train_cpu_seconds_whole_run"] > before["train_seconds"] > 0
     # on CPU the budget clock is this process's CPU time (a 1-thread run: CPU-minutes are its CPU time)
     assert ra["budget_clock"] == rb["budget_clock"] == "cpu"
-    assert rb["train_cpu_minutes"] == pytest.approx(rb["train_seconds_whole_run"] / 60)
+    assert rb["train_cpu_minutes"] == pytest.approx(rb["train_cpu_seconds_whole_run"] / 60)
     # the training loss averages the whole run (logged every step here), not only the steps after the resume
     assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5)
     assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]

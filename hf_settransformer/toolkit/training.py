@@ -872,18 +872,20 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     the trainer state, and returns what the run measured, the steps before a resume included:
 
     train_loss (mean over the whole run, `whole_run_train_loss`), train_perplexity (its exp), train_steps, max_steps,
-    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_second
-    (this process's steps over its elapsed seconds), train_seconds (elapsed, this process), resumed_from_step,
-    budget_clock, train_seconds_whole_run (on the clock of `timer`, a `TimedEvalCallback`, across resumes; None when
-    resumed from a checkpoint that did not record it), train_cpu_minutes (CPU-minutes of all processes),
-    max_train_minutes and stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint`
-    the model now holds."""
+    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_wall_second
+    (this process's steps over its elapsed seconds), train_wall_seconds (elapsed, this process), resumed_from_step,
+    budget_clock, train_cpu_seconds_whole_run or train_wall_seconds_whole_run (on the clock of `timer`, a
+    `TimedEvalCallback`, across resumes; None when resumed from a checkpoint that did not record it),
+    train_cpu_minutes (CPU-minutes of all processes; on the wall clock, wall minutes x threads),
+    train_tokens_per_cpu_second (the whole run's tokens over its CPU-minutes, on a CPU), max_train_minutes and
+    stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint` the model now holds.
+    Every duration and speed names its clock: wall (elapsed) or CPU (process time, all threads)."""
     timer = timer or next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimedEvalCallback))
     per_step = tokens_per_step(trainer.args, example_length)
     train_start = time.time()
     resumed_from = checkpoint_step(resume) if resume else 0
     process_loss = train_unless_finished(trainer, resume, script)
-    train_seconds = time.time() - train_start
+    wall_seconds = time.time() - train_start
     with stops_say_where_to_resume(trainer.args.output_dir, script=script):
         save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
     steps_done = trainer.state.global_step - resumed_from
@@ -895,23 +897,55 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     world = trainer.args.world_size
     threads = torch.get_num_threads() * world
     cpu_minutes = None if whole_seconds is None else whole_seconds / 60 * (world if timer.clock == "cpu" else threads)
-    return dict(
-        train_loss=train_loss,
-        train_perplexity=math.exp(train_loss),
-        train_steps=trainer.state.global_step,
-        max_steps=trainer.args.max_steps,
-        train_tokens=tokens,
-        train_examples=tokens // example_length,
-        train_tokens_per_second=steps_done * per_step / train_seconds if steps_done else None,
-        train_seconds=train_seconds,
-        resumed_from_step=resumed_from or None,
-        budget_clock=timer.clock,
-        train_seconds_whole_run=whole_seconds,
-        train_cpu_minutes=cpu_minutes,
-        max_train_minutes=budget.minutes if budget is not None else None,
-        stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
+    on_cpu = trainer.args.device.type == "cpu"
+    return {
+        "train_loss": train_loss,
+        "train_perplexity": math.exp(train_loss),
+        "train_steps": trainer.state.global_step,
+        "max_steps": trainer.args.max_steps,
+        "train_tokens": tokens,
+        "train_examples": tokens // example_length,
+        "train_tokens_per_wall_second": steps_done * per_step / wall_seconds if steps_done else None,
+        "train_tokens_per_cpu_second": tokens / (cpu_minutes * 60) if cpu_minutes and on_cpu else None,
+        "train_wall_seconds": wall_seconds,
+        "resumed_from_step": resumed_from or None,
+        "budget_clock": timer.clock,
+        f"train_{timer.clock}_seconds_whole_run": whole_seconds,
+        "train_cpu_minutes": cpu_minutes,
+        "max_train_minutes": budget.minutes if budget is not None else None,
+        "stopped_by_time_budget": budget is not None and budget.stopped_at_step is not None,
         **selected_checkpoint(trainer),
-    )
+    }
+
+
+# all_results.json keys renamed to name their clock (old -> new). Files written before keep the old names (results/);
+# `upgrade_results` reads them with the new ones. `train_seconds_whole_run` became
+# `train_<budget_clock>_seconds_whole_run`.
+RENAMED_RESULT_KEYS = {
+    "train_seconds": "train_wall_seconds",
+    "train_seconds_this_process": "train_wall_seconds_this_process",
+    "train_seconds_before": "train_wall_seconds_before",
+    "train_tokens_per_second": "train_tokens_per_wall_second",
+    "train_model_flops_per_second": "train_model_flops_per_wall_second",
+    "validation_seconds": "validation_wall_seconds",
+    "test_seconds": "test_wall_seconds",
+}
+
+
+def upgrade_results(results):
+    """A run's results (the all_results.json of train_lm.py or train_sets.py, of any date) with today's key names: the
+    old ones of `RENAMED_RESULT_KEYS` renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where a run
+    did not record one: its timer counted wall time), and `train_tokens_per_cpu_second` computed where a CPU run
+    recorded its CPU-minutes and not the speed. A new dict; results with today's names come back equal."""
+    upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}
+    if "train_seconds_whole_run" in upgraded:
+        clock = upgraded.get("budget_clock") or "wall"
+        upgraded[f"train_{clock}_seconds_whole_run"] = upgraded.pop("train_seconds_whole_run")
+    cpu_minutes, tokens = upgraded.get("train_cpu_minutes"), upgraded.get("train_tokens")
+    if "train_tokens_per_cpu_second" not in upgraded and "train_tokens" in upgraded:
+        on_cpu = cpu_minutes and tokens is not None and not upgraded.get("gpu_name")
+        upgraded["train_tokens_per_cpu_second"] = tokens / (cpu_minutes * 60) if on_cpu else None
+    return upgraded
 
 
 def selected_checkpoint(trainer):
@@ -1021,14 +1055,14 @@ def peak_flops(device_name, precision="bf16"):
 def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):
     """Model FLOPs utilisation (MFU, PaLM appendix B): achieved model FLOP/s over the peak of the `devices` used.
     `tokens_per_second`: training tokens of all processes per second; `flops_per_token`: model FLOPs of training on
-    one token (forward and backward). -> {"train_model_flops_per_second", "mfu" (a fraction, None without a peak),
+    one token (forward and backward). -> {"train_model_flops_per_wall_second", "mfu" (a fraction, None without a peak),
     "mfu_peak_flops_per_device", "mfu_note" (the peak used, or why there is no MFU)}."""
     achieved = None if tokens_per_second is None or flops_per_token is None else tokens_per_second * flops_per_token
     peak, note = peak_flops(device_name, precision)
     if achieved is None:
         note = "no training steps timed in this process" if tokens_per_second is None else "no model FLOPs count"
     mfu = None if achieved is None or peak is None else achieved / (peak * devices)
-    return {"train_model_flops_per_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
+    return {"train_model_flops_per_wall_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
             "mfu_note": note + (f", x {devices} devices" if mfu is not None and devices > 1 else "")}
 
 
