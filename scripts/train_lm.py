@@ -54,7 +54,8 @@ and records the steps reached: `--max_steps <train_steps>` repeats the run by st
 a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, training tokens per wall
 second and per CPU-second, model FLOPs per wall second and the model FLOPs utilisation against the GPU's dense peak:
 `mfu`, null on a CPU or an unknown GPU with the reason in `mfu_note`; every duration and speed names its clock, wall
-or CPU), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+or CPU) to `--output_dir`; a run that trains also writes the model and the tokenizer there, and one that trains or
+pushes a model card (README.md) of what it measured (a perplexity for each split evaluated).
 What it calls is package API (docs/training.md, "Use the pieces in your own script").
 """
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -454,6 +455,37 @@ def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path,
         assert f"| validation perplexity | **{results['validation_perplexity']:.2f}**" in card
         assert "split: validation" in card and "split: test" not in card and "| test perplexity" not in card
         assert "None" not in card.split("```json")[0] and "nan" not in card.lower()
+
+
+def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path, corpus, monkeypatch):
+    """What the README says: like the Trainer's `create_model_card`, every run that trains (or pushes) writes a card
+    with what it measured, a perplexity for each split it evaluated and none without evaluation; a run that only
+    evaluates writes all_results.json and no card."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("the card is written by every run that trains or pushes, with what the run measured: a perplexity for each "
+            "split it evaluated (`--do_eval`, which a periodic evaluation implies as in transformers, and "
+            "`--do_predict`), none without them; a run that only evaluates writes `all_results.json`") in readme
+    script = train_lm_module()
+    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
+
+    def main(out, *drop, extra=()):
+        args = [str(a) for a in common_args(corpus, out, "decoder", steps=4, extra=extra)]
+        for flag in drop:  # a switch, or a flag with its value
+            i = args.index(flag)
+            del args[i : i + (1 if flag.startswith("--do_") else 2)]
+        script.main(args)
+        return (out / "README.md").read_text() if (out / "README.md").exists() else None
+
+    validated = main(tmp_path / "validated", "--do_predict")
+    assert "| validation perplexity |" in validated and "| test perplexity |" not in validated
+    assert re.findall(r"split: (\w+)", validated) == ["validation"]
+    # without a validation split there is no periodic evaluation to imply --do_eval (as transformers implies it)
+    trained = main(tmp_path / "trained", "--do_eval", "--do_predict", "--validation_file")
+    assert "| training tokens |" in trained and "perplexity |" not in trained and "model-index" not in trained
+    evaluated = main(tmp_path / "evaluated", "--do_train", "--do_predict",
+                     extra=["--model_name_or_path", tmp_path / "validated"])
+    results = json.loads((tmp_path / "evaluated" / "all_results.json").read_text())
+    assert evaluated is None and results["validation_perplexity"] > 0 and "train_tokens" not in results
 
 
 def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
