@@ -488,6 +488,44 @@ def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path
     assert evaluated is None and results["validation_perplexity"] > 0 and "train_tokens" not in results
 
 
+LOAD_TOKENIZER = """
+import sys
+if sys.argv[2] == "package":
+    import hf_settransformer  # registers the model types (the README's line)
+else:
+    sys.modules["hf_settransformer"] = None  # the tokenizer's files alone: nothing of the package
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+print("loaded", tokenizer("the of and")["input_ids"])
+"""
+
+
+def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warning(tmp_path, corpus, monkeypatch):
+    """The README's `AutoTokenizer.from_pretrained(run_folder)`, no trust_remote_code: a plain tokenizer (a transformers
+    class, no auto_map) that loads with stdin closed (a "Do you wish to run the custom code? [y/N]" prompt would read
+    no and be followed by transformers' "model of type ``" warning) and nothing on stderr; its files alone need no
+    package at all. The model still loads as remote code."""
+    script = train_lm_module()
+    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
+    out = tmp_path / "run"
+    script.main([str(a) for a in common_args(corpus, out, "decoder", steps=2) if a not in ("--do_eval", "--do_predict")])
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend") and "auto_map" not in config
+    alone = tmp_path / "tokenizer-files"
+    alone.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (alone / name).write_bytes((out / name).read_bytes())
+    expected = f"loaded {[int(i) for i in script.AutoTokenizer.from_pretrained(out)('the of and')['input_ids']]}"
+    for folder, mode in ((out, "package"), (alone, "bare")):
+        loaded = subprocess.run([sys.executable, "-c", LOAD_TOKENIZER, str(folder), mode], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert loaded.returncode == 0 and loaded.stdout.strip() == expected, loaded.stdout + loaded.stderr[-3000:]
+        assert loaded.stderr == "", loaded.stderr[-3000:]  # no prompt, no warning about the model type
+    remote = subprocess.run([sys.executable, "-c", LOAD_FROM_HUB, str(out)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+
+
 def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     """scripts/push_run.py names what a folder lacks, and does not publish a folder a live run holds."""
     script = [sys.executable, str(ROOT / "scripts" / "push_run.py")]
