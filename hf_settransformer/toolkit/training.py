@@ -15,6 +15,7 @@ Needs torch and transformers only (no accelerate or datasets); the modeling file
 
 import contextlib
 import copy
+import dataclasses
 import errno
 import inspect
 import json
@@ -28,7 +29,6 @@ import signal
 import socket
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,6 +274,7 @@ def check_pretrained_name(flag, value):
 
 
 def _offline_note():
+    # what a failed load adds where the Hub is off
     return (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
             if huggingface_hub.is_offline_mode() else "")
 
