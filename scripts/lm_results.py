@@ -46,6 +46,11 @@ def design(r):
     return "many targets" if mode == "many" else "one target / window"
 
 
+def whole_run_seconds(r):
+    """The whole run's training seconds on its budget clock (resumes included), or None where not recorded."""
+    return r.get(f"train_{r.get('budget_clock') or 'wall'}_seconds_whole_run")
+
+
 def cpu_minutes_per_clock_second(r):
     """CPU-minutes in one second of a run's recorded training time: its budget clock counts CPU time (all threads of
     the process) or wall time (which counts once per thread)."""
@@ -61,8 +66,8 @@ def table(runs, unigram=None):
     for r in runs:
         threads = r.get("threads_per_process", 1)
         cpu_minutes = r.get("train_cpu_minutes")
-        if cpu_minutes is None and r.get("train_seconds_whole_run"):
-            cpu_minutes = r["train_seconds_whole_run"] * cpu_minutes_per_clock_second(r)
+        if cpu_minutes is None and whole_run_seconds(r):
+            cpu_minutes = whole_run_seconds(r) * cpu_minutes_per_clock_second(r)
         lines.append(
             f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
             f"{r['parameters'] / 1e6:.2f}M | {output_layer(r)} | {r.get('precision', 'fp32')} | {threads} | "
@@ -85,7 +90,7 @@ def training_speed(r, cpu_minutes):
     (this process's tokens per wall second)."""
     if cpu_minutes:
         return f"{r.get('train_tokens', 0) / (cpu_minutes * 60):,.0f}"
-    return f"{r.get('train_tokens_per_second') or float('nan'):,.0f} wall"
+    return f"{r.get('train_tokens_per_wall_second') or float('nan'):,.0f} wall"
 
 
 def output_layer(r):
@@ -105,7 +110,7 @@ def evaluation_minutes(r):
     splits = ("validation", "test")
     if all(f"{split}_cpu_seconds" in r for split in splits):
         return f"{sum(r[f'{split}_cpu_seconds'] for split in splits) / 60:.1f}"
-    return f"{sum(r.get(f'{split}_seconds', 0.0) for split in splits) / 60:.1f} wall"
+    return f"{sum(r.get(f'{split}_wall_seconds', 0.0) for split in splits) / 60:.1f} wall"
 
 
 def unigram_reference(folder):
@@ -131,12 +136,12 @@ def unigram_reference(folder):
 
 def training_time(r):
     """The whole run's training time; for a run resumed from a checkpoint that did not record it, the part after."""
-    whole = r.get("train_seconds_whole_run")
+    whole = whole_run_seconds(r)
     if whole is not None:
-        return f"{whole / 60:.1f} {'CPU-' if r.get('budget_clock') == 'cpu' else ''}min"
+        return f"{whole / 60:.1f} {'CPU' if r.get('budget_clock') == 'cpu' else 'wall'} min"
     if r.get("resumed_from_step"):
-        return f"{r['train_seconds'] / 60:.1f} min after resuming at step {r['resumed_from_step']}"
-    return f"{r.get('train_seconds', float('nan')) / 60:.1f} min"
+        return f"{r['train_wall_seconds'] / 60:.1f} wall min after resuming at step {r['resumed_from_step']}"
+    return f"{r.get('train_wall_seconds', float('nan')) / 60:.1f} wall min"
 
 
 def curve_label_and_style(r):
@@ -145,7 +150,7 @@ def curve_label_and_style(r):
     attention = ATTENTION[(r["attention"], r["feature_map"])]
     literal = design(r) == "one target / window"
     label = f"{r['family']}, {attention}" + (", one target / window" if literal else "")
-    if r.get("resumed_from_step") and r.get("train_seconds_whole_run") is None:
+    if r.get("resumed_from_step") and whole_run_seconds(r) is None:
         label += f" (from step {r['resumed_from_step']}: time after resuming)"
     return label, "-." if literal else {"softmax": "-", "linear elu": "--", "linear exp": ":"}[attention]
 
@@ -188,7 +193,11 @@ def main():
     p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
     p.add_argument("--refresh_cards", action="store_true",
                    help="write each run's model card again with the current templates (folders with config.json)")
-    args = p.parse_args()
+    args, unknown = p.parse_known_args()
+    if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
+        from hf_settransformer.toolkit import unknown_flags_message
+
+        p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)
     runs = load(args.folders)
     if not runs:

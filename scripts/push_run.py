@@ -55,7 +55,11 @@ def main(argv=None):
     p.add_argument("repo_id", help="the Hub repository, namespace/name (created if it does not exist)")
     p.add_argument("--private", action="store_true", help="create the repository private")
     p.add_argument("--token", default=None, help="a Hub token (default: HF_TOKEN or the stored login)")
-    args = p.parse_args(argv)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
+        from hf_settransformer.toolkit import unknown_flags_message
+
+        p.error(unknown_flags_message(p, unknown))
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
     from huggingface_hub.utils import HFValidationError, validate_repo_id

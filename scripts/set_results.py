@@ -1,5 +1,5 @@
 """Collect the `all_results.json` of scripts/train_sets.py runs into the results table (docs/set_transformer.md): task, model, attention,
-our metric next to the paper's (Lee et al. 2019), training time.
+our metric next to the paper's (Lee et al. 2019), training wall time.
 
     python scripts/set_results.py outputs/sets                                  # prints the markdown table
     python scripts/set_results.py outputs/sets --copy_to results/sets   # and keeps the JSON files
@@ -11,7 +11,7 @@ format and order are its row of `OBJECTIVES` (`hf_settransformer.toolkit.set_tas
 import argparse
 from pathlib import Path
 
-from hf_settransformer.toolkit import set_objectives
+from hf_settransformer.toolkit import set_objectives, unknown_flags_message
 from results_common import check_folders, keep, read_results
 
 BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
@@ -59,15 +59,15 @@ def steps(run):
 
 
 def training_time(run):
-    """Minutes of training, the continued run's included; "?" where a run did not record them."""
-    parts = [run.get("train_seconds"), run.get("train_seconds_before", 0.0)]
+    """Wall minutes of training, the continued run's included; "?" where a run did not record them."""
+    parts = [run.get("train_wall_seconds"), run.get("train_wall_seconds_before", 0.0)]
     return "?" if None in parts else f"{sum(parts) / 60:.1f} min"
 
 
 def table(runs):
     lines = [
         "| task | model | depth | attention | parameters | steps x sets | lr schedule | metric | ours | paper "
-        "| training time |",
+        "| training wall time |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -85,7 +85,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+")
     p.add_argument("--copy_to", default=None)
-    args = p.parse_args()
+    args, unknown = p.parse_known_args()
+    if unknown:  # named with the nearest flag
+        p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)
     runs = load(args.folders)
     if not runs:

@@ -51,9 +51,11 @@ autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GP
 `--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
 minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
 and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
-a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, the training tokens and
-model FLOPs per second and the model FLOPs utilisation against the GPU's dense peak: `mfu`, null on a CPU or an
-unknown GPU with the reason in `mfu_note`), the model, the tokenizer and a model card (README.md) to `--output_dir`.
+a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, training tokens per wall
+second and per CPU-second, model FLOPs per wall second and the model FLOPs utilisation against the GPU's dense peak:
+`mfu`, null on a CPU or an unknown GPU with the reason in `mfu_note`; every duration and speed names its clock, wall
+or CPU) to `--output_dir`; a run that trains also writes the model and the tokenizer there, and one that trains or
+pushes a model card (README.md) of what it measured (a perplexity for each split evaluated).
 What it calls is package API (docs/training.md, "Use the pieces in your own script").
 """
 
@@ -84,7 +86,10 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     auto_class_for_flag,
     build_word_tokenizer,
     check_checkpoint_matches,
+    check_flags,
     check_output_dir,
+    check_pretrained_name,
+    check_resume_checkpoint,
     data_file_record,
     evaluate_perplexity,
     evaluation_protocol,
@@ -368,26 +373,37 @@ def check_text_file(flag, path):
         raise SystemExit(f"{flag}: {path} is empty (no text on any line).")
 
 
+def data_files(data_args):
+    """{split: path} of the local text files given (--train_file, --validation_file, --test_file)."""
+    files = (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file))
+    return {split: path for split, path in files if path}
+
+
+def check_inputs(model_args, data_args, training_args):
+    """Refuses, naming the flag, what the run would read and cannot: a data file that is missing, a folder or not
+    text; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
+    folder (nor Hub id). Called before the output folder is made, so that such a run leaves nothing behind."""
+    for split, path in data_files(data_args).items():
+        if Path(path).is_dir():
+            raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
+        if not Path(path).is_file():
+            raise SystemExit(f"--{split}_file: no such file: {path}")
+        check_text_file(f"--{split}_file", path)
+    if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
+        load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
+                        trust_remote_code=model_args.trust_remote_code)
+    if model_args.tokenizer_name:
+        check_pretrained_name("--tokenizer_name", model_args.tokenizer_name)
+    check_resume_checkpoint(training_args)
+
+
 def load_splits(data_args):
-    """-> {split: list of lines}. Local files when given, else `datasets.load_dataset(name, config)`."""
+    """-> {split: list of lines}. Local files when given (checked by `check_inputs`), else
+    `datasets.load_dataset(name, config)`."""
     import datasets
 
-    files = {
-        split: path
-        for split, path in (
-            ("train", data_args.train_file),
-            ("validation", data_args.validation_file),
-            ("test", data_args.test_file),
-        )
-        if path
-    }
+    files = data_files(data_args)
     if files:
-        for split, path in files.items():
-            if Path(path).is_dir():
-                raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
-            if not Path(path).is_file():
-                raise SystemExit(f"--{split}_file: no such file: {path}")
-            check_text_file(f"--{split}_file", path)
         raw = datasets.load_dataset("text", data_files=files)
     else:
         try:
@@ -589,9 +605,10 @@ def wants_bf16(model_args, training_args):
 
 def model_flops(trainer, model, tokens_per_second, precision, length):
     """all_results.json's model FLOPs: per training token (`lm_flops_per_token`, examples of `length` tokens), per
-    second and the MFU against the GPU's dense peak at the training `precision` (`model_flops_utilization`; None on a
-    CPU or a GPU the table does not know, with the reason in `mfu_note`). Training time includes the periodic
-    evaluations, checkpoint saves and, with torch_compile, compilation: the MFU of the steps alone is higher."""
+    wall second (`tokens_per_second`: training tokens per wall second) and the MFU against the GPU's dense peak at the
+    training `precision` (`model_flops_utilization`; None on a CPU or a GPU the table does not know, with the reason in
+    `mfu_note`). Training time includes the periodic evaluations, checkpoint saves and, with torch_compile,
+    compilation: the MFU of the steps alone is higher."""
     flops, formula = lm_flops_per_token(model, length)
     device = trainer.args.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -621,9 +638,10 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
         )
         # wall seconds, and CPU seconds of this process (time-sharing the cores does not inflate them; a machine
         # loaded past its cores still does, through caches and memory bandwidth: docs/training.md, time budget)
-        metrics["seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
+        metrics["wall_seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
         if is_main:
-            logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['seconds']:.0f} s)")
+            logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['wall_seconds']:.0f} "
+                        f"wall seconds, {metrics['cpu_seconds']:.0f} CPU-seconds)")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
     return results
 
@@ -635,9 +653,10 @@ def results_table(results):
             return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
         return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
-    keys = ["parameters", "train_steps", "train_tokens", "train_loss", "train_tokens_per_second", "mfu",
-            "validation_perplexity", "validation_accuracy", "test_perplexity", "test_accuracy", "train_seconds",
-            "wall_time_seconds"]
+    # all_results.json's keys, each naming its clock: wall (elapsed) or CPU (process time, all threads), as the card
+    keys = ["parameters", "train_steps", "train_tokens", "train_loss", "train_tokens_per_wall_second",
+            "train_tokens_per_cpu_second", "mfu", "validation_perplexity", "validation_accuracy", "test_perplexity",
+            "test_accuracy", "train_wall_seconds", "train_cpu_minutes", "wall_time_seconds"]
     rows = [(k, number(results[k])) for k in keys if results.get(k) is not None]
     if results.get("mfu") is None and results.get("mfu_note"):
         rows.append(("mfu", f"n/a ({results['mfu_note']})"))
@@ -682,6 +701,7 @@ def parse_arguments(argv):
         command, explicit = " ".join(sys.argv[1:]), set(values)
 
         def parse(extra):
+            check_flags(parser, values)  # a misspelt key: named, with the nearest flag
             return parser.parse_dict({**values, **extra})
     else:
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -693,6 +713,7 @@ def parse_arguments(argv):
         def parse(extra):
             flags = [(f"--{name}", str(value).lower() if isinstance(value, bool) else str(value))
                      for name, value in extra.items()]
+            check_flags(parser, argv)  # a misspelt flag: named, with the nearest one
             return parser.parse_args_into_dataclasses(args=argv + [text for flag in flags for text in flag])
     extra = {}
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
@@ -819,8 +840,10 @@ def main(argv=None):
     model_args, data_args, training_args, command = parse_arguments(argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(model_args, data_args, training_args)
+    check_inputs(model_args, data_args, training_args)  # before anything is made: a bad input leaves nothing behind
     # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
-    # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error
+    # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
+    # release removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, command, script="train_lm")
     try:
         return run(model_args, data_args, training_args, command)
@@ -874,12 +897,12 @@ def run(model_args, data_args, training_args, command):
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     results.update({name: getattr(data_args, name) for name in objective.recorded_arguments})
-    files = {split: getattr(data_args, f"{split}_file") for split in ("train", "validation", "test")}
-    if any(files.values()):  # local files: their digests tell the model card whether they are WikiText-2's own
-        results["data_files"] = data_file_record({split: path for split, path in files.items() if path})
+    files = data_files(data_args)
+    if files:  # local files: their digests tell the model card whether they are WikiText-2's own
+        results["data_files"] = data_file_record(files)
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length, script="train_lm"))
-        results.update(model_flops(trainer, model, results["train_tokens_per_second"], environment["precision"],
+        results.update(model_flops(trainer, model, results["train_tokens_per_wall_second"], environment["precision"],
                                    length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))
     results.update(

@@ -39,7 +39,9 @@ from hf_settransformer.toolkit import (
     DataCollatorForSets,
     DeepSetsBaseline,
     check_checkpoint_matches,
+    check_flags,
     check_output_dir,
+    check_resume_checkpoint,
     load_pretrained,
     lock_output_dir,
     log_to_stdout,
@@ -51,6 +53,7 @@ from hf_settransformer.toolkit import (
     set_objectives,
     timed_callbacks,
     train_unless_finished,
+    upgrade_results,
     write_text_atomically,
 )
 
@@ -229,36 +232,43 @@ def describe_model(args):
 
 
 def continued_run(args):
-    """The steps and training seconds of the run --model_name_or_path continues, when its results are at hand."""
+    """The steps and training wall seconds of the run --model_name_or_path continues, when its results are at
+    hand."""
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
-    parent = json.loads((Path(args.model_name_or_path) / "all_results.json").read_text())
-    seconds, earlier = parent.get("train_seconds"), parent.get("train_seconds_before", 0.0)
+    # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
+    parent = upgrade_results(json.loads((Path(args.model_name_or_path) / "all_results.json").read_text()))
+    seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
     return {
         "steps_before": parent["steps"] + parent.get("steps_before", 0),
-        "train_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+        "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
     }
 
 
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, CheckedTrainingArguments))
+    argv = sys.argv[1:] if argv is None else argv
+    parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
     args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
-    # held while main runs, released however it ends (main can run again in one process after an error)
-    lock = lock_output_dir(training_args, " ".join(argv or sys.argv[1:]), script="train_sets")
+    # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
+    check_resume_checkpoint(training_args)
+    model = load_model(args) if args.model_name_or_path else None
+    # held while main runs, released however it ends (main can run again in one process after an error); the release
+    # removes the lock file, and the folder if the run made it and wrote nothing into it
+    lock = lock_output_dir(training_args, " ".join(argv), script="train_sets")
     try:
-        return run(args, training_args)
+        return run(args, training_args, model)
     finally:
         lock.release()
 
 
-def run(args, training_args):
-    """main's work, under the output folder's lock."""
+def run(args, training_args, model=None):
+    """main's work, under the output folder's lock; `model`: the one of --model_name_or_path."""
     check_output_dir(training_args, args.overwrite_output_dir, script="train_sets")
     set_seed(training_args.seed)
     task = set_objective(args.task)
-    model = load_model(args) if args.model_name_or_path else None
     for key, value in {**MODEL_DEFAULTS, **task.defaults}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -287,7 +297,7 @@ def run(args, training_args):
     train_unless_finished(trainer, resume, script="train_sets")
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
-    train_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
+    wall_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
     before = continued_run(args)  # the run this one continued (--model_name_or_path)
     save_model_atomically(trainer)
     trainer.save_state()
@@ -295,14 +305,14 @@ def run(args, training_args):
         "task": args.task,
         "model": name,
         "parameters": parameters,
-        "train_seconds": train_seconds,
-        "train_seconds_this_process": process_seconds,
+        "train_wall_seconds": wall_seconds,  # the whole run's, resumes included (the timer's wall clock)
+        "train_wall_seconds_this_process": process_seconds,
         "steps": trainer.state.global_step,
         "batch_size": training_args.per_device_train_batch_size * training_args.world_size,
         "learning_rate": training_args.learning_rate,
         "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "threads": torch.get_num_threads(),
-        "continued_from": args.model_name_or_path,  # steps and train_seconds are this run's; *_before the parent's
+        "continued_from": args.model_name_or_path,  # steps and train_wall_seconds are this run's; *_before the parent's
         **before,
     }
     if args.model == "set_transformer":  # the depth, for the results table

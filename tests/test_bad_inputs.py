@@ -373,6 +373,8 @@ FLAG_CASES = [
     (["--adam_beta2", "1.5"], ["--adam_beta2 must be in [0, 1), got 1.5"]),
     (["--label_smoothing_factor", "1.5"], ["--label_smoothing_factor must be in [0, 1), got 1.5"]),
     (["--eval_accumulation_steps", "0"], ["--eval_accumulation_steps must be a positive integer, got 0"]),
+    # a misspelt flag: named, with the nearest one
+    (["--max_train_minuts", "5"], ["unknown flag --max_train_minuts (did you mean --max_train_minutes?)"]),
 ]
 
 
@@ -417,6 +419,44 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
         assert word in message, message
 
 
+MISSING_INPUTS = [("--train_file", "--train_file: no such file"), ("--validation_file", "--validation_file: no such file"),
+                  ("--test_file", "--test_file: no such file"), ("--model_name_or_path", "no such folder"),
+                  ("--tokenizer_name", "no such folder"), ("--resume_from_checkpoint", "no such folder")]
+
+
+@pytest.mark.parametrize("flag,words", MISSING_INPUTS, ids=[case[0] for case in MISSING_INPUTS])
+def test_a_run_refused_for_a_missing_input_leaves_no_folder_and_no_lock(tmp_path, texts, train_lm, flag, words):
+    """Every input is checked before the output folder is made: a new --output_dir (two levels deep) is not created,
+    an existing one is left as it was, without a lock file."""
+    paths = {"--train_file": texts / "train.txt", "--validation_file": texts / "train.txt",
+             "--test_file": texts / "train.txt", flag: tmp_path / "does" / "not" / "exist"}
+    flags = [str(x) for pair in paths.items() for x in pair]
+    for out in (tmp_path / "outputs" / "run", tmp_path / "existing"):
+        with pytest.raises(SystemExit) as err:
+            train_lm.main(["--do_train", "--do_eval", "--do_predict", "--preset", "tiny", "--report_to", "none",
+                           "--output_dir", str(out), *flags])
+        assert words in str(err.value.code) and f"{flag}" in str(err.value.code), err.value.code
+        (tmp_path / "existing").mkdir(exist_ok=True)  # the second round: a folder that was there before the run
+    assert not (tmp_path / "outputs").exists() and list((tmp_path / "existing").iterdir()) == []
+
+
+def test_a_run_that_fails_after_making_its_folder_removes_it_and_its_lock(tmp_path, texts, train_lm):
+    """An error found once the folder is locked (too few tokens for one example) leaves neither the folder the run
+    made nor the lock file (the release removes both)."""
+    with pytest.raises(SystemExit, match="--max_train_tokens 5 keeps fewer tokens"):
+        train_lm.main(["--do_train", "--train_file", str(texts / "train.txt"), "--preset", "tiny", "--report_to",
+                       "none", "--max_train_tokens", "5", "--output_dir", str(tmp_path / "outputs" / "run")])
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_train_sets_refused_for_a_missing_model_leaves_no_folder(tmp_path):
+    train_sets = load_script("train_sets")
+    with pytest.raises(SystemExit, match="--model_name_or_path .*: no such folder"):
+        train_sets.main(["--output_dir", str(tmp_path / "outputs" / "run"), "--max_steps", "1", "--report_to", "none",
+                         "--model_name_or_path", str(tmp_path / "no-model")])
+    assert not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize(
     "extra,words",
     [
@@ -430,6 +470,7 @@ def test_bad_train_lm_flags_are_refused_naming_the_flag(tmp_path, texts, train_l
         (["--save_steps", "0"], ["--save_steps must be a positive number", "got 0.0"]),
         (["--logging_steps", "-1"], ["--logging_steps must be a positive number", "got -1.0"]),
         (["--max_grad_norm", "nan"], ["--max_grad_norm must be a non-negative finite number", "got nan"]),
+        (["--tsk", "max_regression"], ["unknown flag --tsk (did you mean --task?)"]),
     ],
 )
 def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words):

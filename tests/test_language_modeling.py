@@ -286,7 +286,11 @@ def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
     in CPU-seconds (4,096 tokens in 0.5 CPU-minutes) and that the wall time is the last process's."""
     results = dict(RESULTS, train_cpu_minutes=0.5, resumed_from_step=32, selected_step=48, selected_by="best eval_loss")
     fields = toolkit.lm_model_card_fields(head("decoder"), results, block_size=8)
-    assert fields["training_speed"] == "137 tokens per CPU-second"
+    assert fields["training_speed"] == "137 tokens per CPU-second; 512 tokens per wall second"
+    # the same run recorded with the keys that name their clock (train_lm.py since 2026-11-25): the same card
+    today = dict({k: v for k, v in results.items() if k != "train_tokens_per_second"},
+                 train_tokens_per_wall_second=512.0, train_tokens_per_cpu_second=4096 / 30)
+    assert toolkit.lm_model_card_fields(head("decoder"), today, block_size=8) == fields
     assert fields["weights"].startswith("step 48 of 64: the checkpoint with the lowest validation loss")
     assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
     fields = toolkit.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
@@ -316,13 +320,14 @@ def test_the_model_card_reports_model_flops_and_mfu():
     gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_second=4e5, **flops,
                **toolkit.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
     fields = toolkit.lm_model_card_fields(head("decoder"), gpu, block_size=8)
-    assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP/s, **MFU "
+    assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP per wall "
+                                     "second, **MFU "
                                      "40.4%** of NVIDIA H100 80GB HBM3: 989.4 TFLOPS bf16 dense tensor-core peak "
                                      "(NVIDIA datasheet)")
     assert fields["hardware"] == "NVIDIA H100 80GB HBM3, CPU a CPU"
     assert fields["training_speed"] == "400,000 tokens per wall second"
     cpu = dict(RESULTS, **flops, **toolkit.model_flops_utilization(512.0, 1e9, None, "bf16"))
     fields = toolkit.lm_model_card_fields(head("decoder"), cpu, block_size=8)
-    assert fields["model_flops"].endswith("; 0.512 TFLOP/s; MFU not measured: no peak table for CPUs")
+    assert fields["model_flops"].endswith("; 0.512 TFLOP per wall second; MFU not measured: no peak table for CPUs")
     assert fields["hardware"] == "a CPU"
     assert toolkit.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")

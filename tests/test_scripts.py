@@ -130,6 +130,44 @@ def test_lm_results_table_and_plot(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+def test_lm_results_reads_the_keys_that_name_their_clock_as_the_old_ones(tmp_path):
+    """A run recorded with today's keys (train_wall_seconds, train_cpu_seconds_whole_run, ...) gives the row the same
+    run recorded with the old ones gives (results/ keeps such files)."""
+    old = {"family": "decoder", "attention": "softmax", "feature_map": "elu", "parameters": 5_050_633,
+           "train_tokens": 3_000_000, "train_tokens_per_second": 1700.0, "validation_perplexity": 250.0,
+           "test_perplexity": 240.0, "test_accuracy": 0.2, "wall_time_seconds": 1800.0, "train_seconds": 1500.0,
+           "threads_per_process": 1, "budget_clock": "cpu", "train_seconds_whole_run": 1680.0,
+           "validation_seconds": 60.0, "test_seconds": 90.0}
+    renamed = {"train_tokens_per_second": "train_tokens_per_wall_second", "train_seconds": "train_wall_seconds",
+               "train_seconds_whole_run": "train_cpu_seconds_whole_run", "validation_seconds": "validation_wall_seconds",
+               "test_seconds": "test_wall_seconds"}
+    new = {renamed.get(key, key): value for key, value in old.items()}
+    rows = []
+    for name, result in (("old", old), ("new", new)):
+        (tmp_path / name / "run").mkdir(parents=True)
+        (tmp_path / name / "run" / "all_results.json").write_text(json.dumps(result))
+        rows.append(run_script("lm_results.py", tmp_path / name, timeout=120).splitlines()[2])
+    assert rows[0] == rows[1] and "| 28.0 |" in rows[0] and "| 1,786 |" in rows[0] and rows[0].endswith("| 2.5 wall |")
+
+
+def test_the_results_scripts_read_old_keys_as_the_toolkit_does():
+    """scripts/results_common.py keeps its own copy of the renamed keys (the tables need no torch): the same as the
+    toolkit's, and the same reading of a run of any date."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import results_common
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from hf_settransformer import toolkit
+
+    assert results_common.RENAMED_RESULT_KEYS == toolkit.RENAMED_RESULT_KEYS
+    for results in ({"train_seconds": 1.0, "train_seconds_whole_run": 2.0, "budget_clock": "cpu", "train_tokens": 60,
+                     "train_cpu_minutes": 0.5, "test_seconds": 3.0},
+                    {"train_seconds_whole_run": 2.0, "train_tokens": 60, "train_cpu_minutes": 0.5, "gpu_name": "x"},
+                    {"train_seconds": 9.0, "train_seconds_before": 3.0, "train_seconds_this_process": 4.0}):
+        assert results_common.upgrade_results(results) == toolkit.upgrade_results(results)
+
+
 def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -141,6 +179,18 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
     assert curve_label_and_style(dict(run, next_token_mode="window")) == ("encoder, softmax, one target / window", "-.")
     assert curve_label_and_style(dict(run, family="decoder", attention="linear", feature_map="exp")) == (
         "decoder, linear exp", ":")
+
+
+@pytest.mark.parametrize("script,args,flag,nearest", [
+    ("push_run.py", ["run", "user/name", "--privte"], "--privte", "--private"),
+    ("lm_results.py", ["runs", "--copy_tp", "kept"], "--copy_tp", "--copy_to"),
+    ("set_results.py", ["runs", "--copy-too", "kept"], "--copy-too", "--copy_to"),
+])
+def test_the_results_and_push_scripts_name_a_misspelt_flag_with_the_nearest_one(tmp_path, script, args, flag,
+                                                                                nearest):
+    result = subprocess.run([sys.executable, str(script_path(script)), *args], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and f"unknown flag {flag} (did you mean {nearest}?)" in result.stderr, result.stderr
 
 
 def test_set_results_table(tmp_path):
@@ -174,14 +224,17 @@ def test_set_results_table(tmp_path):
         },
         "lm": {"family": "decoder", "validation_perplexity": 1.0},  # not a set run: left out
     }
+    # the same mixture run recorded with today's keys (train_wall_seconds): the same row
+    runs["mog-today"] = {("train_wall_seconds" if k == "train_seconds" else "train_wall_seconds_before"
+                          if k == "train_seconds_before" else k): v for k, v in runs["mog"].items()}
     for name, result in runs.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "all_results.json").write_text(json.dumps(result))
     stdout = run_script("set_results.py", tmp_path / "runs", "--copy_to", tmp_path / "kept", timeout=120)
     lines = stdout.splitlines()
-    assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
+    assert len(lines) == 5  # header, rule, three set runs: max regression first, then the mixtures
     assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | ? |"
-    assert lines[3] == (
+    assert lines[3] == lines[4] == (
         "| mixture_of_gaussians | ISAB(16)+PMA | 3 + 2 | softmax | 400,000 | 30,000 + 10,000 x 10 | linear "
         "| log-likelihood / point | -1.5123 (oracle -1.4700) | -1.5009 | 150.0 min |"
     )
@@ -455,7 +508,8 @@ def test_train_sets_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_
     # the checkpoints carry the package's completion marker; the resumed run reports the whole run's training time
     assert (tmp_path / "checkpoint-6" / COMPLETE_MARKER).is_file()
     results = json.loads((tmp_path / "all_results.json").read_text())
-    assert results["train_seconds"] > results["train_seconds_this_process"] > 0
+    assert results["train_wall_seconds"] > results["train_wall_seconds_this_process"] > 0
+    assert "train_seconds" not in results
     # restarted after its last checkpoint: evaluates again without a 7th step
     third = run(6, seed=1)
     assert third["global_step"] == 6
@@ -480,7 +534,7 @@ def test_train_sets_model_name_or_path_continues_a_saved_model(tmp_path):
     assert second["parameters"] == first["parameters"] and second["hidden_size"] == 16
     assert second["num_decoder_layers"] == 2  # from the checkpoint's config, not the task default (1)
     assert second["steps"] == 3 and second["steps_before"] == 5
-    assert second["train_seconds_before"] == pytest.approx(first["train_seconds"])
+    assert second["train_wall_seconds_before"] == pytest.approx(first["train_wall_seconds"])
     # the architecture comes from the checkpoint: giving it too is an error, as is another task's checkpoint
     clash = run_train_sets(
         tmp_path / "x",

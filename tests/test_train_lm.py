@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,9 +135,14 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
         "train_perplexity",
         "validation_perplexity",
         "test_perplexity",
-        "train_tokens_per_second",
+        "train_tokens_per_wall_second",
+        "train_tokens_per_cpu_second",
+        "train_wall_seconds",
+        "train_cpu_minutes",
         "parameters",
         "wall_time_seconds",
+        "validation_wall_seconds",
+        "test_wall_seconds",
         "validation_accuracy",
         "test_accuracy",
         "validation_cpu_seconds",
@@ -163,7 +169,16 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
 
     flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
-    assert results["train_model_flops_per_second"] == pytest.approx(results["train_tokens_per_second"] * flops)
+    assert results["train_model_flops_per_wall_second"] == pytest.approx(results["train_tokens_per_wall_second"] * flops)
+    # every duration and speed names its clock, alike in all_results.json, the printed table and the card
+    old = {"train_seconds", "train_seconds_whole_run", "train_tokens_per_second", "validation_seconds", "test_seconds"}
+    assert not old & set(results) and results["train_cpu_seconds_whole_run"] > 0
+    for key in ("train_tokens_per_wall_second", "train_tokens_per_cpu_second", "train_wall_seconds",
+                "train_cpu_minutes"):
+        assert f"| {key} " in result.stdout, key
+    speeds = (f"{results['train_tokens_per_cpu_second']:,.0f} tokens per CPU-second; "
+              f"{results['train_tokens_per_wall_second']:,.0f} tokens per wall second")
+    assert f"| training speed | {speeds} on " in card
     assert results["mfu"] is None and results["mfu_note"] == "no peak table for CPUs"
     assert results["gpu_name"] is None and results["preset"] == "tiny"
     assert "| model FLOPs |" in card and "MFU not measured: no peak table for CPUs" in card
@@ -280,10 +295,10 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
     # the CPU time the checkpoint's marker recorded is carried into the whole run's
     before = json.loads((killed / f"checkpoint-{rb['resumed_from_step']}" / COMPLETE_MARKER).read_text())
-    assert before["clock"] == "cpu" and rb["train_seconds_whole_run"] > before["train_seconds"] > 0
+    assert before["clock"] == "cpu" and rb["train_cpu_seconds_whole_run"] > before["train_seconds"] > 0
     # on CPU the budget clock is this process's CPU time (a 1-thread run: CPU-minutes are its CPU time)
     assert ra["budget_clock"] == rb["budget_clock"] == "cpu"
-    assert rb["train_cpu_minutes"] == pytest.approx(rb["train_seconds_whole_run"] / 60)
+    assert rb["train_cpu_minutes"] == pytest.approx(rb["train_cpu_seconds_whole_run"] / 60)
     # the training loss averages the whole run (logged every step here), not only the steps after the resume
     assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5)
     assert [p["step"] for p in rb["validation_curve"]] == [p["step"] for p in ra["validation_curve"]] == [4, 8, 12, 16]
@@ -440,6 +455,75 @@ def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path,
         assert f"| validation perplexity | **{results['validation_perplexity']:.2f}**" in card
         assert "split: validation" in card and "split: test" not in card and "| test perplexity" not in card
         assert "None" not in card.split("```json")[0] and "nan" not in card.lower()
+
+
+def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path, corpus, monkeypatch):
+    """What the README says: like the Trainer's `create_model_card`, every run that trains (or pushes) writes a card
+    with what it measured, a perplexity for each split it evaluated and none without evaluation; a run that only
+    evaluates writes all_results.json and no card."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("the card is written by every run that trains or pushes, with what the run measured: a perplexity for each "
+            "split it evaluated (`--do_eval`, which a periodic evaluation implies as in transformers, and "
+            "`--do_predict`), none without them; a run that only evaluates writes `all_results.json`") in readme
+    script = train_lm_module()
+    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
+
+    def main(out, *drop, extra=()):
+        args = [str(a) for a in common_args(corpus, out, "decoder", steps=4, extra=extra)]
+        for flag in drop:  # a switch, or a flag with its value
+            i = args.index(flag)
+            del args[i : i + (1 if flag.startswith("--do_") else 2)]
+        script.main(args)
+        return (out / "README.md").read_text() if (out / "README.md").exists() else None
+
+    validated = main(tmp_path / "validated", "--do_predict")
+    assert "| validation perplexity |" in validated and "| test perplexity |" not in validated
+    assert re.findall(r"split: (\w+)", validated) == ["validation"]
+    # without a validation split there is no periodic evaluation to imply --do_eval (as transformers implies it)
+    trained = main(tmp_path / "trained", "--do_eval", "--do_predict", "--validation_file")
+    assert "| training tokens |" in trained and "perplexity |" not in trained and "model-index" not in trained
+    evaluated = main(tmp_path / "evaluated", "--do_train", "--do_predict",
+                     extra=["--model_name_or_path", tmp_path / "validated"])
+    results = json.loads((tmp_path / "evaluated" / "all_results.json").read_text())
+    assert evaluated is None and results["validation_perplexity"] > 0 and "train_tokens" not in results
+
+
+LOAD_TOKENIZER = """
+import sys
+if sys.argv[2] == "package":
+    import hf_settransformer  # registers the model types (the README's line)
+else:
+    sys.modules["hf_settransformer"] = None  # the tokenizer's files alone: nothing of the package
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+print("loaded", tokenizer("the of and")["input_ids"])
+"""
+
+
+def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warning(tmp_path, corpus, monkeypatch):
+    """The README's `AutoTokenizer.from_pretrained(run_folder)`, no trust_remote_code: a plain tokenizer (a transformers
+    class, no auto_map) that loads with stdin closed (a "Do you wish to run the custom code? [y/N]" prompt would read
+    no and be followed by transformers' "model of type ``" warning) and nothing on stderr; its files alone need no
+    package at all. The model still loads as remote code."""
+    script = train_lm_module()
+    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
+    out = tmp_path / "run"
+    script.main([str(a) for a in common_args(corpus, out, "decoder", steps=2) if a not in ("--do_eval", "--do_predict")])
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend") and "auto_map" not in config
+    alone = tmp_path / "tokenizer-files"
+    alone.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (alone / name).write_bytes((out / name).read_bytes())
+    expected = f"loaded {[int(i) for i in script.AutoTokenizer.from_pretrained(out)('the of and')['input_ids']]}"
+    for folder, mode in ((out, "package"), (alone, "bare")):
+        loaded = subprocess.run([sys.executable, "-c", LOAD_TOKENIZER, str(folder), mode], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert loaded.returncode == 0 and loaded.stdout.strip() == expected, loaded.stdout + loaded.stderr[-3000:]
+        assert loaded.stderr == "", loaded.stderr[-3000:]  # no prompt, no warning about the model type
+    remote = subprocess.run([sys.executable, "-c", LOAD_FROM_HUB, str(out)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert remote.returncode == 0, remote.stderr[-3000:]
 
 
 def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
@@ -668,6 +752,22 @@ def test_a_json_command_gets_the_preset_and_keeps_its_values(tmp_path, monkeypat
     model_args, _, args, command = train_lm_module().parse_arguments(None)
     assert (model_args.preset, args.learning_rate, args.per_device_train_batch_size) == ("gpu", 5e-4, 32)
     assert command == str(tmp_path / "args.json")
+
+
+def test_a_misspelt_flag_is_named_with_the_nearest_one(tmp_path, monkeypatch):
+    """A flag the script does not have, on the command line or as a key of a JSON command, ends the run naming it and
+    the nearest flag it has (transformers' own message suggests nothing), before anything is created."""
+    script = train_lm_module()
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as err:
+        script.main(["--do_train", "--output_dir", str(out), "--max_train_minuts", "5", "--lerning_rate=1e-3"])
+    assert str(err.value.code) == ("unknown flag --max_train_minuts (did you mean --max_train_minutes?); "
+                                   "unknown flag --lerning_rate (did you mean --learning_rate?)")
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(out), "do_train": True, "max_stesp": 3}))
+    monkeypatch.setattr(sys, "argv", ["train_lm.py", str(tmp_path / "args.json")])
+    with pytest.raises(SystemExit, match=r"^unknown flag --max_stesp \(did you mean --max_steps\?\)$"):
+        script.main(None)
+    assert not out.exists()
 
 
 def test_training_defaults_on_cuda_and_for_several_processes():

@@ -58,6 +58,38 @@ def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path)
     lock.release()
 
 
+def test_the_release_removes_the_lock_file_and_the_folders_the_lock_made_if_empty(tmp_path):
+    made = OutputDirLock(tmp_path / "outputs" / "run").acquire()
+    assert (tmp_path / "outputs" / "run" / LOCK_FILE).is_file()
+    made.release()
+    assert not (tmp_path / "outputs").exists()  # made by acquire, nothing written: both levels go
+    written = OutputDirLock(tmp_path / "outputs" / "run").acquire()
+    (tmp_path / "outputs" / "run" / "all_results.json").write_text("{}")
+    written.release()
+    assert sorted(p.name for p in (tmp_path / "outputs" / "run").iterdir()) == ["all_results.json"]
+    kept = OutputDirLock(tmp_path).acquire()  # a folder that was there: kept, without the lock file
+    kept.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
+def test_a_lock_file_removed_by_its_releasing_holder_is_opened_again(tmp_path, monkeypatch):
+    """A process that opened the lock file just before its holder released (and removed) it must not lock that
+    removed file (a third process would lock a new one at the same time): it opens the path again."""
+    first = OutputDirLock(tmp_path, command="first").acquire()
+    stale = first._open()  # opened while the first run holds the file
+    first.release()
+    second = OutputDirLock(tmp_path, command="second")
+    opens = iter([stale])
+    real_open = second._open
+    monkeypatch.setattr(second, "_open", lambda: next(opens, None) or real_open())
+    second.acquire()
+    assert second._is_the_file_at_path(second.handle) and stale.closed
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["command"] == "second"
+    with pytest.raises(OutputDirLockedError, match="in use by process"):
+        OutputDirLock(tmp_path).acquire()
+    second.release()
+
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "folder"])
 def test_the_lock_never_writes_through_a_link_or_into_a_non_file(tmp_path, kind):
     """A link planted at the lock's path (to a file of someone else's) is refused, and the file is untouched."""
@@ -410,7 +442,11 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
     assert first["train_perplexity"] == pytest.approx(math.exp(first["train_loss"]))
     assert first["resumed_from_step"] is None and first["max_train_minutes"] is None
     assert not first["stopped_by_time_budget"] and first["budget_clock"] == "cpu"
-    assert first["train_cpu_minutes"] == pytest.approx(first["train_seconds_whole_run"] / 60)
+    assert first["train_cpu_minutes"] == pytest.approx(first["train_cpu_seconds_whole_run"] / 60)
+    # every duration and speed names its clock; the CPU speed is the whole run's tokens over its CPU time
+    assert first["train_tokens_per_cpu_second"] == pytest.approx(first["train_tokens"] / (first["train_cpu_minutes"] * 60))
+    assert first["train_tokens_per_wall_second"] == pytest.approx(first["train_tokens"] / first["train_wall_seconds"])
+    assert not {"train_seconds", "train_seconds_whole_run", "train_tokens_per_second"} & set(first)
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "trainer_state.json").is_file()
     assert (tmp_path / "checkpoint-3" / COMPLETE_MARKER).is_file()
     # resumed from step 3: the same weights, the training loss of the whole run, the time before the checkpoint
@@ -422,7 +458,7 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
     assert resumed["resumed_from_step"] == 3 and resumed["train_steps"] == 6
     assert resumed["train_loss"] == pytest.approx(first["train_loss"], rel=1e-5)
     marker = json.loads((tmp_path / "checkpoint-3" / COMPLETE_MARKER).read_text())
-    assert resumed["train_seconds_whole_run"] > marker["train_seconds"] > 0
+    assert resumed["train_cpu_seconds_whole_run"] > marker["train_seconds"] > 0
     for name, tensor in trainer.model.state_dict().items():
         assert torch.equal(tensor, again.model.state_dict()[name]), name
 
@@ -487,17 +523,38 @@ def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
     """MFU = tokens/s x FLOPs per token / (peak x devices); None with the reason on a CPU, an unknown GPU, or without a
     timed step."""
     h100 = toolkit.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
-    assert h100["train_model_flops_per_second"] == pytest.approx(1e14)
+    assert h100["train_model_flops_per_wall_second"] == pytest.approx(1e14)
     assert h100["mfu"] == pytest.approx(1e14 / (2 * 989.4e12)) and h100["mfu_peak_flops_per_device"] == 989.4e12
     assert h100["mfu_note"].endswith("x 2 devices")
     cpu = toolkit.model_flops_utilization(1e5, 1e9, None, "bf16")
-    assert cpu["train_model_flops_per_second"] == pytest.approx(1e14)
+    assert cpu["train_model_flops_per_wall_second"] == pytest.approx(1e14)
     assert cpu["mfu"] is None and cpu["mfu_note"] == "no peak table for CPUs"
     unknown = toolkit.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
     assert unknown["mfu"] is None and "'Tesla T4'" in unknown["mfu_note"]
     untimed = toolkit.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
-    assert untimed["mfu"] is None and untimed["train_model_flops_per_second"] is None
+    assert untimed["mfu"] is None and untimed["train_model_flops_per_wall_second"] is None
     assert untimed["mfu_note"] == "no training steps timed in this process"
+
+
+def test_results_of_any_date_read_with_the_keys_that_name_their_clock():
+    """all_results.json written before the keys named their clock (results/ keeps such files) reads with today's
+    names; today's come back as they are."""
+    old = {"train_seconds": 100.0, "train_tokens_per_second": 40.0, "train_seconds_whole_run": 180.0,
+           "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_seconds": 5.0,
+           "test_seconds": 6.0, "train_model_flops_per_second": 1e9, "validation_cpu_seconds": 4.0}
+    assert toolkit.upgrade_results(old) == {
+        "train_wall_seconds": 100.0, "train_tokens_per_wall_second": 40.0, "train_cpu_seconds_whole_run": 180.0,
+        "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_wall_seconds": 5.0,
+        "test_wall_seconds": 6.0, "train_model_flops_per_wall_second": 1e9, "validation_cpu_seconds": 4.0,
+        "train_tokens_per_cpu_second": 20.0}
+    # a run from before the budget clock was recorded counted wall time; on a GPU there is no per-CPU-second speed
+    earliest = toolkit.upgrade_results({"train_seconds_whole_run": 60.0, "train_tokens": 10, "train_cpu_minutes": 2.0,
+                                        "gpu_name": "NVIDIA H100 80GB HBM3"})
+    assert earliest["train_wall_seconds_whole_run"] == 60.0 and earliest["train_tokens_per_cpu_second"] is None
+    sets = toolkit.upgrade_results({"train_seconds": 9.0, "train_seconds_this_process": 4.0, "train_seconds_before": 2.0})
+    assert sets == {"train_wall_seconds": 9.0, "train_wall_seconds_this_process": 4.0, "train_wall_seconds_before": 2.0}
+    today = toolkit.upgrade_results(old)
+    assert toolkit.upgrade_results(today) == today
 
 
 def test_write_model_card_fills_the_fields_it_is_given(tmp_path):

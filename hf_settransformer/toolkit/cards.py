@@ -22,7 +22,7 @@ import transformers
 
 from ..attention import attention_kernel
 from .objectives import MLM_PROBABILITY, is_masked_lm, objective_of
-from .training import write_text_atomically
+from .training import upgrade_results, write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
 # WikiText-2's three files (`wikitext-2-v1`; PyTorch's word_language_model ships them byte-identical as train.txt,
@@ -72,14 +72,15 @@ def _field_names(text):
 def lm_model_card_fields(model, results, family=None, block_size=None, mlm_probability=MLM_PROBABILITY):
     """The `${name}` fields of the language-model card templates (`CARD_TEMPLATES`: lm_model_card.md, and
     mlm_model_card.md for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
-    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_second,
-    wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision, train_cpu_minutes, train_steps,
-    device; where present resumed_from_step, selected_step, selected_by, gpu_name and the model FLOPs of
-    `model_flops_utilization`). `family` defaults to the one `model_type` names. What the run did not measure (no
-    --do_eval, --do_predict or --do_train: no perplexity, no training speed) is None, so that `write_model_card`
-    leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
+    all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_wall_second,
+    train_tokens_per_cpu_second, wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision,
+    train_cpu_minutes, train_steps, device; where present resumed_from_step, selected_step, selected_by, gpu_name and
+    the model FLOPs of `model_flops_utilization`; the keys of earlier runs are read too, `upgrade_results`). `family`
+    defaults to the one `model_type` names. What the run did not measure (no --do_eval, --do_predict or --do_train: no
+    perplexity, no training speed) is None, so that `write_model_card` leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
     `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
     config, objective = model.config, objective_of(model)
+    results = upgrade_results(results)
     trained = _measured(results, "train_tokens") is not None
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)
@@ -142,24 +143,24 @@ def _measured(results, key, form="{}"):
 
 
 def _card_training_speed(results):
-    """Training tokens per CPU-second over the whole run, resumes included, where the run recorded its CPU-minutes
-    (the same whether or not other work shared the cores); else, and on a GPU, this process's tokens per wall
-    second."""
-    if results.get("train_cpu_minutes") and not results.get("gpu_name"):
-        return f"{results['train_tokens'] / (results['train_cpu_minutes'] * 60):,.0f} tokens per CPU-second"
-    speed = _measured(results, "train_tokens_per_second", "{:,.0f}")
-    return None if speed is None else f"{speed} tokens per wall second"
+    """all_results.json's training speeds, each named by its clock as there and in train_lm.py's table: tokens per
+    CPU-second (the whole run, resumes included, all processes; the same whether or not other work shared the cores;
+    on a CPU only) and tokens per wall second (this process). None where neither was measured."""
+    speeds = [f"{speed} tokens per {unit}" for key, unit in (("train_tokens_per_cpu_second", "CPU-second"),
+                                                            ("train_tokens_per_wall_second", "wall second"))
+              if (speed := _measured(results, key, "{:,.0f}")) is not None]
+    return "; ".join(speeds) or None
 
 
 def _card_model_flops(results):
     """The model FLOPs of training and their utilisation of the device's peak (`model_flops_utilization`)."""
-    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_second")
+    per_token, achieved = results.get("model_flops_per_token"), results.get("train_model_flops_per_wall_second")
     if per_token is None:
         return "not recorded (a run made before train_lm.py counted them, or one that did not train)"
     text = f"{per_token / 1e6:,.1f} MFLOP per training token ({results['model_flops_formula']})"
     if achieved is None:
         return f"{text}; no training step timed in this process"
-    text += f"; {achieved / 1e12:,.3g} TFLOP/s"
+    text += f"; {achieved / 1e12:,.3g} TFLOP per wall second"
     if results.get("mfu") is None:
         return f"{text}; MFU not measured: {results['mfu_note']}"
     return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"

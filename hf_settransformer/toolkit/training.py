@@ -15,6 +15,7 @@ Needs torch and transformers only (no accelerate or datasets); the modeling file
 
 import contextlib
 import copy
+import dataclasses
 import errno
 import inspect
 import json
@@ -54,38 +55,47 @@ class OutputDirLock:
     """A run owns its output folder: two runs writing one folder would interleave checkpoints and results, and a
     resuming run would move aside the checkpoint a live run is still writing.
 
-    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` and writes the holder's pid, host,
-    start time and command into it. The kernel drops the lock when its process ends, however it ends (SIGKILL
-    included), so a dead holder's folder is taken over without a word, and a live holder's gives
-    `OutputDirLockedError` naming its pid and host. Hold it for the whole run (`release()` or the end of the
-    process frees it). On systems without `fcntl` (Windows) no lock is taken."""
+    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` (making the folder where there is
+    none) and writes the holder's pid, host, start time and command into it. The kernel drops the lock when its
+    process ends, however it ends (SIGKILL included), so a dead holder's folder is taken over without a word, and a
+    live holder's gives `OutputDirLockedError` naming its pid and host. Hold it for the whole run: `release()` removes
+    the lock file, and the folders `acquire()` made if nothing else was written into them (a run that failed before
+    writing anything leaves no trace). On systems without `fcntl` (Windows) no lock is taken."""
 
     def __init__(self, output_dir, command=""):
         self.path = Path(output_dir) / LOCK_FILE
-        self.command, self.handle = command, None
+        self.command, self.handle, self.created = command, None, []
 
     def acquire(self):
         try:
             import fcntl
         except ImportError:  # not POSIX: run unlocked
             return self
+        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self._open()
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip()
-            handle.close()
+        self.created = [p for p in missing if p.is_dir()]  # deepest first, as release removes them
+        while True:
+            handle = self._open()
             try:
-                info = json.loads(holder)
-                who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
-            except (ValueError, KeyError, TypeError):
-                who = "another process"
-            raise OutputDirLockedError(
-                f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it to "
-                "finish, stop it, or pass another --output_dir."
-            ) from None
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                try:
+                    info = json.loads(holder)
+                    who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
+                except (ValueError, KeyError, TypeError):
+                    who = "another process"
+                raise OutputDirLockedError(
+                    f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it "
+                    "to finish, stop it, or pass another --output_dir."
+                ) from None
+            # a holder's release removes the file: one opened before that removal is locked by no one else, so a
+            # lock on it would be a second lock on the folder; open the path again
+            if self._is_the_file_at_path(handle):
+                break
+            handle.close()
         handle.seek(0)
         handle.truncate()
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -111,10 +121,27 @@ class OutputDirLock:
             raise OutputDirLockedError(f"{self.path} cannot be opened as a lock file: {err}") from None
         return os.fdopen(fd, "r+")
 
+    def _is_the_file_at_path(self, handle):
+        """Whether the open `handle` is the file now at the lock's path (not one a releasing holder removed)."""
+        try:
+            ours, now = os.fstat(handle.fileno()), os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (ours.st_dev, ours.st_ino) == (now.st_dev, now.st_ino)
+
     def release(self):
-        if self.handle is not None:
-            self.handle.close()  # closing the file drops the flock; the file stays (a later run reuses it)
-            self.handle = None
+        if self.handle is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # while still locked: a process that opened it meanwhile opens the path again
+        self.handle.close()  # closing the file drops the flock
+        self.handle = None
+        for folder in self.created:  # made by acquire and still empty: the run wrote nothing there
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.created = []
 
     def __enter__(self):
         return self.acquire()
@@ -180,17 +207,48 @@ def parse_flags(parse, *args, **kwargs):
         raise SystemExit(str(err)) from None
 
 
+def unknown_flags_message(parser, unknown):
+    """What to say of `unknown`, the arguments an `argparse` parser (an `HfArgumentParser` too) left over
+    (`parse_known_args`): each flag it does not take named with the nearest one it does ("did you mean", difflib, as a
+    config key the config lacks is named), and any value that belongs to no flag. transformers' own message ("Some
+    specified arguments are not used by the HfArgumentParser") suggests nothing."""
+    import difflib
+
+    flags = sorted(option for option in parser._option_string_actions if option.startswith("--"))
+    problems, after_flag = [], False
+    for arg in unknown:
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0]
+            near = difflib.get_close_matches(name, flags, n=1)
+            problems.append(f"unknown flag {name}" + (f" (did you mean {near[0]}?)" if near else ""))
+            after_flag = "=" not in arg
+        elif after_flag:  # the unknown flag's value
+            after_flag = False
+        else:
+            problems.append(f"unexpected argument {arg!r} (no flag takes it)")
+    return "; ".join(problems)
+
+
+def check_flags(parser, args):
+    """Raises a `ValueError` naming every argument of `args` that `parser` does not take, with the nearest flag it does
+    (`unknown_flags_message`). `args`: a command line (a list of strings), or for an `HfArgumentParser` a dict of
+    field values (what `parse_dict` takes: a key is a flag without its dashes). Call it before
+    `parse_args_into_dataclasses` / `parse_dict`, so that a misspelt flag is the error, not a value check of the
+    dataclasses built without it."""
+    if isinstance(args, dict):
+        fields = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
+        unknown = [f"--{key}" for key in args if key not in fields]
+    else:
+        _, unknown = parser.parse_known_args(args=args)
+    if unknown:
+        raise ValueError(unknown_flags_message(parser, unknown))
+
+
 def load_pretrained(flag, value, load, **kwargs):
     """`load(value, **kwargs)` (a `from_pretrained`) for a saved folder or a Hub repo id; a value that is neither, or
     that fails to load, ends the process naming the script's `flag` (transformers reads a missing folder as a repo id
     and answers "Repo id must be in the form ..."), and saying so when the Hub is off (HF_HUB_OFFLINE)."""
-    path = Path(value).expanduser()
-    offline = (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
-               if huggingface_hub.is_offline_mode() else "")
-    if path.exists() and not path.is_dir():
-        raise SystemExit(f"{flag} {value}: is a file; a saved model or tokenizer is a folder (save_pretrained).")
-    if not path.is_dir() and not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", value):
-        raise SystemExit(f"{flag} {value}: no such folder (and not a Hub repo id).{offline}")
+    path = check_pretrained_name(flag, value)
     try:
         return load(str(path) if path.is_dir() else value, **kwargs)
     except (OSError, ValueError) as err:
@@ -200,8 +258,25 @@ def load_pretrained(flag, value, load, **kwargs):
             raise
         raise SystemExit(
             f"{flag} {value}: no such folder, and no Hub repo of that name could be loaded: "
-            f"{str(err).splitlines()[0]}{offline}"
+            f"{str(err).splitlines()[0]}{_offline_note()}"
         ) from None
+
+
+def check_pretrained_name(flag, value):
+    """What `load_pretrained` checks before loading, without loading: `value` is a folder, or has the form of a Hub repo
+    id; a file or a missing folder ends the process naming `flag`. Returns the path (`~` expanded)."""
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"{flag} {value}: is a file; a saved model or tokenizer is a folder (save_pretrained).")
+    if not path.is_dir() and not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", value):
+        raise SystemExit(f"{flag} {value}: no such folder (and not a Hub repo id).{_offline_note()}")
+    return path
+
+
+def _offline_note():
+    # what a failed load adds where the Hub is off
+    return (" The Hub is not reachable (HF_HUB_OFFLINE is set): only folders and models already in the cache load."
+            if huggingface_hub.is_offline_mode() else "")
 
 
 def from_main_process(value):
@@ -392,7 +467,7 @@ def resolve_resume(training_args, script="train"):
     value = training_args.resume_from_checkpoint
     if not _resume_requested(value):
         return None
-    if str(value).lower() in ("true", "1", "last", "latest"):
+    if _resume_newest(value):
         folders = sorted(
             (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
             key=checkpoint_step,
@@ -408,6 +483,22 @@ def resolve_resume(training_args, script="train"):
             logger.info(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
             return None
         return str(complete[-1])
+    return check_resume_checkpoint(training_args)
+
+
+def _resume_newest(value):
+    """Whether `--resume_from_checkpoint` names no folder but asks for the newest complete checkpoint."""
+    return str(value).lower() in ("true", "1", "last", "latest")
+
+
+def check_resume_checkpoint(training_args):
+    """The checkpoint folder `--resume_from_checkpoint` names, checked (a folder, complete, with a readable marker and
+    step; SystemExit naming the flag otherwise), or None where it names none (not given, or "true": the newest in
+    --output_dir, which `resolve_resume` finds under the lock). Reads only: a script can call it before it makes its
+    output folder."""
+    value = training_args.resume_from_checkpoint
+    if not _resume_requested(value) or _resume_newest(value):
+        return None
     if not Path(value).is_dir():
         raise SystemExit(f"--resume_from_checkpoint {value}: no such folder (a checkpoint-<step> folder of a run, or "
                          "true for the newest complete one in --output_dir).")
@@ -782,18 +873,20 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     the trainer state, and returns what the run measured, the steps before a resume included:
 
     train_loss (mean over the whole run, `whole_run_train_loss`), train_perplexity (its exp), train_steps, max_steps,
-    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_second
-    (this process's steps over its elapsed seconds), train_seconds (elapsed, this process), resumed_from_step,
-    budget_clock, train_seconds_whole_run (on the clock of `timer`, a `TimedEvalCallback`, across resumes; None when
-    resumed from a checkpoint that did not record it), train_cpu_minutes (CPU-minutes of all processes),
-    max_train_minutes and stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint`
-    the model now holds."""
+    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_wall_second
+    (this process's steps over its elapsed seconds), train_wall_seconds (elapsed, this process), resumed_from_step,
+    budget_clock, train_cpu_seconds_whole_run or train_wall_seconds_whole_run (on the clock of `timer`, a
+    `TimedEvalCallback`, across resumes; None when resumed from a checkpoint that did not record it),
+    train_cpu_minutes (CPU-minutes of all processes; on the wall clock, wall minutes x threads),
+    train_tokens_per_cpu_second (the whole run's tokens over its CPU-minutes, on a CPU), max_train_minutes and
+    stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint` the model now holds.
+    Every duration and speed names its clock: wall (elapsed) or CPU (process time, all threads)."""
     timer = timer or next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimedEvalCallback))
     per_step = tokens_per_step(trainer.args, example_length)
     train_start = time.time()
     resumed_from = checkpoint_step(resume) if resume else 0
     process_loss = train_unless_finished(trainer, resume, script)
-    train_seconds = time.time() - train_start
+    wall_seconds = time.time() - train_start
     with stops_say_where_to_resume(trainer.args.output_dir, script=script):
         save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
     steps_done = trainer.state.global_step - resumed_from
@@ -805,23 +898,55 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     world = trainer.args.world_size
     threads = torch.get_num_threads() * world
     cpu_minutes = None if whole_seconds is None else whole_seconds / 60 * (world if timer.clock == "cpu" else threads)
-    return dict(
-        train_loss=train_loss,
-        train_perplexity=math.exp(train_loss),
-        train_steps=trainer.state.global_step,
-        max_steps=trainer.args.max_steps,
-        train_tokens=tokens,
-        train_examples=tokens // example_length,
-        train_tokens_per_second=steps_done * per_step / train_seconds if steps_done else None,
-        train_seconds=train_seconds,
-        resumed_from_step=resumed_from or None,
-        budget_clock=timer.clock,
-        train_seconds_whole_run=whole_seconds,
-        train_cpu_minutes=cpu_minutes,
-        max_train_minutes=budget.minutes if budget is not None else None,
-        stopped_by_time_budget=budget is not None and budget.stopped_at_step is not None,
+    on_cpu = trainer.args.device.type == "cpu"
+    return {
+        "train_loss": train_loss,
+        "train_perplexity": math.exp(train_loss),
+        "train_steps": trainer.state.global_step,
+        "max_steps": trainer.args.max_steps,
+        "train_tokens": tokens,
+        "train_examples": tokens // example_length,
+        "train_tokens_per_wall_second": steps_done * per_step / wall_seconds if steps_done else None,
+        "train_tokens_per_cpu_second": tokens / (cpu_minutes * 60) if cpu_minutes and on_cpu else None,
+        "train_wall_seconds": wall_seconds,
+        "resumed_from_step": resumed_from or None,
+        "budget_clock": timer.clock,
+        f"train_{timer.clock}_seconds_whole_run": whole_seconds,
+        "train_cpu_minutes": cpu_minutes,
+        "max_train_minutes": budget.minutes if budget is not None else None,
+        "stopped_by_time_budget": budget is not None and budget.stopped_at_step is not None,
         **selected_checkpoint(trainer),
-    )
+    }
+
+
+# all_results.json keys renamed to name their clock (old -> new). Files written before keep the old names (results/);
+# `upgrade_results` reads them with the new ones. `train_seconds_whole_run` became
+# `train_<budget_clock>_seconds_whole_run`.
+RENAMED_RESULT_KEYS = {
+    "train_seconds": "train_wall_seconds",
+    "train_seconds_this_process": "train_wall_seconds_this_process",
+    "train_seconds_before": "train_wall_seconds_before",
+    "train_tokens_per_second": "train_tokens_per_wall_second",
+    "train_model_flops_per_second": "train_model_flops_per_wall_second",
+    "validation_seconds": "validation_wall_seconds",
+    "test_seconds": "test_wall_seconds",
+}
+
+
+def upgrade_results(results):
+    """A run's results (the all_results.json of train_lm.py or train_sets.py, of any date) with today's key names: the
+    old ones of `RENAMED_RESULT_KEYS` renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where a run
+    did not record one: its timer counted wall time), and `train_tokens_per_cpu_second` computed where a CPU run
+    recorded its CPU-minutes and not the speed. A new dict; results with today's names come back equal."""
+    upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}
+    if "train_seconds_whole_run" in upgraded:
+        clock = upgraded.get("budget_clock") or "wall"
+        upgraded[f"train_{clock}_seconds_whole_run"] = upgraded.pop("train_seconds_whole_run")
+    cpu_minutes, tokens = upgraded.get("train_cpu_minutes"), upgraded.get("train_tokens")
+    if "train_tokens_per_cpu_second" not in upgraded and "train_tokens" in upgraded:
+        on_cpu = cpu_minutes and tokens is not None and not upgraded.get("gpu_name")
+        upgraded["train_tokens_per_cpu_second"] = tokens / (cpu_minutes * 60) if on_cpu else None
+    return upgraded
 
 
 def selected_checkpoint(trainer):
@@ -931,14 +1056,14 @@ def peak_flops(device_name, precision="bf16"):
 def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):
     """Model FLOPs utilisation (MFU, PaLM appendix B): achieved model FLOP/s over the peak of the `devices` used.
     `tokens_per_second`: training tokens of all processes per second; `flops_per_token`: model FLOPs of training on
-    one token (forward and backward). -> {"train_model_flops_per_second", "mfu" (a fraction, None without a peak),
+    one token (forward and backward). -> {"train_model_flops_per_wall_second", "mfu" (a fraction, None without a peak),
     "mfu_peak_flops_per_device", "mfu_note" (the peak used, or why there is no MFU)}."""
     achieved = None if tokens_per_second is None or flops_per_token is None else tokens_per_second * flops_per_token
     peak, note = peak_flops(device_name, precision)
     if achieved is None:
         note = "no training steps timed in this process" if tokens_per_second is None else "no model FLOPs count"
     mfu = None if achieved is None or peak is None else achieved / (peak * devices)
-    return {"train_model_flops_per_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
+    return {"train_model_flops_per_wall_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
             "mfu_note": note + (f", x {devices} devices" if mfu is not None and devices > 1 else "")}
 
 
