@@ -52,7 +52,9 @@ def test_legacy_checkpoint_loads_and_gives_the_same_outputs(name, loader):
     with torch.no_grad():
         outputs = model(**inputs, return_dict=True)
     for key, value in expected.items():
-        torch.testing.assert_close(outputs[key], value, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name} {key}: {m}")
+        # the fixtures' outputs were computed on another CPU: its kernels sum in another order (up to 1.2e-5 apart on
+        # an AVX2-only machine); a checkpoint loaded wrongly is off by far more
+        torch.testing.assert_close(outputs[key], value, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name} {key}: {m}")
 
 
 @pytest.mark.parametrize("name", NAMES)
