@@ -19,7 +19,7 @@ CUDA (`--device cuda`; batch 4, bf16 inputs, lengths 1k ... 64k unless told othe
   exact elu+1 feature map applied outside it (in fp32, cast back to the inputs' dtype), when `fla` can be imported
   (`pip install flash-linear-attention==0.6.0`; skipped with the reason otherwise).
 Every linear contender is first checked against the fp32 PyTorch op at a short length. The chunk sweep runs the
-PyTorch kernel. The summary gives the issue's ratios per length: ours causal elu (Triton) against fla (time and
+PyTorch kernel. The summary gives the target ratios per length: ours causal elu (Triton) against fla (time and
 memory), causal exp against causal elu, causal exp against SDPA causal.
 
 Peak memory is the most the allocator held above what was allocated before one forward+backward (the inputs are
@@ -352,7 +352,7 @@ def summarize(rows, table, args):
 
 
 def summarize_gpu(rows):
-    """The issue's targets per length (issue 37): ours causal elu (Triton) at least as fast as fla, with no more peak
+    """The GPU targets per length: ours causal elu (Triton) at least as fast as fla, with no more peak
     memory; causal exp within 1.5x of causal elu; causal exp faster than SDPA causal from 8k tokens on."""
     elu, exp = "ours causal elu (Triton)", "ours causal exp (Triton)"
     lines, summary = [], {}

@@ -20,7 +20,7 @@ The compiled steps are compiled afresh for every batch size and context (inside 
     python benchmarks/bench_generation.py                                  # full run: contexts 128 ... 8192
     python benchmarks/bench_generation.py --contexts 128 1024 --steps 20   # quicker
     python benchmarks/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
-        --profile                                                       # issue 34's GPU targets, with a profile
+        --profile                                                       # the GPU targets, with a profile
     python benchmarks/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
 
 Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`); with
@@ -40,7 +40,7 @@ from transformers import StaticCache
 from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 from hf_settransformer.cache import LinearAttentionCache
 
-# issue 34's targets (ms per token, batch 1, hidden 512, 8 layers, bf16, context 2048, on a GPU)
+# the GPU targets (ms per token, batch 1, hidden 512, 8 layers, bf16, context 2048, on a GPU)
 TARGETS_MS = {"softmax": 10.0, "linear": 5.0, "softmax_static_compiled": 3.0, "linear_compiled": 3.0}
 
 
@@ -238,7 +238,7 @@ def print_summary(rows, args):
             f"{args.contexts[-1]} = {value['softmax_over_linear_at_longest']:.1f}x (target >= 5x)"
         )
     at = [r for r in rows if r["batch"] == 1 and r["context"] == 2048]
-    if at:  # issue 34's targets are for batch 1 at context 2048 (hidden 512, 8 layers, bf16, a GPU)
+    if at:  # the GPU targets are for batch 1 at context 2048 (hidden 512, 8 layers, bf16, a GPU)
         got = [f"{n} {at[0][n]['ms_per_token']:.2f} ms (target <= {t:g})" for n, t in TARGETS_MS.items() if n in at[0]]
         print("batch 1, context 2048: " + "; ".join(got))
     return summary
