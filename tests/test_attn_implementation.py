@@ -145,6 +145,7 @@ def test_cached_generation_agrees(uncompiled_flex, cache):
     "padded row, a different one from run to run, with one thread too (seen here; SDPA and uncompiled flex agree)",
     strict=False,
 )
+@pytest.mark.slow
 def test_compiled_flex_attention_runs_a_padded_decoder():
     """The real path (transformers compiles flex attention; one static shape here) gives SDPA's result on CPU."""
     torch._dynamo.reset()

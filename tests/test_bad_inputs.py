@@ -483,6 +483,7 @@ def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words
 
 # ------------------------------------------------------------------------------------------------------ races, kills
 
+@pytest.mark.slow
 def test_a_second_run_on_a_live_runs_folder_stops_and_moves_nothing(tmp_path, texts):
     """Run A trains; run B on the same folder with --resume_from_checkpoint true must stop with A named before it
     touches anything (it used to move A's newest checkpoint aside as "incomplete" while A was writing it)."""
@@ -620,6 +621,7 @@ DISK_FULL = {"ENOSPC": (OSError(28, "No space left on device", "optimizer.pt"), 
              "torch writer": (RuntimeError("basic_ios::clear: iostream error"), "the disk is probably full")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", list(DISK_FULL))
 def test_a_full_disk_while_saving_says_so_and_the_previous_checkpoint_resumes(tmp_path, texts, train_lm, monkeypatch,
                                                                             capsys, error):
@@ -677,6 +679,7 @@ def stacks_of_a_stuck_run(run, what):
     pytest.fail(f"train_lm.py {what}; its stderr and thread stacks:\n{stderr[-8000:]}")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_training_names_the_newest_complete_checkpoint_and_exits_130(tmp_path, texts):
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-c", WITH_STACKS, str(ROOT / "scripts" / "train_lm.py"),
@@ -798,6 +801,7 @@ def test_push_run_names_a_damaged_json_file(tmp_path, damaged):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["lm_results", "set_results"])
 def test_results_scripts_name_a_missing_folder_and_skip_a_damaged_file_aloud(tmp_path, script):
     result = run_script(script, tmp_path / "nope")

@@ -17,6 +17,9 @@ from hf_settransformer.attention import AttentionMask, linear_kernel
 from hf_settransformer.cache import LinearAttentionCache, RecurrentStateLayer
 from hf_settransformer.linear_ops import causal_linear_attention, linear_attention_step
 
+# dynamo traces every family and attention type: left out of the fast tier (python -m pytest -m 'not slow')
+pytestmark = pytest.mark.slow
+
 # every base model (the decoder's is causal: its linear-exp case runs the exp kernel's compiled path), and every family's
 # causal-LM head with softmax attention (the heads' own code; linear heads add only tracing time, ~10-30 s each)
 CASES = [(f, a, m, AutoModel) for f in FAMILIES for a, m in ATTENTIONS] + [

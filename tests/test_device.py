@@ -231,6 +231,7 @@ def test_binary_masks_of_any_dtype_give_the_same_output(dtype):
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,cls,attention_type,feature_map", LM_HEADS, ids=LM_IDS)
 def test_compiled_training_forward_and_loss_equal_eager(family, cls, attention_type, feature_map):
     """One graph (fullgraph) for the training forward and loss of every LM head, with padding, equal to eager."""

@@ -120,6 +120,7 @@ def test_run_mlm_evaluation(tmp_path, family):
     assert math.isfinite(metrics["eval_loss"]) and 0.0 <= metrics["eval_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "set_transformer", "perceiver_io"])
 def test_run_glue_training_and_evaluation(tmp_path, family):
     folder = saved_checkpoint(tmp_path / "model", family, AutoModelForSequenceClassification, num_labels=2)

@@ -160,6 +160,7 @@ REMOTE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_remote_code_loads_without_the_package(tmp_path):
     """Every family: save a head, load it through AutoModel and its head's Auto class with trust_remote_code in a
     process where hf_settransformer cannot be imported; outputs are identical."""
@@ -321,6 +322,7 @@ HEADS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,head_auto", HEADS, ids=[f"{f}-{a.__name__}" for f, a in HEADS])
 def test_trainer_lowers_the_loss(tmp_path, family, head_auto):
     config = tiny_config(family, "linear" if family in ("encoder", "perceiver_io") else "softmax")
@@ -354,6 +356,7 @@ def lm_training_loss_drop(
     return before, loss(), trainer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 def test_bf16_autocast_training_lowers_the_loss(tmp_path, family, attention_type, feature_map):
@@ -363,6 +366,7 @@ def test_bf16_autocast_training_lowers_the_loss(tmp_path, family, attention_type
     assert after < 0.8 * before, (before, after)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "family,attention_type,feature_map",
     [("decoder", "linear", "exp"), ("encoder", "softmax", "elu"), ("set_transformer", "linear", "elu"),
@@ -498,6 +502,7 @@ CONFIG_FOLDER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_saved_config_folder_is_enough_to_start_from(tmp_path, family):
     """run_clm.py's --config_name: a folder holding only a config builds the family's models where the package
@@ -540,6 +545,7 @@ RESAVE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["decoder", "set_transformer"])
 def test_a_remote_code_model_saves_again(tmp_path, family):
     """A checkpoint loaded as remote code (the package absent) saves again, directly and through the Trainer, and the

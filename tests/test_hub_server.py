@@ -136,6 +136,7 @@ LOAD = """
 """
 
 
+@pytest.mark.slow
 def test_transformers_push_to_hub_then_from_pretrained(hub, tmp_path):
     commit = run_client(hub, tmp_path / "home_push", PUSH, tmp_path / "pushed.pt").split()[-1]
     assert len(commit) == 40

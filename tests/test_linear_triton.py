@@ -402,6 +402,7 @@ for feature_map, d in [("elu", 64), ("exp", 128)]:
 """
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_an_h100_without_one():
     """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all seven (causal and
     non-causal) for sm_90 (H100),
@@ -595,6 +596,7 @@ def test_prefix_causal_linear_attention_through_the_kernel_equals_the_pytorch_pa
         _assert_close(a, b, 2e-5, 1e-4, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train_key_dropout"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_decoder_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch, count_fused, feature_map, training):
@@ -649,6 +651,7 @@ def test_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch
     assert count_fused_noncausal == [True, False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("feature_map", "training"), [("elu", False), ("exp", True)], ids=["elu-eval", "exp-train"])
 def test_encoder_gives_the_same_logits_and_gradients_with_the_kernel(
     monkeypatch, count_fused_noncausal, feature_map, training
@@ -664,6 +667,7 @@ def test_encoder_gives_the_same_logits_and_gradients_with_the_kernel(
     assert count_fused_noncausal == [True] * config.num_hidden_layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "perceiver_io"])
 def test_next_token_head_gives_the_same_logits_and_gradients_with_the_kernel(monkeypatch, count_fused, family):
     """A tiny linear next-token head (many targets: a bidirectional prefix, then causal targets; Perceiver IO's
@@ -743,6 +747,7 @@ def test_fused_steps_continue_a_prefill_as_the_one_pass_forward(monkeypatch, cou
     assert len(count_fused_step) == n - 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_decoder_generates_the_same_with_the_fused_step(monkeypatch, count_fused_step, feature_map):
     """A tiny linear decoder's cached greedy generation, left-padded: the same tokens and scores with the fused

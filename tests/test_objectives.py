@@ -44,6 +44,7 @@ def test_train_lm_flags_name_one_auto_class_each():
     assert toolkit.auto_class_for_flag("mlm") is transformers.AutoModelForMaskedLM
 
 
+@pytest.mark.slow
 def test_a_new_objective_is_one_row_plus_its_functions(tmp_path):
     # the README's "Extending: an objective", as written there
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -190,6 +190,7 @@ def test_recording_flags_follow_the_config_and_positional_arguments(family):
         assert isinstance(as_tuple, tuple) and len(as_tuple) == len(explicit.to_tuple())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_recording_under_torch_compile_fullgraph(family):
     """The recording hooks and `record_outputs` trace into one graph (no break) and record what eager does; the

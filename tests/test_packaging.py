@@ -71,12 +71,14 @@ OTHER_BLOCKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", OTHER_BLOCKS)
 def test_readme_python_runs_as_written(tmp_path, code):
     """Every Python block of the README and of docs/ (the own-script one aside: the next test) runs as written."""
     run_python(code, tmp_path)
 
 
+@pytest.mark.slow
 def test_readme_own_training_script_runs_and_a_second_run_only_loads(tmp_path):
     """The Trainer script of about 30 lines (docs/training.md), with the package's windows, evaluation and resumption,
     run as written on the text it makes itself; run again in the same folder, it resumes from its final checkpoint,
@@ -194,6 +196,7 @@ for path in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(tmp_path):
     """save_pretrained copies the modeling file of the model and every sibling it imports: none of them may be a
     toolkit module (training, language modeling, set tasks, data collator), and what it carries imports torch,

@@ -28,6 +28,7 @@ def batch(family, auto):
     return {"input_ids": ids, "labels": ids}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,auto", MAIN_HEADS, ids=[f for f, _ in MAIN_HEADS])
 def test_lora_all_linear_trains_saves_reloads_and_merges(tmp_path, family, auto):
     from peft import LoraConfig, PeftModel, get_peft_model

@@ -40,6 +40,7 @@ def run_tiny(script, tmp_path):
     return stdout, json.loads((tmp_path / script.replace(".py", ".json")).read_text())
 
 
+@pytest.mark.slow
 def test_bench_generation_tiny(tmp_path):
     stdout, report = run_tiny("bench_generation.py", tmp_path)
     assert "| batch | context | softmax ms/step | linear ms/step |" in stdout
@@ -54,6 +55,7 @@ def test_bench_generation_tiny(tmp_path):
     assert set(report["summary"]) == {"batch 1", "batch 2"}
 
 
+@pytest.mark.slow
 def test_bench_generation_static_cache_compiled_steps_and_profile(tmp_path):
     """--cache static and --compile add their contenders to the same table (compiled by dynamo's eager backend here:
     no code generation on the test machine); --profile writes a profiler table per contender."""
@@ -72,6 +74,7 @@ def test_bench_generation_static_cache_compiled_steps_and_profile(tmp_path):
     assert "decode_step" in profile
 
 
+@pytest.mark.slow
 def test_lm_results_table_and_plot(tmp_path):
     run = tmp_path / "runs" / "decoder-softmax"
     run.mkdir(parents=True)
@@ -181,6 +184,7 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
         "decoder, linear exp", ":")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args,flag,nearest", [
     ("push_run.py", ["run", "user/name", "--privte"], "--privte", "--private"),
     ("lm_results.py", ["runs", "--copy_tp", "kept"], "--copy_tp", "--copy_to"),
@@ -193,6 +197,7 @@ def test_the_results_and_push_scripts_name_a_misspelt_flag_with_the_nearest_one(
     assert result.returncode == 2 and f"unknown flag {flag} (did you mean {nearest}?)" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_set_results_table(tmp_path):
     runs = {
         "mog": {
@@ -242,6 +247,7 @@ def test_set_results_table(tmp_path):
     assert not (tmp_path / "kept" / "lm").exists()
 
 
+@pytest.mark.slow
 def test_bench_sets_tiny(tmp_path):
     stdout, report = run_tiny("bench_sets.py", tmp_path)
     rows = {r["size"]: r for r in report["rows"]}
@@ -257,6 +263,7 @@ def test_bench_sets_tiny(tmp_path):
     assert (tmp_path / "bench_sets.png").exists()
 
 
+@pytest.mark.slow
 def test_bench_attention_tiny(tmp_path):
     stdout, report = run_tiny("bench_attention.py", tmp_path)
     assert "| n | softmax (SDPA) |" in stdout
@@ -276,6 +283,7 @@ def test_bench_attention_tiny(tmp_path):
     assert (tmp_path / "bench_attention.png").exists()
 
 
+@pytest.mark.slow
 def test_bench_crossover_tiny(tmp_path):
     stdout, report = run_tiny("bench_crossover.py", tmp_path)
     assert [r["length"] for r in report["rows"]] == [16, 32, 64]
@@ -328,6 +336,7 @@ TRAINING_CONTENDERS = {  # name in the report -> the package it needs
 }
 
 
+@pytest.mark.slow
 def test_bench_training_tiny(tmp_path):
     stdout, report = run_tiny("bench_training.py", tmp_path)
     assert "| contender | parameters | ms/step | tokens/s |" in stdout
@@ -354,6 +363,7 @@ def test_bench_training_tiny(tmp_path):
     assert (tmp_path / "bench_training.png").exists()
 
 
+@pytest.mark.slow
 def test_bench_lm_step_tiny(tmp_path):
     """Every family's training step with the full and the adaptive output layer (and adaptive input), fp32 and bf16
     (compile skipped)."""
@@ -375,6 +385,7 @@ def test_bench_lm_step_tiny(tmp_path):
         assert rows[f"{family} / adaptive-in-out / fp32"]["parameters"] < adaptive["parameters"] - 200 * 32 // 2
 
 
+@pytest.mark.slow
 def test_bench_lm_step_runs_another_checkout_beside_this_one(tmp_path):
     """`--baseline DIR` imports DIR's hf_settransformer as `hfst_baseline` and times every contender with both
     packages in the same run; here the baseline is this very tree, so the two build the same models (same parameter
@@ -402,6 +413,7 @@ PERCEIVER_CONTENDERS = {  # contender -> the package it needs
 }
 
 
+@pytest.mark.slow
 def test_bench_perceiver_tiny(tmp_path):
     stdout, report = run_tiny("bench_perceiver.py", tmp_path)
     assert "| contender | parameters | ms / step | examples/s | vs transformers | peak MiB |" in stdout
@@ -424,6 +436,7 @@ def test_bench_perceiver_tiny(tmp_path):
     assert (tmp_path / "bench_perceiver.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_offline_metrics_load_by_the_names_transformers_example_scripts_use(tmp_path):
     """run_clm/run_mlm/run_glue call evaluate.load("accuracy") (and "mse" for regression); run from
     scripts/metrics/, those names resolve to the folders there, with no Hub access."""
@@ -453,6 +466,7 @@ def train_sets(output_dir, *flags, check=True):
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "task,extra",
     [
@@ -489,6 +503,7 @@ def test_train_sets_a_few_steps_lower_the_loss(tmp_path, task, extra):
         assert (f"init {std:g}" in results["model"]) == (std != 0.02)
 
 
+@pytest.mark.slow
 def test_train_sets_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_path):
     def run(max_steps, seed):
         result = train_sets(tmp_path, "--task", "max_regression", "--max_steps", max_steps,
@@ -521,6 +536,7 @@ def run_train_sets(output_dir, *extra, check=True):
                       "--max_size", 40, "--save_strategy", "no", *extra, check=check)
 
 
+@pytest.mark.slow
 def test_train_sets_model_name_or_path_continues_a_saved_model(tmp_path):
     mog = ["--task", "mixture_of_gaussians"]
     run_train_sets(tmp_path / "first", *mog, "--max_steps", 5, "--hidden_size", 16, "--num_decoder_layers", 2)

@@ -8,6 +8,9 @@ from transformers import EncoderDecoderModel, Seq2SeqTrainer, Seq2SeqTrainingArg
 
 import hf_settransformer as hfst
 
+# minutes of Seq2SeqTrainer training: left out of the fast tier (python -m pytest -m 'not slow')
+pytestmark = pytest.mark.slow
+
 PAD, BOS, EOS, FIRST, SYMBOLS, LENGTH = 0, 1, 2, 3, 10, 5
 VOCAB = FIRST + SYMBOLS
 

@@ -151,6 +151,7 @@ def test_point_cloud_accuracy_and_the_oracle_of_the_mixture():
     assert set(toolkit.TASK_HEADS) == set(toolkit.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
 
 
+@pytest.mark.slow
 def test_pma_classifier_learns_point_clouds_from_fresh_sets():
     """Set elements embedded at std 0.02 all look alike after a few blocks and a PMA head stays at chance (ln 8):
     the fan-in initialisation of the feature projection is what lets it learn (`layers.FeatureProjection`)."""

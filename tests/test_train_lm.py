@@ -102,6 +102,7 @@ def common_args(corpus, output_dir, family="decoder", steps=20, extra=()):
 # ------------------------------------------------------------------------------------------------ runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["decoder", "encoder", "set_transformer", "perceiver_io"])
 def test_tiny_run_for_every_family(tmp_path, corpus, family):
     attention = {"decoder": "linear", "encoder": "softmax", "set_transformer": "linear", "perceiver_io": "softmax"}
@@ -187,6 +188,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     assert f"[train_lm] test perplexity {results['test_perplexity']:.2f}" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "perceiver_io"])
 def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     """--objective mlm: the family's *ForMaskedLM head trains on masked blocks (the loss falls), is evaluated on fixed
@@ -213,6 +215,7 @@ def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     assert toolkit.refresh_model_card(out).read_text() == card
 
 
+@pytest.mark.slow
 def test_offline_dataset_gives_a_clear_message(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     result = subprocess.run(
@@ -228,6 +231,7 @@ def test_offline_dataset_gives_a_clear_message(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_run(tmp_path, corpus):
     out = tmp_path / "ddp"
     # accelerate 1.15: --cpu would start one process; --multi_gpu starts two (torchrun), the script puts them on CPUs
@@ -256,6 +260,7 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
     assert "[train_lm]" in result.stdout
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--save_total_limit", 5, "--max_eval_tokens", 200]
     extra += ["--eval_strategy", "steps", "--eval_steps", 4, "--logging_steps", 1]
@@ -307,6 +312,7 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     assert f"(the last process: resumed at step {rb['resumed_from_step']:,})" in (killed / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_resume_from_the_final_checkpoint_only_evaluates(tmp_path, corpus):
     """A run stopped after its last checkpoint (during the final evaluation, say) and restarted trains no further step:
     same weights, same step count, same perplexities."""
@@ -338,6 +344,7 @@ print(json.dumps({"ids": out[0].tolist(), "text": tokenizer.decode(out[0])}))
 """
 
 
+@pytest.mark.slow
 def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     from hub_server import LocalHub
 
@@ -426,6 +433,7 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
     assert {Path(name).suffix for name in uploaded} <= {".safetensors", ".json", ".py", ".md", ".txt"}, uploaded
 
 
+@pytest.mark.slow
 def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path, corpus):
     """Issue 36: train_lm.py --push_to_hub without --do_predict, then push_run.py of the same folder: both repositories
     get a model card, with the validation perplexity and no test result (no "None" or "nan" in its place)."""
@@ -457,6 +465,7 @@ def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path,
         assert "None" not in card.split("```json")[0] and "nan" not in card.lower()
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path, corpus, monkeypatch):
     """What the README says: like the Trainer's `create_model_card`, every run that trains (or pushes) writes a card
     with what it measured, a perplexity for each split it evaluated and none without evaluation; a run that only
@@ -500,6 +509,7 @@ print("loaded", tokenizer("the of and")["input_ids"])
 """
 
 
+@pytest.mark.slow
 def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warning(tmp_path, corpus, monkeypatch):
     """The README's `AutoTokenizer.from_pretrained(run_folder)`, no trust_remote_code: a plain tokenizer (a transformers
     class, no auto_map) that loads with stdin closed (a "Do you wish to run the custom code? [y/N]" prompt would read
@@ -526,6 +536,7 @@ def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warni
     assert remote.returncode == 0, remote.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
     """scripts/push_run.py names what a folder lacks, and does not publish a folder a live run holds."""
     script = [sys.executable, str(ROOT / "scripts" / "push_run.py")]
@@ -574,6 +585,7 @@ def readme_training_command(marker="--max_train_minutes 90"):
     return shlex.split(command.replace("\\\n", " "))[2:]
 
 
+@pytest.mark.slow
 def test_readme_smoke_command_runs(tmp_path, corpus):
     """The README's two-minute smoke command (tiny preset, half a CPU-minute, 4,096 validation tokens), run as written
     on the test corpus at a few seconds' budget."""
@@ -588,6 +600,7 @@ def test_readme_smoke_command_runs(tmp_path, corpus):
     assert 0 < results["validation_tokens_scored"] <= 4096
 
 
+@pytest.mark.slow
 def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
     """The README's command sets data, output, family, attention and the 90-minute budget, nothing else: the
     hyper-parameters behind the README's numbers are train_lm.py's defaults. Run as written on the test corpus, at the
@@ -615,6 +628,7 @@ def test_readme_training_command_runs_with_the_tuned_defaults(tmp_path, corpus):
     assert budget["evaluation_every"] == 5 and budget["seconds_per_evaluation"] > 0  # validations are planned for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra,message",
     [
@@ -664,6 +678,7 @@ def test_best_checkpoint_default_follows_the_save_and_eval_steps(tmp_path):
         parsed("--save_steps", "3", "--load_best_model_at_end", "true")
 
 
+@pytest.mark.slow
 def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     """A learning rate too high to stay stable makes later validations worse: the run's result (the saved model, the
     evaluation, all_results.json) is the checkpoint of the lowest periodic validation loss, and a second run on the
@@ -692,6 +707,7 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     assert again["test_perplexity"] == pytest.approx(results["test_perplexity"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_refresh_model_card_writes_the_card_again_from_what_the_run_recorded(tmp_path, corpus):
     """lm_results.py --refresh_cards: a run's card is written again from its all_results.json (the recorded command and
     sequence length), replacing whatever card is there; a folder of results alone is passed over; a run that did not

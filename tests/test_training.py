@@ -44,6 +44,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_live_holder_keeps_the_output_folder_and_a_dead_one_loses_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -159,6 +160,7 @@ toolkit.save_model_atomically(trainer) if mode == "atomic" else trainer.save_mod
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["atomic", "in place"])
 def test_sigkill_during_the_final_save_leaves_a_loadable_model(tmp_path, mode):
     """save_model_atomically: a kill while the weights are written leaves the previous complete model. The Trainer's
@@ -347,6 +349,7 @@ trainer.accelerator.end_training()  # gloo threads left running at exit can abor
 """
 
 
+@pytest.mark.slow
 def test_every_rank_takes_the_main_process_time_budget(tmp_path):
     """Two gloo processes whose probes disagree plan the same max_steps (rank 0's): ranks that planned different
     step counts would leave one waiting in a collective at the end of the run."""
@@ -574,6 +577,7 @@ print("pushed", getattr(info, "commit_url", info))
 """
 
 
+@pytest.mark.slow
 def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
     from hub_server import LocalHub
 
