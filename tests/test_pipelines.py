@@ -10,7 +10,8 @@ LM_FAMILIES = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 
 
 def causal_lm(family, attention_type="softmax", feature_map="elu"):
-    config = tiny_config(family, attention_type, feature_map, pad_token_id=0, eos_token_id=2, context_length=6)
+    window = {} if family == "decoder" else {"context_length": 6}  # the decoder has no window: no such field
+    config = tiny_config(family, attention_type, feature_map, pad_token_id=0, eos_token_id=2, **window)
     return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
