@@ -10,7 +10,7 @@ below, as written, reproduces docs/results.md's numbers on a CPU.
 Sizes: `--preset auto` (default) is `small` (tuned for a 2-core CPU) when training on a CPU and `gpu` (width 512,
 8 layers, context 512, dense embedding and full softmax, dropout 0.3) on CUDA; `tiny`, `small`, `base`, `gpu` and
 `gpu-small` by name. The GPU presets also carry batch size, learning rate, warm-up and weight decay, used where the
-command does not give the flag. They hold INITIAL VALUES, UNTUNED: no GPU was available to tune them (issue 34, item 4).
+command does not give the flag. They hold INITIAL VALUES, UNTUNED: no GPU was available to tune them.
 On CUDA the script also uses, where the command does not say otherwise, fused AdamW, 4 persistent dataloader workers
 (pinned memory, transformers' default), `torch_compile` and evaluation batches of 64 (`gpu_training_defaults`).
 
@@ -159,7 +159,7 @@ PRESETS = {
         adaptive_softmax_cutoffs=ADAPTIVE_CUTOFFS,
         adaptive_input_cutoffs=ADAPTIVE_CUTOFFS,
     ),
-    # The GPU presets: INITIAL VALUES, UNTUNED. No GPU was available to tune them (issue 34, item 4: the 10-GPU-minute
+    # The GPU presets: INITIAL VALUES, UNTUNED. No GPU was available to tune them (the 10-GPU-minute
     # sweep is still to run). Dense embedding and full softmax: the adaptive layers save CPU time on the 33k-word
     # output layer, and their data-dependent cluster selection syncs with the host. WikiText-2 has 2M training tokens,
     # so a GPU run is bound by overfitting: more dropout and weight decay than on the CPU.
