@@ -79,7 +79,7 @@ class MAB(GradientCheckpointingLayer):
 
 class SAB(MAB):
     """Set attention block `SAB(X) = MAB(X, X)` (Lee et al. eq. 8): the Set Transformer's encoder layer without
-    inducing points. Its own class so that the model's output recording can tell it from the other MABs."""
+    inducing points, and its decoder layer. Its own class so that output recording and sharding units can name it."""
 
 
 class ISAB(nn.Module):
@@ -127,6 +127,22 @@ class PMA(nn.Module):
             seeds = seeds.mean(dim=1, keepdim=True) + queries  # (b, t, hidden)
         out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask=mask, output_attentions=output_attentions)
         return out, weights
+
+
+BLOCKS = (MAB, ISAB, PMA)
+
+
+def outermost_block_names(model):
+    """The class names of the blocks in `model` that no other block contains, sorted: the units that sharding (FSDP's
+    transformer-based wrapping) and `device_map="auto"` keep whole. A block's own MABs stay inside it."""
+    names, todo = set(), list(model.children())
+    while todo:
+        module = todo.pop()
+        if isinstance(module, BLOCKS):
+            names.add(type(module).__name__)
+        else:
+            todo.extend(module.children())
+    return sorted(names)
 
 
 def masked_mean(hidden_states, key_mask=None):

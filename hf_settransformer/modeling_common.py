@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput, can_return_tuple, logging
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import AttentionMask, attention_kernel
-from .blocks import PMA, masked_mean
+from .blocks import PMA, masked_mean, outermost_block_names
 from .families import family_for_model_type
 from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
@@ -324,6 +324,12 @@ GENERATION_RANGES = {
 }
 
 
+def defining_class(cls):
+    """`cls`, or for a subclass that a wrapper made at run time (FSDP2's `fully_shard`: `FSDP<Name>`, defined in
+    torch), the model class it wraps: the first class of its MRO defined outside torch."""
+    return next(c for c in cls.__mro__ if not c.__module__.startswith("torch."))
+
+
 class HfstPreTrainedModel(PreTrainedModel):
     """Base of every hf_settransformer model.
 
@@ -341,7 +347,9 @@ class HfstPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["MAB", "SAB", "ISAB", "PMA"]
+    # set per model in `post_init` to the blocks it holds (`outermost_block_names`): accelerate's FSDP wrapping and
+    # `device_map="auto"` refuse a class name the model does not contain
+    _no_split_modules = None
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
     keeps_a_cache = False
 
@@ -350,6 +358,10 @@ class HfstPreTrainedModel(PreTrainedModel):
         if not config.vocab_size and config.input_size:
             # continuous inputs: generic code (Trainer, pipelines) reads the input's name here, as for audio models
             self.main_input_name = "input_features"
+
+    def post_init(self):
+        self._no_split_modules = outermost_block_names(self)
+        super().post_init()
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -374,14 +386,26 @@ class HfstPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """As transformers', and the modeling code travels with the weights with an `auto_map` naming every class of
-        the family (`families.FAMILIES`; transformers writes only the saved class, and only for registered ones)."""
+        the family (`families.FAMILIES`; transformers writes only the saved class, and only for registered ones). The
+        code copied is this package's also for a model that a wrapper subclassed (FSDP2's `fully_shard` makes
+        `FSDP<Name>`, defined in torch), and a `state_dict` gathered from shards (FSDP's full state dict, ZeRO-3)
+        stores tied weights once, as the model's own would."""
         family = family_for_model_type(self.config.model_type)
+        own_class = defining_class(type(self))
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **family.auto_map}
-        if self._auto_class is None and type(self).__name__ in family.models and kwargs.get("is_main_process", True):
-            # a head without an Auto class: transformers would not copy its code (before the save: a push uploads it)
+        if not self.is_remote_code() and own_class.__name__ in family.models and kwargs.get("is_main_process", True):
+            # a head without an Auto class, or a wrapper's subclass: transformers would copy no code, or torch's
+            # (before the save: a push uploads it)
             os.makedirs(save_directory, exist_ok=True)
-            custom_object_save(self, save_directory)
+            custom_object_save(own_class, save_directory)
+        if kwargs.get("state_dict") is not None:  # gathered copies: transformers finds tied weights by shared storage
+            kwargs["state_dict"] = {k: v for k, v in kwargs["state_dict"].items() if k not in self.all_tied_weights_keys}
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @classmethod
+    def is_remote_code(cls):
+        """transformers' test, false for a wrapper's subclass (`save_pretrained` copies the code of the class it wraps)."""
+        return super().is_remote_code() and defining_class(cls) is cls
 
     def __call__(self, *args, **kwargs):
         if kwargs and not torch.compiler.is_compiling():

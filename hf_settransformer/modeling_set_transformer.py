@@ -53,7 +53,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         self.encoder_layers = nn.ModuleList([block(config) for _ in range(config.num_hidden_layers)])
         self.encoder_norm = make_norm(config)
         self.pma = PMA(config, num_seeds=config.num_seeds)
-        self.decoder_layers = nn.ModuleList([MAB(config) for _ in range(config.num_decoder_layers)])
+        self.decoder_layers = nn.ModuleList([SAB(config) for _ in range(config.num_decoder_layers)])
         self.decoder_norm = make_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
@@ -91,8 +91,9 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         )
         masks = self.build_masks(mask, hidden_states.shape[:2], prefix_length, hidden_states.device)
 
+        induced = self.config.num_inducing_points > 0  # from the config: a wrapper (FSDP, checkpointing) hides the class
         for layer in self.encoder_layers:
-            if isinstance(layer, ISAB):
+            if induced:
                 hidden_states, _ = layer(
                     hidden_states, masks["induce"], output_attentions, masks["broadcast"], keys_from=prefix_length
                 )

@@ -214,12 +214,22 @@ def target_window_logits(model, full, chunk, ids):
     return logits, target
 
 
+def share_of_batches(batches, rank=0, world_size=1):
+    """This process's share of `batches` (the same list on every process), one in `world_size` from `rank`, and how
+    many passes it makes with nothing to score so that every process makes the same number of forward passes: a
+    sharded model (FSDP, DeepSpeed ZeRO-3) gathers its parameters in every forward, with every process taking part.
+    -> (batches, padding passes)."""
+    mine = batches[rank::world_size]
+    return mine, -(-len(batches) // world_size) - len(mine)
+
+
 @torch.no_grad()
 def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_id=0, progress=None, rank=0,
                      world_size=1):
     """Scores the `windows` [(start, end, scored)] over `[eos] + stream` (module docstring) with `window_logits`
-    (`causal_window_logits`, `target_window_logits`), this process's share (`rank` of `world_size`); windows of one
-    length batch together without padding. -> this process's sums {"nll", "tokens", "correct"}."""
+    (`causal_window_logits`, `target_window_logits`), this process's share of the batches (`rank` of `world_size`,
+    `share_of_batches`); windows of one length batch together without padding. -> this process's sums {"nll",
+    "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
     model.eval()
@@ -227,15 +237,18 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
     full = torch.cat([torch.tensor([eos_id]), stream])
     sums, score = _scores()
     groups = {}
-    for w in windows[rank::world_size]:
+    for w in windows:
         groups.setdefault(w[1] - w[0], []).append(w)
     batches = [g[i : i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
-    for chunk in tqdm(batches, desc=progress, unit="batch", disable=progress is None):
-        # the last window of a split scores fewer tokens: score it alone
-        parts = [chunk] if all(w[2] == chunk[0][2] for w in chunk) else [[w] for w in chunk]
-        for part in parts:
-            ids = torch.stack([full[begin:end] for begin, end, _ in part]).to(device)
-            logits, target = window_logits(model, full, part, ids)
+    # the last window of a split scores fewer tokens: its batch is split into single windows
+    parts = [p for chunk in batches
+             for p in ([chunk] if all(w[2] == chunk[0][2] for w in chunk) else [[w] for w in chunk])]
+    mine, padding = share_of_batches(parts, rank, world_size)
+    passes = [(part, True) for part in mine] + [(parts[0], False)] * padding
+    for part, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
+        ids = torch.stack([full[begin:end] for begin, end, _ in part]).to(device)
+        logits, target = window_logits(model, full, part, ids)
+        if scored:
             score(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     return _totals(sums)
 
@@ -243,7 +256,8 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
 @torch.no_grad()
 def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, rank=0, world_size=1):
     """The one-target head: every token of `stream` after `[eos]` predicted from the up to `context_length` tokens
-    before it (left-padded, masked). -> this process's sums {"nll", "tokens", "correct"}."""
+    before it (left-padded, masked), this process's share of the batches (`share_of_batches`). -> this process's sums
+    {"nll", "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
     model.eval()
@@ -252,13 +266,16 @@ def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, ra
     sums, score = _scores()
     context = model.config.context_length
     padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
-    positions = torch.arange(1, len(full))[rank::world_size]
-    for i in tqdm(range(0, len(positions), batch_size), desc=progress, unit="batch", disable=progress is None):
-        pos = positions[i : i + batch_size]
+    positions = torch.arange(1, len(full))
+    starts, padding = share_of_batches(list(range(0, len(positions), batch_size)), rank, world_size)
+    passes = [(start, True) for start in starts] + [(0, False)] * padding
+    for start, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
+        pos = positions[start : start + batch_size]
         ids = torch.stack([padded[s : s + context] for s in (pos - 1).tolist()])
         mask = (torch.arange(context)[None, :] >= (context - pos)[:, None]).long()  # real tokens only
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0]
-        score(logits, full[pos])
+        if scored:
+            score(logits, full[pos])
     return _totals(sums)
 
 
@@ -281,29 +298,31 @@ def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability
     `block_size`, in each a fixed `probability` share of its positions (drawn with `seed`, never a token of
     `special_ids`) replaced by `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL
     per masked token, "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every
-    call, so runs compare. Under several processes each scores its share of the blocks (`rank`, `world_size`); sum
+    call, so runs compare. Under several processes each scores its share of the batches (`rank`, `world_size`,
+    `share_of_batches`); sum
     `loss_sum`, `correct` and `tokens_scored` over processes (returned too)."""
     blocks = BlockDataset(stream, block_size).blocks
     generator = torch.Generator().manual_seed(seed)
     special = torch.tensor(sorted(special_ids), dtype=torch.long)
     masks = torch.stack([masked_positions(block_size, probability, generator, torch.isin(b, special)) for b in blocks])
-    mine = range(rank, len(blocks), world_size)
+    starts, padding = share_of_batches(list(range(0, len(blocks), batch_size)), rank, world_size)
+    passes = [(start, True) for start in starts] + [(0, False)] * padding
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     loss_sum, correct, scored = 0.0, 0, 0
-    starts = list(range(0, len(mine), batch_size))
-    iterator = starts
+    iterator = passes
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(starts, desc=progress, unit="batch")
+        iterator = tqdm(passes, desc=progress, unit="batch")
     try:
-        for start in iterator:
-            index = torch.tensor(list(mine[start : start + batch_size]), dtype=torch.long)
-            ids, mask = blocks[index], masks[index]
+        for start, counts in iterator:
+            ids, mask = blocks[start : start + batch_size], masks[start : start + batch_size]
             inputs = ids.masked_fill(mask, mask_token_id).to(device)
             logits = model(input_ids=inputs).logits[mask.to(device)].float()  # (masked, vocab)
+            if not counts:
+                continue
             targets = ids[mask].to(device)
             loss_sum += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
             correct += int((logits.argmax(-1) == targets).sum())

@@ -357,11 +357,31 @@ def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
     shutil.rmtree(source_dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def whole_model_saves(trainer):
+    """Within it, `trainer.save_model` of an FSDP model writes what one process would (`model.safetensors`,
+    `config.json`, the code): with `SHARDED_STATE_DICT` the Trainer saves no model at all, only its checkpoints'
+    distributed state. Every process takes part in gathering the weights."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if not trainer.is_fsdp_enabled or plugin is None or "FULL_STATE_DICT" in str(plugin.state_dict_type):
+        yield
+        return
+    from torch.distributed.fsdp import StateDictType
+
+    sharded = plugin.state_dict_type
+    plugin.state_dict_type = StateDictType.FULL_STATE_DICT
+    try:
+        yield
+    finally:
+        plugin.state_dict_type = sharded
+
+
 def save_model_atomically(trainer, output_dir=None):
     """`trainer.save_model(output_dir)` written through a temporary folder beside it and moved into place file by file
     (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
     truncated `model.safetensors`. Every process calls it, as `save_model`. A model with a config gets its class's
-    `use_cache` default back first (`restore_use_cache`): the saved model is for inference."""
+    `use_cache` default back first (`restore_use_cache`): the saved model is for inference. A sharded model (FSDP with
+    either state-dict type, ZeRO-3) is saved whole, as one process saves it (`whole_model_saves`)."""
     output_dir = Path(output_dir or trainer.args.output_dir)
     config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)  # None: a plain nn.Module
     if config is not None:
@@ -370,7 +390,8 @@ def save_model_atomically(trainer, output_dir=None):
     if trainer.args.should_save:
         shutil.rmtree(tmp, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(tmp))
+    with whole_model_saves(trainer):
+        trainer.save_model(str(tmp))
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
         replace_atomically(tmp, output_dir)
@@ -1079,9 +1100,32 @@ class PerplexityLoggingTrainer(transformers.Trainer):
         return super().log(logs, *args, **kwargs)
 
 
+def sharding_of(model):
+    """How `model`'s parameters are split between processes: None when every process holds all of them (one process,
+    DDP, DeepSpeed ZeRO-1/2), else the engine's name ("FSDP", "FSDP2", "DeepSpeed ZeRO-3")."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.tensor import DTensor
+
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel) and module.sharding_strategy != ShardingStrategy.NO_SHARD:
+            return "FSDP"
+    for p in model.parameters():
+        if isinstance(p, DTensor) and any(placement.is_shard() for placement in p.placements):
+            return "FSDP2"
+        if hasattr(p, "ds_id"):  # partitioned by ZeRO-3 (zero.Init or the engine); ZeRO-1/2 leave parameters whole
+            return "DeepSpeed ZeRO-3"
+    return None
+
+
 def replica_checksums(trainer):
     """One weight checksum (the sum of every parameter, in float64) per data-parallel process, gathered on every
-    process; RuntimeError when the replicas disagree. Every process must call it (it is a collective)."""
+    process; RuntimeError when the replicas disagree. Every process must call it (it is a collective). None, with a
+    log line, when the parameters are sharded (FSDP, ZeRO-3): each process holds a different part, there is no
+    replica to compare (and a shard's sum says nothing about the model)."""
+    sharding = sharding_of(trainer.model_wrapped)
+    if sharding is not None:
+        logger.info(f"replica check skipped: the parameters are sharded ({sharding}), no process holds a replica")
+        return None
     checksum = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).sum().reshape(1)
     sums = [float(c) for c in trainer.accelerator.gather(checksum.to(trainer.accelerator.device))]
     if len(set(sums)) != 1:
