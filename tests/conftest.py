@@ -9,6 +9,9 @@ import torch
 # Triton kernel on a CPU. With a GPU the kernels run compiled and this stays unset.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # deepspeed (installed by dev) is imported by accelerate whenever a model is saved; told its accelerator, it does
+    # not warn "Setting accelerator to CPU" in every process (the ZeRO-3 tests run on it)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest
 import transformers

@@ -402,3 +402,25 @@ def test_deepspeed_zero3_lm_heads_match_one_process(tmp_path):
             assert r["sharding"] == ["DeepSpeed ZeRO-3"] * 2, r
             assert r["init_deviations"] == [], r
             assert math.isfinite(r["loss"]), r
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_device_map_auto_keeps_blocks_whole_and_gives_the_same_logits(tmp_path, family):
+    """`from_pretrained(device_map="auto")` with a memory limit of 80% of the weights: part of the model stays in
+    memory, the rest is offloaded to disk, split only between the blocks `_no_split_modules` names, and the logits are
+    the model's own."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = hfst.FAMILIES[family].model_classes()["AutoModelForCausalLM"](tiny_config(family)).eval()
+    model.save_pretrained(tmp_path / "model")
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map="auto", max_memory={"cpu": int(size * 0.8)},
+                                                  offload_folder=tmp_path / "offload").eval()
+    placed = loaded.hf_device_map
+    assert set(placed.values()) == {"cpu", "disk"}, placed
+    blocks = {name for name, module in loaded.named_modules() if type(module).__name__ in loaded._no_split_modules}
+    assert not any(name.startswith(f"{block}.") for name in placed for block in blocks), placed  # never inside one
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)

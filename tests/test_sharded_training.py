@@ -19,9 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 FSDP_ON_CPU = ROOT / "tests" / "fixtures" / "fsdp_on_cpu.py"
 FSDP2_CONFIG = ROOT / "configs" / "accelerate" / "fsdp2.yaml"
-from test_train_lm import common_args, corpus  # noqa: E402,F401  (corpus: the module-scoped fixture)
+from test_train_lm import common_args, write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 FAMILIES = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 

@@ -28,9 +28,12 @@ WORDS = "the of and in to a was on for as with by is at from his that it an were
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def write_corpus(folder):
     """WikiText-like files: lines of words, blank lines, ' = Heading = ' lines, <unk>s. Within a line the words
     follow a fixed cycle, so the next word is predictable and a model that learns shows it."""
-    folder = tmp_path_factory.mktemp("corpus")
     g = torch.Generator().manual_seed(0)
 
     def lines(n):
