@@ -110,6 +110,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     replica_checksums,
     resolve_resume,
     run_environment,
+    sharding_of,
     timed_callbacks,
     token_stream,
     tokens_per_step,
@@ -624,6 +625,8 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
     # in fp32 whatever the training precision: accelerate wraps a trained model's forward in autocast, which a run
     # that resumes after its last checkpoint (and so never trains) would not have: the perplexity must not depend on it
     model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    if sharding_of(trainer.model_wrapped) == "FSDP":  # FSDP1: only the wrapper gathers the root's parameters
+        model = trainer.model_wrapped
     batch = args.per_device_eval_batch_size * objective_of(model).eval_batch_factor
     is_main = args.process_index == 0
     for split in [s for s, wanted in (("validation", args.do_eval), ("test", args.do_predict)) if wanted]:

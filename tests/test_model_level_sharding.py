@@ -252,6 +252,54 @@ def test_fsdp2_sharded_lm_heads_match_one_process(tmp_path):
                 assert r["state_dict_keys"] > 0, r
 
 
+def fsdp1_case(family, attention_type, feature_map):
+    """FSDP1's wrapper (`FullyShardedDataParallel` around each `_no_split_modules` block and the root, as accelerate's
+    transformer-based wrapping does): the blocks are wrapper objects, not the model's classes."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from hf_settransformer import blocks
+
+    model = lm_model(family, attention_type, feature_map)
+    reference = copy.deepcopy(model)
+    policy = ModuleWrapPolicy({getattr(blocks, name) for name in model._no_split_modules})
+    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=torch.device("cpu"),
+                                       use_orig_params=True)
+    input_ids, labels = lm_batch(family)
+    loss = wrapped(input_ids=rank_rows(input_ids), labels=rank_rows(labels)).loss
+    loss.backward()
+    with FullyShardedDataParallel.summon_full_params(wrapped, with_grads=True):
+        grads = {name.replace("_fsdp_wrapped_module.", ""): p.grad.clone() for name, p in wrapped.named_parameters()}
+    reference_loss, reference_grads = reference_step(reference, family)
+    return {
+        "case": case_name(family, attention_type, feature_map, {}),
+        "units": sum(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules()),
+        "sharding": [sharding_of(wrapped), sharding_of(reference)],
+        "loss": [mean_over_ranks(loss), reference_loss],
+        "grad_differences": differences(grads, reference_grads),
+    }
+
+
+FSDP1_CASES = [(family, a, m) for family in FAMILIES for a, m in ATTENTIONS]
+FSDP1_SCRIPT = FSDP2_SCRIPT.replace("FSDP2_CASES, fsdp2_case", "FSDP1_CASES, fsdp1_case").replace(
+    "[fsdp2_case(*case) for case in FSDP2_CASES]", "[fsdp1_case(*case) for case in FSDP1_CASES]"
+)
+
+
+@pytest.mark.slow
+def test_fsdp1_wrapped_lm_heads_match_one_process(tmp_path):
+    """Every family x attention under FSDP1's wrappers (2 ranks, 2 rows each): the forward runs (the Set Transformer
+    used to tell ISAB from SAB by `isinstance`, which the wrapper defeats), the loss averaged over the ranks and every
+    gathered gradient are one process's, and `sharding_of` says "FSDP"."""
+    ranks = run_launched(FSDP1_SCRIPT, tmp_path)
+    assert [r["case"] for r in ranks[0]] == [case_name(*case, {}) for case in FSDP1_CASES]
+    for results in ranks:
+        for r in results:
+            assert r["units"] >= 2 and r["sharding"] == ["FSDP", None], r
+            assert math.isclose(*r["loss"], rel_tol=RTOL, abs_tol=ATOL), r
+            assert r["grad_differences"] == {}, r
+
+
 # ------------------------------------------------------------------------------------------------- DeepSpeed ZeRO-3
 
 ZERO3_CONFIG = {

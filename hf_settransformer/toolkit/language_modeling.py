@@ -214,7 +214,7 @@ def target_window_logits(model, full, chunk, ids):
     return logits, target
 
 
-def share_of_batches(batches, rank=0, world_size=1):
+def _share_of_batches(batches, rank=0, world_size=1):
     """This process's share of `batches` (the same list on every process), one in `world_size` from `rank`, and how
     many passes it makes with nothing to score so that every process makes the same number of forward passes: a
     sharded model (FSDP, DeepSpeed ZeRO-3) gathers its parameters in every forward, with every process taking part.
@@ -228,7 +228,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
                      world_size=1):
     """Scores the `windows` [(start, end, scored)] over `[eos] + stream` (module docstring) with `window_logits`
     (`causal_window_logits`, `target_window_logits`), this process's share of the batches (`rank` of `world_size`,
-    `share_of_batches`); windows of one length batch together without padding. -> this process's sums {"nll",
+    `_share_of_batches`); windows of one length batch together without padding. -> this process's sums {"nll",
     "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
@@ -243,7 +243,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
     # the last window of a split scores fewer tokens: its batch is split into single windows
     parts = [p for chunk in batches
              for p in ([chunk] if all(w[2] == chunk[0][2] for w in chunk) else [[w] for w in chunk])]
-    mine, padding = share_of_batches(parts, rank, world_size)
+    mine, padding = _share_of_batches(parts, rank, world_size)
     passes = [(part, True) for part in mine] + [(parts[0], False)] * padding
     for part, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
         ids = torch.stack([full[begin:end] for begin, end, _ in part]).to(device)
@@ -256,7 +256,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
 @torch.no_grad()
 def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, rank=0, world_size=1):
     """The one-target head: every token of `stream` after `[eos]` predicted from the up to `context_length` tokens
-    before it (left-padded, masked), this process's share of the batches (`share_of_batches`). -> this process's sums
+    before it (left-padded, masked), this process's share of the batches (`_share_of_batches`). -> this process's sums
     {"nll", "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
@@ -267,7 +267,7 @@ def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, ra
     context = model.config.context_length
     padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
     positions = torch.arange(1, len(full))
-    starts, padding = share_of_batches(list(range(0, len(positions), batch_size)), rank, world_size)
+    starts, padding = _share_of_batches(list(range(0, len(positions), batch_size)), rank, world_size)
     passes = [(start, True) for start in starts] + [(0, False)] * padding
     for start, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
         pos = positions[start : start + batch_size]
@@ -299,13 +299,13 @@ def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability
     `special_ids`) replaced by `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL
     per masked token, "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every
     call, so runs compare. Under several processes each scores its share of the batches (`rank`, `world_size`,
-    `share_of_batches`); sum
+    `_share_of_batches`); sum
     `loss_sum`, `correct` and `tokens_scored` over processes (returned too)."""
     blocks = BlockDataset(stream, block_size).blocks
     generator = torch.Generator().manual_seed(seed)
     special = torch.tensor(sorted(special_ids), dtype=torch.long)
     masks = torch.stack([masked_positions(block_size, probability, generator, torch.isin(b, special)) for b in blocks])
-    starts, padding = share_of_batches(list(range(0, len(blocks), batch_size)), rank, world_size)
+    starts, padding = _share_of_batches(list(range(0, len(blocks), batch_size)), rank, world_size)
     passes = [(start, True) for start in starts] + [(0, False)] * padding
     device = next(model.parameters()).device
     was_training = model.training

@@ -358,7 +358,7 @@ def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
 
 
 @contextlib.contextmanager
-def whole_model_saves(trainer):
+def _whole_model_saves(trainer):
     """Within it, `trainer.save_model` of an FSDP model writes what one process would (`model.safetensors`,
     `config.json`, the code): with `SHARDED_STATE_DICT` the Trainer saves no model at all, only its checkpoints'
     distributed state. Every process takes part in gathering the weights."""
@@ -381,7 +381,7 @@ def save_model_atomically(trainer, output_dir=None):
     (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
     truncated `model.safetensors`. Every process calls it, as `save_model`. A model with a config gets its class's
     `use_cache` default back first (`restore_use_cache`): the saved model is for inference. A sharded model (FSDP with
-    either state-dict type, ZeRO-3) is saved whole, as one process saves it (`whole_model_saves`)."""
+    either state-dict type, ZeRO-3) is saved whole, as one process saves it (`_whole_model_saves`)."""
     output_dir = Path(output_dir or trainer.args.output_dir)
     config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)  # None: a plain nn.Module
     if config is not None:
@@ -390,7 +390,7 @@ def save_model_atomically(trainer, output_dir=None):
     if trainer.args.should_save:
         shutil.rmtree(tmp, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    with whole_model_saves(trainer):
+    with _whole_model_saves(trainer):
         trainer.save_model(str(tmp))
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
