@@ -53,7 +53,9 @@ def free_port():
 
 
 def training_args(corpus, out, family, extra=()):
-    args = common_args(corpus, out, family, steps=4, extra=["--save_strategy", "steps", "--save_steps", 2, *extra])
+    """4 steps, a checkpoint and a validation every 2: the run ends with its best checkpoint."""
+    args = common_args(corpus, out, family, steps=4, extra=["--save_strategy", "steps", "--save_steps", 2,
+                                                             "--eval_strategy", "steps", "--eval_steps", 2, *extra])
     drop = args.index("--save_strategy")  # common_args' "no", replaced by the extra's
     return args[:drop] + args[drop + 2:]
 
@@ -84,7 +86,11 @@ def test_fsdp2_trains_evaluates_and_saves_with_the_shipped_config(tmp_path, corp
     results = json.loads((out / "all_results.json").read_text())
     assert results["device"].endswith("x 2") and results["replica_checksums"] is None
     assert "replica check skipped: the parameters are sharded (FSDP2)" in result.stdout + result.stderr
-    assert (out / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir()  # SHARDED_STATE_DICT: each rank's part
+    # SHARDED_STATE_DICT checkpoints (each rank's part); the run ends with its best one, the same on every rank
+    state = json.loads((out / "trainer_state.json").read_text())
+    losses = {e["step"]: e["eval_loss"] for e in state["log_history"] if "eval_loss" in e}
+    assert results["selected_step"] == min(losses, key=losses.get) and results["selected_by"] == "best eval_loss"
+    assert (out / f"checkpoint-{results['selected_step']}" / "pytorch_model_fsdp_0").is_dir()
 
     # the folder one process would write
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # every family's language-model head

@@ -429,8 +429,17 @@ class CompleteCheckpointCallback(TrainerCallback):
         self.timer = timer
 
     def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        best = Path(args.output_dir) / f"checkpoint-{state.best_global_step}" if state.best_global_step else None
+        if args.load_best_model_at_end and best is not None and best.is_dir() and state.best_model_checkpoint != str(best):
+            # transformers 5.23 records the best checkpoint only if its folder exists when it looks, which under FSDP's
+            # SHARDED_STATE_DICT is before anything is written to it: the ranks then disagree (None on one, an older
+            # checkpoint on another), and the best-model load at the end runs mismatched collectives. Every rank sees
+            # the folder now; the checkpoint's own state says so too.
+            state.best_model_checkpoint = str(best)
+            if state.is_world_process_zero and folder.is_dir():
+                state.save_to_json(str(folder / "trainer_state.json"))
         if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
                 tmp = folder / (COMPLETE_MARKER + ".tmp")
                 marker = {
