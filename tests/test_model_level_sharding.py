@@ -356,6 +356,28 @@ def zero3_case(family, attention_type, feature_map, overrides):
     }
 
 
+def zero3_save_case(family, folder):
+    """The save a Trainer makes under ZeRO-3 (`stage3_gather_16bit_weights_on_model_save`): the engine's consolidated
+    state dict through `save_pretrained`, against one process saving the reference after the same SGD step. On rank
+    0 (the one that saves): the differences of the weights files and of the code files."""
+    from safetensors.torch import load_file
+
+    model = lm_model(family)
+    reference = copy.deepcopy(model)
+    engine, _ = zero3_step(model, family)
+    state = engine._zero3_consolidated_16bit_state_dict()  # collective; the whole state on rank 0 only
+    result = {"case": family}
+    if dist.get_rank() == 0:
+        engine.module.save_pretrained(Path(folder) / f"{family}-zero3", state_dict=state)
+        reference_step(reference, family)
+        reference.save_pretrained(Path(folder) / f"{family}-one")
+        saved, alone = (load_file(Path(folder) / f"{family}-{kind}" / "model.safetensors") for kind in ("zero3", "one"))
+        code = [sorted(p.name for p in (Path(folder) / f"{family}-{kind}").glob("*.py")) for kind in ("zero3", "one")]
+        result.update(weight_differences=differences(saved, alone), code=code)
+    engine.destroy()
+    return result
+
+
 def init_deviations(model):
     """What `HfstPreTrainedModel._init_weights` promises, checked on gathered weights: a list of the modules whose
     weights break it (ScaleNorm weights sqrt(hidden_size), zero biases, Linear/Embedding/learned-vector weights with
@@ -413,7 +435,7 @@ import torch
 import torch.distributed as dist
 import deepspeed
 sys.path.insert(0, "tests")
-from test_model_level_sharding import FAMILIES, ZERO3_CASES, zero3_case, zero_init_case
+from test_model_level_sharding import FAMILIES, ZERO3_CASES, zero3_case, zero3_save_case, zero_init_case
 
 torch.set_num_threads(1)
 deepspeed.init_distributed(dist_backend="gloo")  # DeepSpeed's CPU accelerator: gloo when oneCCL is absent
@@ -421,6 +443,7 @@ results = {
     "backend": dist.get_backend(),
     "steps": [zero3_case(*case) for case in ZERO3_CASES],
     "zero_init": [zero_init_case(family) for family in FAMILIES],
+    "saves": [zero3_save_case(family, sys.argv[1]) for family in ("decoder", "set_transformer")],
 }
 (Path(sys.argv[1]) / f"rank-{dist.get_rank()}.json").write_text(json.dumps(results))
 dist.barrier()
@@ -434,7 +457,8 @@ def test_deepspeed_zero3_lm_heads_match_one_process(tmp_path):
     loss averaged over the ranks is the full batch's, and after `engine.step()` the gathered weights are those of the
     one-process model that took the same SGD step on the mean loss of the whole batch; the engine's parameters are
     partitioned and `sharding_of` says "DeepSpeed ZeRO-3" (None unsharded). `from_config` under `HfDeepSpeedConfig`
-    builds each family partitioned (`zero.Init`), initialised by `_init_weights`, and a training step runs."""
+    builds each family partitioned (`zero.Init`), initialised by `_init_weights`, and a training step runs. The
+    engine's consolidated state dict saved by `save_pretrained` is the one-process folder."""
     ranks = run_launched(ZERO3_SCRIPT, tmp_path)
     assert [r["backend"] for r in ranks] == ["gloo", "gloo"]
     assert [r["case"] for r in ranks[0]["steps"]] == [case_name(*case) for case in ZERO3_CASES]
@@ -450,6 +474,8 @@ def test_deepspeed_zero3_lm_heads_match_one_process(tmp_path):
             assert r["sharding"] == ["DeepSpeed ZeRO-3"] * 2, r
             assert r["init_deviations"] == [], r
             assert math.isfinite(r["loss"]), r
+    for r in ranks[0]["saves"]:  # a Trainer's final save: the folder one process writes (tied weights once)
+        assert r["weight_differences"] == {} and r["code"][0] == r["code"][1] and r["code"][0], r
 
 
 @pytest.mark.parametrize("family", FAMILIES)
