@@ -43,7 +43,7 @@ class AttentionMask:
         `causal` and there is no `key_mask` but a prefix or a causal cross-attention needs a dense mask.
 
         Reads no values (no host sync): a mask whose keys are all real is dropped once per batch, by the model's
-        input check (`modeling_common.check_input_values`), not here."""
+        input check (`checks.check_input_values`), not here."""
         if prefix_length and not causal:
             raise ValueError("`prefix_length` needs a causal mask (a bidirectional prefix, causal after it).")
         if query_positions is not None and (prefix_length or not causal):

@@ -22,17 +22,12 @@ from transformers.utils.output_capturing import OutputRecorder
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
 from .cache import cache_batch_size, cache_holds, static_cache_length
+from .checks import check_attention_mask, check_token_labels
 from .configuration_decoder import TransformerDecoderConfig
+from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm
-from .modeling_common import (
-    HfstPreTrainedModel,
-    LMHeadMixin,
-    causal_lm_loss,
-    check_attention_mask,
-    check_token_labels,
-    chunked_causal_lm_loss,
-    record_outputs,
-)
+from .losses import causal_lm_loss, chunked_causal_lm_loss
+from .modeling_common import HfstPreTrainedModel, record_outputs
 
 
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):

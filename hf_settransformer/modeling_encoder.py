@@ -10,14 +10,9 @@ from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 from .blocks import MAB
 from .configuration_encoder import TransformerEncoderConfig
+from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, make_norm
-from .modeling_common import (
-    ForMaskedLMMixin,
-    ForNextTokenPredictionMixin,
-    ForSequenceClassificationMixin,
-    HfstPreTrainedModel,
-    record_outputs,
-)
+from .modeling_common import HfstPreTrainedModel, record_outputs
 
 
 @dataclass

@@ -14,17 +14,11 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask
 from .blocks import MAB
+from .checks import check_prefix_length
 from .configuration_perceiver_io import PerceiverIOConfig
+from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, LearnedVectors, make_norm
-from .modeling_common import (
-    ForMaskedLMMixin,
-    ForNextTokenPredictionMixin,
-    ForSequenceClassificationMixin,
-    HfstPreTrainedModel,
-    PerceiverIOModelOutput,
-    check_prefix_length,
-    record_outputs,
-)
+from .modeling_common import HfstPreTrainedModel, PerceiverIOModelOutput, record_outputs
 
 
 class PerceiverIOPreTrainedModel(HfstPreTrainedModel):

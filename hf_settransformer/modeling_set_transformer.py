@@ -19,14 +19,9 @@ from transformers.utils.output_capturing import OutputRecorder
 from .attention import AttentionMask
 from .blocks import ISAB, MAB, PMA, SAB, masked_mean
 from .configuration_set_transformer import SetTransformerConfig
+from .heads import ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, make_norm
-from .modeling_common import (
-    ForNextTokenPredictionMixin,
-    ForSequenceClassificationMixin,
-    HfstPreTrainedModel,
-    SetModelOutput,
-    record_outputs,
-)
+from .modeling_common import HfstPreTrainedModel, SetModelOutput, record_outputs
 
 
 class SetTransformerPreTrainedModel(HfstPreTrainedModel):

@@ -164,7 +164,7 @@ def test_training_step_reads_nothing_back_but_the_one_input_check(
         scalar(model(**inputs)).backward()
     exact_path_checks = sites.pop("linear_ops.py:_causal_exp_linear_attention", 0)  # the PyTorch kernel's
     exact_path_checks += sites.pop("linear_triton.py:fused_causal_linear_attention", 0)  # the fused one's (forced)
-    assert dict(sites) == {"modeling_common.py:check_input_values": 1}  # ids (and mask) checked in one read
+    assert dict(sites) == {"checks.py:check_input_values": 1}  # ids (and mask) checked in one read
     if feature_map == "elu" or attention_type == "softmax":
         assert exact_path_checks == 0
 
@@ -196,7 +196,7 @@ def test_a_fixed_shape_decoding_step_reads_back_only_the_input_check(attention_t
             model(input_ids=ids[:, :1], attention_mask=mask_for(7), past_key_values=cache)
         with torch.device("meta"):  # apart: under the meta context `tolist` would be counted twice
             out = model(input_ids=ids[:, 1:2], attention_mask=mask_for(8), past_key_values=cache)
-    assert dict(sites) == {"modeling_common.py:check_input_values": 1}
+    assert dict(sites) == {"checks.py:check_input_values": 1}
     assert out.logits.device.type == "cpu" and torch.isfinite(out.logits).all()
 
 

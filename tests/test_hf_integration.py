@@ -99,7 +99,7 @@ def test_save_load_round_trip(tmp_path, family, cls):
     assert {"AutoConfig", "AutoModel"} <= set(auto_map)
     assert cls.__name__ in {v.split(".")[-1] for v in auto_map.values()}
     shipped = ("attention.py", "masks.py", "softmax_ops.py", "linear_ops.py", "layers.py", "blocks.py")
-    for name in (*shipped, "modeling_common.py", "configuration_base.py"):
+    for name in (*shipped, "modeling_common.py", "checks.py", "heads.py", "losses.py", "configuration_base.py"):
         assert (tmp_path / name).exists(), name
     assert not (tmp_path / "linear_naive.py").exists()  # the references are for tests, never imported by a model
     loaded = cls.from_pretrained(tmp_path).eval()

@@ -557,7 +557,7 @@ def test_each_next_token_head_is_a_head_of_its_own(mode):
     class's logits and loss for that mode, from the same weights."""
     from transformers import GenerationMixin
 
-    from hf_settransformer.modeling_common import ManyTargetsHeadMixin, WindowHeadMixin
+    from hf_settransformer.heads import ManyTargetsHeadMixin, WindowHeadMixin
     from hf_settransformer.modeling_encoder import TransformerEncoderPreTrainedModel
 
     head = ManyTargetsHeadMixin if mode == "many" else WindowHeadMixin
