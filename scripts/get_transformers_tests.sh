@@ -8,7 +8,7 @@
 #
 # PYTHON (default: python) is the interpreter whose transformers version is fetched, with its pip.
 #
-# DEST (default /work/transformers-tests-5.23) becomes the `tests/` folder of the transformers source distribution
+# DEST (default ../transformers-tests-<version>, beside the clone) becomes the `tests/` folder of the transformers source distribution
 # whose version is installed (pip download --no-binary :all:). That sdist ships tests/test_modeling_common.py but not
 # the two modules it imports, tests/exporters/test_export.py (`ExportTesterMixin`, the base of `ModelTesterMixin`)
 # and tests/generation/test_utils.py (`GenerationTesterMixin`):
@@ -20,10 +20,10 @@
 # Nothing from transformers is copied into this repository; the tree stays where DEST says.
 set -euo pipefail
 
-dest=${1:-/work/transformers-tests-5.23}
 src=${2:-${TRANSFORMERS_SRC:-}}
 python=${PYTHON:-python}
 version=$("$python" -c "import transformers; print(transformers.__version__)")
+dest=${1:-../transformers-tests-$version}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

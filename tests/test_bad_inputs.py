@@ -1,4 +1,4 @@
-"""Bad configs, bad inputs, bad flags, races and kills (issue 18): every case gives a clear error naming the field,
+"""Bad configs, bad inputs, bad flags, races and kills: every case gives a clear error naming the field,
 flag or file, or the correct result. The scripts' `main` runs in this process (a flag error is a `SystemExit` whose
 message is checked), except where a second process or a kill is the point. The output-folder lock and the kill
 during the final save are tested with the training utilities (test_training.py)."""
@@ -68,7 +68,7 @@ def test_bad_config_values_are_refused_naming_the_field(family, kwargs, words):
         assert word in str(err.value), str(err.value)
 
 
-NEW_CONFIG_CASES = [  # issue 36: accepted before, then silently wrong
+NEW_CONFIG_CASES = [  # once accepted, then silently wrong
     ("encoder", {"target_length": 1}, ["target_length", ">= 2", "target_length=1", "next_token_mode='window'"]),
     ("set_transformer", {"context_length": 1}, ["context_length", ">= 2", "context_length=1"]),
     ("perceiver_io", {"context_length": 8, "target_length": 1}, ["target_length", ">= 2"]),
@@ -107,7 +107,7 @@ def test_a_checkpoint_of_another_family_is_refused_by_our_classes_naming_both(tm
     assert type(source[saved].from_pretrained(tmp_path)) is source[saved]  # its own family still loads
 
 
-INPUT_CASES = [  # issue 36: (model kwargs, words of the error); decoder and encoder, softmax and linear
+INPUT_CASES = [  # (model kwargs, words of the error); decoder and encoder, softmax and linear
     ({"input_ids": torch.ones(2, 5, dtype=torch.uint8)}, ["input_ids", "torch.long", "uint8"]),
     ({"input_ids": torch.ones(2, 5, dtype=torch.bool)}, ["input_ids", "torch.long", "bool"]),
     ({"input_ids": torch.ones(5, dtype=torch.long)}, ["input_ids", "(batch, length)", "(5,)"]),
@@ -330,7 +330,6 @@ FLAG_CASES = [
      ["weights do not fit", "hfst_decoder model", "hfst_encoder model"]),
     (["--resume_from_checkpoint", "{checkpoint}", "--config_overrides", "hidden_size=64"],
      ["weights do not fit", "hidden_size: checkpoint 32, this run 64"]),
-    # issue 36
     (["--max_eval_tokens", "0"], ["--max_eval_tokens must be a positive integer"]),
     (["--max_eval_tokens", "-3"], ["--max_eval_tokens must be a positive integer"]),
     (["--periodic_eval_targets", "-10"], ["--periodic_eval_targets must be a positive integer"]),
@@ -343,7 +342,6 @@ FLAG_CASES = [
     (["--output_dir", "{train}"], ["--output_dir", "is a file, not a folder"]),
     (["--model_name_or_path", "{run}", "--tokenizer_name", "{small_tokenizer}"],
      ["--tokenizer_name", "has 6 tokens", "vocabulary of", "Use the model's own tokenizer"]),
-    # issue 36, round two
     (["--tokenizer_name", "{missing}/tokenizer"], ["--tokenizer_name", "missing.txt/tokenizer: no such folder"]),
     (["--model_name_or_path", "{missing}/model"], ["--model_name_or_path", "missing.txt/model: no such folder"]),
     (["--model_name_or_path", "{train}"], ["--model_name_or_path", "train.txt: is a file"]),
@@ -535,7 +533,7 @@ def test_a_missing_model_offline_says_the_hub_is_not_reachable(tmp_path, texts, 
 GENERATE_CASES = [({"num_beams": 0}, "`num_beams` must be a positive integer, got 0"),
                   ({"num_beams": -2}, "`num_beams` must be a positive integer, got -2"),
                   ({"num_return_sequences": 0}, "`num_return_sequences` must be a positive integer, got 0"),
-                  # issue 36 round two: out of range, transformers turns the logits processor off without a word
+                  # out of range, transformers turns the logits processor off without a word
                   ({"do_sample": True, "top_p": 1.5}, r"`top_p` must be in \[0, 1\].*got 1.5"),
                   ({"do_sample": True, "top_p": float("nan")}, r"`top_p` must be in \[0, 1\].*got nan"),
                   ({"do_sample": True, "typical_p": 1.5}, r"`typical_p` must be in \(0, 1\].*got 1.5"),

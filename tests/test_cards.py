@@ -56,7 +56,7 @@ def card_json(text):
     ("perceiver_io", "masked", "linear", {}, WINDOW_FIELDS - {"context_length"} | {"num_output_queries"}),
 ])
 def test_the_card_shows_the_config_fields_that_apply_to_the_model(tmp_path, family, head, attention, fields, absent):
-    """Issue 35: no `pooling` or `target_length` on the decoder, no linear attention's fields under softmax, no width
+    """No `pooling` or `target_length` on the decoder, no linear attention's fields under softmax, no width
     divisor of an adaptive layer that is off; what does apply stays, with config.json's values."""
     lm = model(family, "masked" if head == "masked" else head, attention, **fields)
     shown = card_json(card(tmp_path, lm))
@@ -87,7 +87,7 @@ def test_the_card_links_nowhere_that_does_not_exist_and_names_the_package(tmp_pa
 
 
 def test_a_run_on_wikitext2_files_gets_the_datasets_command(tmp_path):
-    """Issue 35: the recipe a Hub reader can run. Local files byte-identical to WikiText-2's (by SHA-256) become
+    """The recipe a Hub reader can run. Local files byte-identical to WikiText-2's (by SHA-256) become
     `--dataset_name wikitext --dataset_config_name wikitext-2-v1`, in every spelling of the file flags; the card says
     what the run read."""
     text = card(tmp_path, model("decoder", "causal"), dict(RESULTS, data_files=WIKITEXT2), COMMAND)
@@ -129,7 +129,7 @@ def test_data_file_record_holds_each_files_sha256(tmp_path):
 ])
 @pytest.mark.parametrize("head", ["causal", "masked"])
 def test_what_a_run_did_not_measure_is_left_out_of_its_card(tmp_path, unmeasured, kept, head):
-    """Issue 36: every pushed model has a card, and a card shows only what the run measured: a split not evaluated
+    """Every pushed model has a card, and a card shows only what the run measured: a split not evaluated
     has no row and no model-index entry (none at all without evaluation), a run that did not train has no training
     rows; nothing reads "None" or "nan". A NaN in the results counts as not measured."""
     lm = model("decoder", "causal") if head == "causal" else model("encoder", "masked")

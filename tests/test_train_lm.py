@@ -438,7 +438,7 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
 
 @pytest.mark.slow
 def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path, corpus):
-    """Issue 36: train_lm.py --push_to_hub without --do_predict, then push_run.py of the same folder: both repositories
+    """train_lm.py --push_to_hub without --do_predict, then push_run.py of the same folder: both repositories
     get a model card, with the validation perplexity and no test result (no "None" or "nan" in its place)."""
     from hub_server import LocalHub
 
