@@ -1,56 +1,16 @@
-"""Fused Triton kernels for linear attention, causal and not, forward and backward, with the elu or the exp feature
-map.
+"""Fused Triton kernels for linear attention with the elu or the exp feature map: causal (`_FusedCausal`) and
+non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation. They compute what the
+PyTorch ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in the tests.
 
 Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
-(`BT`).
+(`BT`). Inputs are read in their own dtype (bf16/fp16 as autocast gives them, fp32 in the tests) and strides; feature
+maps, states and normalisers are fp32; dot products take bf16 operands for bf16 inputs, fp32 ones otherwise (tf32
+for fp16: a long sequence's state overflows fp16's range), accumulating in fp32. Backwards recompute from the inputs.
+Block sizes and warps (`_blocks`) come from the register use of the kernels compiled for an H100, not from timings.
 
-Causal: the same function as `linear_ops.causal_linear_attention` (chunked: quadratic inside a chunk of c tokens, a
-d x e state carried between chunks), with:
-- q, k, v read in their own dtype (bf16 or fp16 as autocast gives them, fp32 in the tests; no fp32 copy is made) and
-  any (b, h, n) strides whose last one is 1 (the model's head views of its fused projection are read in place);
-- the feature maps computed in fp32 registers: elu(x) + 1 in its exact form, where(x >= 0, x + 1, exp(min(x, 0)))
-  (in bf16 `elu(x) + 1` cancels to 0 for negative x); exp with the chunked PyTorch kernel's stabilisers, which never
-  look ahead: keys scaled by R_c, the running per-feature key maximum through the chunk's end, the carried state
-  rescaled from R_{c-1} to R_c, each query shifted by max_f (q_f + R_c,f);
-- the state and the normaliser accumulated in fp32 (the state never leaves the program between chunks); the dot
-  products take bf16 operands for bf16 inputs, fp32 ones otherwise (tf32 for fp16 inputs: a long sequence's state
-  overflows fp16's range, not bf16's), with fp32 accumulation;
-- a backward by recomputation: the forward saves only its inputs; one kernel walks the chunks forwards for dq (and
-  the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima,
-  b x h x n/c x d), a second walks them backwards for dk, dv and the gradient of a carried-in state.
-
-The exp map's exact path is fused too: where a chunk's maximum R_c rises more than `spread` (`EXP_CHUNK_SPREAD`)
-nats above the running maximum at a real query that sees a key (the PyTorch kernel's test; it counts queries whose own
-key is dropped, not queries that see no key yet, whose output is 0 at any scale), the chunk's outputs are computed
-with each query's own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), as an
-explicit loop over the features, and the carried state read in its reference R_{c-1}: every exponent is <= 0 and none
-comes from a later key, so no output depends on a later key numerically either. The backward's dq kernel takes the
-same decision on its own (smaller) chunks, stores it per chunk, and computes that chunk's dq, normalisers and
-output-gradient products the same way; the dk, dv kernel follows it (and adds such a chunk's queries to the reverse
-state in reference R_{c-1}). No host read.
-
-One program runs per (batch, head) (the forward's per (batch, head, value block of 64)), walking the chunks in order.
-Every kernel puts (batch, head) in the grid's first dimension, which takes up to 2^31 - 1 programs (the others 65,535).
-
-Non-causal: the same function as `linear_ops.linear_attention` (`fused_linear_attention`; exp is Shen et al.'s
-efficient attention, a softmax over the keys per feature), with the same dtypes, strides, feature maps and fp32
-accumulation, in four kernels: the key sums S = phi(K)^T V and z = phi(K)^T 1 (for exp with a running per-feature key
-maximum, so keys any distance apart stay exact), one program per split of the keys (at most 64 per (batch, head)),
-whose partial sums the host adds (exp: rescaled to the common maximum); the outputs, one program per block of
-queries; in the backward, the query gradients with the partial sums of dS and dz per split of the queries, then the
-key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask.
-
-The one-token step of generation (`fused_linear_attention_step`): one kernel, one program per (batch, head, value
-block), which reads the token and the state and writes the output and the new state; forward only (generation).
-`prefix_causal_linear_attention` folds its leading keys into a state in PyTorch (one matmul) and runs its causal part
-here from that state (chunked prefill from a state is fused: pass `state`).
-
-Block sizes and warps (`_blocks`) are chosen from the register use of the causal kernels compiled for an H100, not
-timed on a GPU.
-
-Which implementation runs is decided per call by `fused_linear_attention_available`: bf16/fp16 CUDA tensors,
-triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and
-CPU tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
+Which implementation runs is decided per call by `fused_linear_attention_available`: bf16/fp16 CUDA tensors, triton
+installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and CPU
+tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
 checkpoint.
 """
 
@@ -274,6 +234,25 @@ def _mask_args(mask, q):
 
 
 class _FusedCausal(torch.autograd.Function):
+    """`linear_ops.causal_linear_attention` fused: quadratic inside a chunk of c tokens, a d x e state carried between
+    chunks without leaving the program; each program walks the chunks in order, per (batch, head, value block of 64)
+    in the forward, per (batch, head) in the backward ((batch, head) in the grid's first dimension, which takes up to
+    2^31 - 1 programs; the others 65,535). A carried-in state (kv0, z0, m0) starts the walk:
+    `linear_ops.prefix_causal_linear_attention` folds its leading keys into one in PyTorch and runs the rest here.
+
+    elu + 1 in its exact form, where(x >= 0, x + 1, exp(min(x, 0))) (in bf16 `elu(x) + 1` cancels to 0 for negative
+    x). exp with the chunked PyTorch op's stabilisers, which never look ahead: keys scaled by R_c, the running
+    per-feature key maximum through the chunk's end, the carried state rescaled from R_{c-1} to R_c, each query shifted
+    by max_f (q_f + R_c,f). Where a chunk's R_c rises more than `spread` (`EXP_CHUNK_SPREAD`) nats above the running
+    maximum at a real query that sees a key (the PyTorch op's test), that chunk takes the exact path (`_exact_chunk`):
+    each query its own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), the
+    carried state read in reference R_{c-1}; every exponent is <= 0 and none comes from a later key. No host read.
+
+    The backward saves only the inputs: one kernel walks the chunks forwards for dq (and the per-query normalisers and
+    output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima, b x h x n/c x d), taking
+    the exact-path decision on its own (smaller) chunks; a second walks them backwards for dk, dv and the gradient of a
+    carried-in state, following that decision."""
+
     @staticmethod
     def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
@@ -368,6 +347,13 @@ def _key_sums(kv_part, z_part, mx_part, exp):
 
 
 class _FusedNonCausal(torch.autograd.Function):
+    """`linear_ops.linear_attention` fused (exp is Shen et al.'s efficient attention, a softmax over the keys per
+    feature), in four kernels: the key sums S = phi(K)^T V and z = phi(K)^T 1 (for exp with a running per-feature key
+    maximum, so keys any distance apart stay exact), one program per split of the keys (at most 64 per (batch, head)),
+    whose partial sums the host adds (exp: rescaled to the common maximum); the outputs, one program per block of
+    queries; in the backward, the query gradients with the partial sums of dS and dz per split of the queries, then the
+    key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask."""
+
     @staticmethod
     def forward(ctx, q, k, v, keep, exp, chunk_size, split):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)

@@ -1,62 +1,21 @@
 """Train a hf_settransformer language model on WikiText-2 with the transformers Trainer (and accelerate).
 
-Any family (`decoder`, `encoder`, `set_transformer`, `perceiver_io`), softmax or linear attention. The decoder is a
-causal LM over blocks of `--block_size` tokens; the other families use their `*ForNextTokenPrediction` head: by default
-(`--next_token_mode many`) one pass over a window of `context_length` tokens predicts its last `target_length` tokens
-(a bidirectional prefix, then causal targets; Perceiver IO as Perceiver AR), `--next_token_mode window` is the design
-document's literal one-prediction-per-window model. The defaults are the tuned ones (docs/tuning.md): the command
-below, as written, reproduces docs/results.md's numbers on a CPU.
+Any family (`--family decoder|encoder|set_transformer|perceiver_io`), softmax or linear attention: the decoder as a
+causal LM over blocks of `--block_size` tokens, the others through their `*ForNextTokenPrediction` head
+(`--next_token_mode many`: a window's last `target_length` tokens after a bidirectional prefix; `window`: one
+prediction per window). Every `TrainingArguments` flag works; the script adds presets (`--preset auto`: `small` on a
+CPU, `gpu`, untuned, on CUDA), a time budget that sets `max_steps` (`--max_train_minutes`), `--precision`, the
+evaluation protocol of `toolkit.language_modeling` for `--do_eval`/`--do_predict`, and writes the model, the
+tokenizer, `all_results.json` and a model card to `--output_dir`. From the repository root (the defaults are the
+tuned ones, docs/results.md):
 
-Sizes: `--preset auto` (default) is `small` (tuned for a 2-core CPU) when training on a CPU and `gpu` (width 512,
-8 layers, context 512, dense embedding and full softmax, dropout 0.3) on CUDA; `tiny`, `small`, `base`, `gpu` and
-`gpu-small` by name. The GPU presets also carry batch size, learning rate, warm-up and weight decay, used where the
-command does not give the flag. They hold INITIAL VALUES, UNTUNED: no GPU was available to tune them.
-On CUDA the script also uses, where the command does not say otherwise, fused AdamW, 4 persistent dataloader workers
-(pinned memory, transformers' default), `torch_compile` and evaluation batches of 64 (`gpu_training_defaults`).
-
-Run from the repository root. On this project's machines (no Hub access) WikiText-2 comes from local files:
-
-    python scripts/train_lm.py --family decoder --attention_type linear \\
-        --do_train --do_eval --do_predict \\
+    python scripts/train_lm.py --family decoder --attention_type linear --do_train --do_eval --do_predict \\
         --train_file ../shared/data/wikitext-2/wiki.train.tokens \\
         --validation_file ../shared/data/wikitext-2/wiki.valid.tokens \\
         --test_file ../shared/data/wikitext-2/wiki.test.tokens \\
         --output_dir outputs/decoder-linear --max_train_minutes 90
 
-    # where the Hub is reachable, the same data through `datasets` (the default):
-    python scripts/train_lm.py --family encoder --do_train --do_eval --do_predict --output_dir outputs/encoder \\
-        --dataset_name wikitext --dataset_config_name wikitext-2-v1
-
-    # data parallel: one process per GPU (bf16 where the GPU has it), or several CPU processes (gloo). With
-    # accelerate 1.15, `--cpu` starts a single process whatever --num_processes says; torchrun-style processes
-    # come from --multi_gpu, and the script moves them to the CPU when there is no GPU (or with --use_cpu true):
-    accelerate launch --multi_gpu --num_processes 4 scripts/train_lm.py ... --output_dir out
-    accelerate launch --multi_gpu --num_processes 2 scripts/train_lm.py --preset tiny --use_cpu true ... --output_dir out
-
-    # continue after a crash: the newest complete checkpoint in --output_dir
-    python scripts/train_lm.py ... --resume_from_checkpoint true
-
-    # publish: weights (safetensors), config with auto_map, modeling code, tokenizer, model card
-    python scripts/train_lm.py ... --push_to_hub --hub_model_id you/wikitext2-decoder-linear
-
-With N processes the per-device batch stays (--per_device_train_batch_size), so the global batch is N times it, and
-the learning rate stays for N <= 4 and is multiplied by sqrt(N / 4) beyond (Adam's square-root rule; untuned, no
-multi-GPU run has been made), unless --learning_rate is given. WikiText-2 is small: at the gpu preset and 4 GPUs an
-epoch is 32 steps of 64k tokens, so more GPUs mostly buy overfitting sooner.
-
-Every `TrainingArguments` flag works (defaults below where they differ from transformers'); `--do_train` trains,
-`--do_eval` and `--do_predict` evaluate validation and test perplexity with the protocol of
-`hf_settransformer.toolkit.language_modeling` (every token scored once). `--precision auto` (default) trains under bf16
-autocast where the CPU has bf16 instructions (avx512_bf16 or amx_bf16) or the GPU supports it, fp32 elsewhere.
-`--max_train_minutes N` sets `max_steps` from a timed probe (so the learning-rate schedule ends on time), stops at N
-minutes of training whatever happens (CPU-minutes of this process on CPU, wall minutes on a GPU: `--budget_clock`),
-and records the steps reached: `--max_steps <train_steps>` repeats the run by step count. At the end the script prints
-a summary and writes `all_results.json` (with the CPU model, GPU name, threads and precision, training tokens per wall
-second and per CPU-second, model FLOPs per wall second and the model FLOPs utilisation against the GPU's dense peak:
-`mfu`, null on a CPU or an unknown GPU with the reason in `mfu_note`; every duration and speed names its clock, wall
-or CPU) to `--output_dir`; a run that trains also writes the model and the tokenizer there, and one that trains or
-pushes a model card (README.md) of what it measured (a perplexity for each split evaluated).
-What it calls is package API (docs/training.md, "Use the pieces in your own script").
+Several processes or GPUs (`accelerate launch`), resuming, publishing and every default: docs/training.md.
 """
 
 import json
@@ -122,8 +81,8 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 ROOT = Path(__file__).resolve().parents[1]
 logger = transformers.utils.logging.get_logger("hf_settransformer.scripts")
 FAMILIES = {name: family.model_type for name, family in hfst.FAMILIES.items()}  # --family -> model_type
-# Named sizes. `small` is the size tuned for a 2-core CPU (docs/tuning.md); `base` was the first guess for a GPU (on
-# an H100 in 3 minutes it overfit from epoch 3.4 and ended at test 229.8 against small's 131). `context` is the
+# Named sizes. `small` is the size tuned for a 2-core CPU (docs/tuning.md); `base` was the first guess for a GPU and
+# overfits WikiText-2 (the `gpu` presets replace it there; CHANGELOG.md). `context` is the
 # decoder's block and the heads' window; the heads predict the last `targets` tokens of each window. Other keys are
 # config fields (`--config_overrides` wins over them), and `training` holds `TrainingArguments` defaults that apply
 # where the command does not set the flag.

@@ -791,9 +791,8 @@ def timed_callbacks(resume_from=None, clock="wall", max_minutes=None, device=Non
 def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
     """Median seconds (on `clock`) of a training step (forward, backward, AdamW) of `trainer` on a copy of its model,
     over its own training batches, after 4 warm-up steps, under the mixed precision the Trainer trains with
-    (accelerate's autocast); the model and optimizer of `trainer` are untouched. (6 steps, the median of the last 4,
-    overestimated the WikiText-2 runs' steps by ~15%: they stopped at 75 of 90 CPU-minutes. Before the autocast, a
-    bf16 run was probed in fp32: the linear-attention decoder's probe said 0.49 s/step where it trained at ~0.39.)"""
+    (accelerate's autocast, so that a bf16 run is timed in bf16); the model and optimizer of `trainer` are untouched.
+    16 steps: fewer overestimate a step (the first ones are slow), and a run planned on them stops short."""
     model = copy.deepcopy(trainer.model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     batches = iter(trainer.get_train_dataloader())
