@@ -24,7 +24,7 @@ from torch import nn
 
 import hf_settransformer as hfst
 from hf_settransformer.layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm
-from hf_settransformer.toolkit.training import sharding_of
+from hf_settransformer.toolkit.measure import sharding_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = list(hfst.FAMILIES)

@@ -169,11 +169,11 @@ def test_every_public_toolkit_name_is_documented_and_exported():
 
     import hf_settransformer as hfst
     from hf_settransformer import toolkit
-    from hf_settransformer.toolkit import cards, data, language_modeling, set_tasks, training
+    from hf_settransformer.toolkit import budget, cards, data, hub, language_modeling, measure, run_folder, set_tasks, training
 
     assert not set(hfst.__all__) & set(toolkit.__all__)
 
-    for module in (training, language_modeling, set_tasks, data, cards):
+    for module in (training, run_folder, budget, measure, hub, language_modeling, set_tasks, data, cards):
         for name, obj in vars(module).items():
             defined_here = inspect.isclass(obj) or inspect.isfunction(obj)
             if defined_here:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import FAMILIES
 
-from hf_settransformer.toolkit.training import COMPLETE_MARKER
+from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 

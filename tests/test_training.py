@@ -1,5 +1,6 @@
-"""hf_settransformer.toolkit.training: the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and
-the time budget, the measurements of a run, the model card writer and the upload without pickles."""
+"""hf_settransformer.toolkit's training modules (`training`, `run_folder`, `budget`, `measure`, `hub`): the output-folder
+lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the measurements of a run, the
+model card writer and the upload without pickles."""
 
 import json
 import logging
@@ -18,7 +19,8 @@ from transformers import Trainer
 
 import hf_settransformer as hfst
 from hf_settransformer import toolkit
-from hf_settransformer.toolkit.training import BUDGET_FILE, COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
+from hf_settransformer.toolkit.budget import BUDGET_FILE
+from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
 
 HOLD = """
 import sys, time
-from hf_settransformer.toolkit.training import OutputDirLock
+from hf_settransformer.toolkit.run_folder import OutputDirLock
 lock = OutputDirLock(sys.argv[1], command="holder").acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -313,15 +315,15 @@ def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_
     seconds = toolkit.probe_seconds_per_step(trainer, timer.now, steps=6)
     assert 0 < seconds < 10
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
-    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 0.5)
     assert toolkit.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
     assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in caplog.text
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "seconds_per_evaluation": 0.0,
                       "evaluation_every": 0, "max_steps": 235}  # this Trainer does not evaluate while training
-    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
+    monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
     assert toolkit.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
-    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 1.0)
+    monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 1.0)
     assert toolkit.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
 
 
@@ -337,10 +339,10 @@ trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
 assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
 # ranks that time their steps differently (they always do, a little): 0.5 s on rank 0, 0.7 s on rank 1
-toolkit.training.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
+toolkit.budget.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
 timer = toolkit.TimedEvalCallback(clock="cpu")
 first = toolkit.max_steps_for_budget(trainer, 2, timer)
-toolkit.training.probe_seconds_per_step = lambda trainer, clock: 1 / 0
+toolkit.budget.probe_seconds_per_step = lambda trainer, clock: 1 / 0
 again = toolkit.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 # one file per rank: two processes printing to one pipe can interleave their lines
 (Path(sys.argv[1]) / f"plan-{rank}.json").write_text(json.dumps({"rank": rank, "first": first, "again": again}))
@@ -411,8 +413,8 @@ def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, f
     its learning rate far from the end of the schedule."""
     caplog.set_level(logging.INFO, logger="hf_settransformer")  # the plan is an INFO line of the toolkit's logger
     trainer = _evaluating_trainer(tmp_path, **fields)
-    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_step", lambda trainer, clock: 0.5)
-    monkeypatch.setattr("hf_settransformer.toolkit.training.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
+    monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 0.5)
+    monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
     assert toolkit.max_steps_for_budget(trainer, 2, toolkit.TimedEvalCallback(clock="cpu")) == expected
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     evaluations = fields["eval_strategy"] != "no"

@@ -22,7 +22,8 @@ import transformers
 
 from ..attention import attention_kernel
 from .objectives import MLM_PROBABILITY, is_masked_lm, objective_of
-from .training import upgrade_results, write_text_atomically
+from .measure import upgrade_results
+from .run_folder import write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
 # WikiText-2's three files (`wikitext-2-v1`; PyTorch's word_language_model ships them byte-identical as train.txt,

@@ -1,0 +1,282 @@
+"""What a run measured: training loss, tokens and speed across resumes (`train_and_measure`), the machine it ran on,
+its model FLOPs utilisation (a table of GPU peaks), the Trainer settings a GPU run expects, and the replica check."""
+
+
+import math
+import platform
+import re
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
+
+from .budget import TimedEvalCallback
+from .run_folder import checkpoint_step, save_model_atomically, stops_say_where_to_resume, train_unless_finished
+
+logger = hf_logging.get_logger(__name__)
+
+
+def whole_run_train_loss(log_history, resumed_from, process_loss, process_steps):
+    """Mean training loss of a run, resumed or not. The Trainer's `training_loss` averages only the steps this process
+    ran (`process_steps` after step `resumed_from`); a resumed run adds the losses logged before its checkpoint (each
+    logged loss is the mean of the steps since the previous log), weighted by the steps each covers. The steps between
+    the checkpoint's last log and the checkpoint were never recorded and are left out."""
+    total, steps, last = process_loss * process_steps, process_steps, 0
+    for entry in log_history:
+        if "loss" in entry and entry["step"] <= resumed_from:
+            total += entry["loss"] * (entry["step"] - last)
+            steps += entry["step"] - last
+            last = entry["step"]
+    return total / max(steps, 1)
+
+
+def tokens_per_step(training_args, example_length):
+    """Input tokens of one optimizer step over all processes: batch x processes x accumulation x `example_length`."""
+    return (training_args.per_device_train_batch_size * training_args.world_size
+            * training_args.gradient_accumulation_steps * example_length)
+
+
+def train_and_measure(trainer, resume=None, timer=None, budget=None, example_length=1, script="train"):
+    """Trains (or resumes from `resume`, see `train_unless_finished`), saves the model (`save_model_atomically`) and
+    the trainer state, and returns what the run measured, the steps before a resume included:
+
+    train_loss (mean over the whole run, `whole_run_train_loss`), train_perplexity (its exp), train_steps, max_steps,
+    train_tokens and train_examples (steps x `tokens_per_step`, and / `example_length`), train_tokens_per_wall_second
+    (this process's steps over its elapsed seconds), train_wall_seconds (elapsed, this process), resumed_from_step,
+    budget_clock, train_cpu_seconds_whole_run or train_wall_seconds_whole_run (on the clock of `timer`, a
+    `TimedEvalCallback`, across resumes; None when resumed from a checkpoint that did not record it),
+    train_cpu_minutes (CPU-minutes of all processes; on the wall clock, wall minutes x threads),
+    train_tokens_per_cpu_second (the whole run's tokens over its CPU-minutes, on a CPU), max_train_minutes and
+    stopped_by_time_budget (`budget`, a `TimeBudgetCallback`), and the `selected_checkpoint` the model now holds.
+    Every duration and speed names its clock: wall (elapsed) or CPU (process time, all threads)."""
+    timer = timer or next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimedEvalCallback))
+    per_step = tokens_per_step(trainer.args, example_length)
+    train_start = time.time()
+    resumed_from = checkpoint_step(resume) if resume else 0
+    process_loss = train_unless_finished(trainer, resume, script)
+    wall_seconds = time.time() - train_start
+    with stops_say_where_to_resume(trainer.args.output_dir, script=script):
+        save_model_atomically(trainer)  # model, config with auto_map, modeling code, tokenizer; never half-written
+    steps_done = trainer.state.global_step - resumed_from
+    train_loss = whole_run_train_loss(trainer.state.log_history, resumed_from, process_loss, steps_done)
+    # on the "cpu" clock CPU-seconds of each process, on "wall" elapsed seconds
+    whole_seconds = timer.elapsed() if timer.before is not None or not resume else None
+    tokens = trainer.state.global_step * per_step
+    trainer.save_state()
+    world = trainer.args.world_size
+    threads = torch.get_num_threads() * world
+    cpu_minutes = None if whole_seconds is None else whole_seconds / 60 * (world if timer.clock == "cpu" else threads)
+    on_cpu = trainer.args.device.type == "cpu"
+    return {
+        "train_loss": train_loss,
+        "train_perplexity": math.exp(train_loss),
+        "train_steps": trainer.state.global_step,
+        "max_steps": trainer.args.max_steps,
+        "train_tokens": tokens,
+        "train_examples": tokens // example_length,
+        "train_tokens_per_wall_second": steps_done * per_step / wall_seconds if steps_done else None,
+        "train_tokens_per_cpu_second": tokens / (cpu_minutes * 60) if cpu_minutes and on_cpu else None,
+        "train_wall_seconds": wall_seconds,
+        "resumed_from_step": resumed_from or None,
+        "budget_clock": timer.clock,
+        f"train_{timer.clock}_seconds_whole_run": whole_seconds,
+        "train_cpu_minutes": cpu_minutes,
+        "max_train_minutes": budget.minutes if budget is not None else None,
+        "stopped_by_time_budget": budget is not None and budget.stopped_at_step is not None,
+        **selected_checkpoint(trainer),
+    }
+
+
+# all_results.json keys renamed to name their clock (old -> new). Files written before keep the old names (results/);
+# `upgrade_results` reads them with the new ones. `train_seconds_whole_run` became
+# `train_<budget_clock>_seconds_whole_run`.
+RENAMED_RESULT_KEYS = {
+    "train_seconds": "train_wall_seconds",
+    "train_seconds_this_process": "train_wall_seconds_this_process",
+    "train_seconds_before": "train_wall_seconds_before",
+    "train_tokens_per_second": "train_tokens_per_wall_second",
+    "train_model_flops_per_second": "train_model_flops_per_wall_second",
+    "validation_seconds": "validation_wall_seconds",
+    "test_seconds": "test_wall_seconds",
+}
+
+
+def upgrade_results(results):
+    """A run's results (the all_results.json of train_lm.py or train_sets.py, of any date) with today's key names: the
+    old ones of `RENAMED_RESULT_KEYS` renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where a run
+    did not record one: its timer counted wall time), and `train_tokens_per_cpu_second` computed where a CPU run
+    recorded its CPU-minutes and not the speed. A new dict; results with today's names come back equal."""
+    upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}
+    if "train_seconds_whole_run" in upgraded:
+        clock = upgraded.get("budget_clock") or "wall"
+        upgraded[f"train_{clock}_seconds_whole_run"] = upgraded.pop("train_seconds_whole_run")
+    cpu_minutes, tokens = upgraded.get("train_cpu_minutes"), upgraded.get("train_tokens")
+    if "train_tokens_per_cpu_second" not in upgraded and "train_tokens" in upgraded:
+        on_cpu = cpu_minutes and tokens is not None and not upgraded.get("gpu_name")
+        upgraded["train_tokens_per_cpu_second"] = tokens / (cpu_minutes * 60) if on_cpu else None
+    return upgraded
+
+
+def selected_checkpoint(trainer):
+    """Which weights a finished run ends with: `selected_step` (the best periodic validation's step with
+    `load_best_model_at_end`, else the last step), `selected_by` ("best eval_loss" or "last step") and
+    `best_periodic_eval_loss`."""
+    state, args = trainer.state, trainer.args
+    if args.load_best_model_at_end and state.best_model_checkpoint:
+        metric = args.metric_for_best_model
+        metric = metric if metric.startswith("eval_") else f"eval_{metric}"  # the Trainer reads "loss" as "eval_loss"
+        return dict(selected_step=checkpoint_step(state.best_model_checkpoint), selected_by=f"best {metric}",
+                    best_periodic_eval_loss=state.best_metric)
+    return dict(selected_step=state.global_step, selected_by="last step", best_periodic_eval_loss=state.best_metric)
+
+
+def cpu_model_name():
+    """The CPU's model name (`/proc/cpuinfo`), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fast_bf16_available(use_cpu=False):
+    """Whether bf16 autocast is fast here: on the GPU (unless `use_cpu`), when it supports bf16; on the CPU, with
+    AVX512-BF16 or AMX (~4x fp32 on this project's machine; without them bf16 matmuls are ~300x slower than fp32)."""
+    if not use_cpu and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def run_environment(trainer):
+    """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
+    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training
+    device's `torch.cuda.get_device_name`, None off CUDA)}."""
+    mixed, device = trainer.accelerator.mixed_precision, trainer.args.device
+    return {
+        "cpu_model": cpu_model_name(),
+        "threads_per_process": torch.get_num_threads(),
+        "precision": "fp32" if mixed in (None, "no") else mixed,
+        "torch_compile": bool(trainer.args.torch_compile),
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+
+
+# What a GPU user expects of the Trainer, where the command does not say (`gpu_training_defaults`). The dataloader
+# settings go together: an explicit --dataloader_num_workers leaves --dataloader_persistent_workers to the user (it
+# needs workers). `dataloader_pin_memory` is already transformers' default (True).
+GPU_TRAINING_DEFAULTS = {
+    "optim": "adamw_torch_fused",  # one kernel per parameter group (transformers 5.23's default already)
+    "dataloader_num_workers": 4,  # batches are made while the GPU runs the step
+    "dataloader_persistent_workers": True,  # not started again for every epoch and periodic evaluation
+    "torch_compile": True,  # the models' training forward has no host sync (fullgraph=True compiles)
+    "per_device_eval_batch_size": 64,  # 64 windows of 512 tokens: the evaluations fill the device, not 32 of 128
+}
+
+
+def gpu_training_defaults(is_cuda, explicit=frozenset()):
+    """The `TrainingArguments` fields a run on CUDA takes from `GPU_TRAINING_DEFAULTS`: {} off CUDA, and none of the
+    fields in `explicit` (the ones the command sets). A pure function of its arguments, so the choice is testable on
+    a machine without a GPU."""
+    if not is_cuda:
+        return {}
+    defaults = {name: value for name, value in GPU_TRAINING_DEFAULTS.items() if name not in explicit}
+    if "dataloader_num_workers" in explicit:
+        defaults.pop("dataloader_persistent_workers", None)
+    return defaults
+
+
+# Dense (no sparsity) peak TFLOP/s of one GPU: (pattern of `torch.cuda.get_device_name()`, bf16/fp16 tensor cores,
+# fp32 without tensor cores). Source: NVIDIA datasheets (H100/H200: SXM; A100: SXM and PCIe alike; Ada whitepaper for
+# the RTX 4090: bf16 with fp32 accumulate). The first pattern that matches wins; NVL variants are not listed (their
+# peaks differ) and so give no MFU rather than a wrong one.
+GPU_PEAK_TFLOPS = [
+    (r"\bH100\b.*PCIe", 756.0, 51.0),
+    (r"\bH100\b(?!.*NVL)", 989.4, 67.0),
+    (r"\bH200\b(?!.*NVL)", 989.4, 67.0),
+    (r"\bA100\b", 312.0, 19.5),
+    (r"\bL40S\b", 362.05, 91.6),
+    (r"\bL4\b", 121.0, 30.3),
+    (r"\bRTX 4090\b", 165.2, 82.6),
+]
+
+
+def peak_flops(device_name, precision="bf16"):
+    """-> (dense peak FLOP/s of one device at `precision` ("bf16", "fp16", "fp32") or None, a note: the entry used, or
+    why there is none). `device_name`: `torch.cuda.get_device_name()`, None for a CPU."""
+    if device_name is None:
+        return None, "no peak table for CPUs"
+    if precision not in ("bf16", "fp16", "fp32"):
+        return None, f"no {precision} peaks in the table (GPU_PEAK_TFLOPS: bf16/fp16 and fp32)"
+    for pattern, half, single in GPU_PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            tflops = single if precision == "fp32" else half
+            kind = "fp32 (no tensor cores)" if precision == "fp32" else f"{precision} dense tensor-core"
+            return tflops * 1e12, f"{device_name}: {tflops:g} TFLOPS {kind} peak (NVIDIA datasheet)"
+    return None, f"no peak for {device_name!r} in the table (hf_settransformer.toolkit.measure.GPU_PEAK_TFLOPS)"
+
+
+def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):
+    """Model FLOPs utilisation (MFU, PaLM appendix B): achieved model FLOP/s over the peak of the `devices` used.
+    `tokens_per_second`: training tokens of all processes per second; `flops_per_token`: model FLOPs of training on
+    one token (forward and backward). -> {"train_model_flops_per_wall_second", "mfu" (a fraction, None without a peak),
+    "mfu_peak_flops_per_device", "mfu_note" (the peak used, or why there is no MFU)}."""
+    achieved = None if tokens_per_second is None or flops_per_token is None else tokens_per_second * flops_per_token
+    peak, note = peak_flops(device_name, precision)
+    if achieved is None:
+        note = "no training steps timed in this process" if tokens_per_second is None else "no model FLOPs count"
+    mfu = None if achieved is None or peak is None else achieved / (peak * devices)
+    return {"train_model_flops_per_wall_second": achieved, "mfu": mfu, "mfu_peak_flops_per_device": peak,
+            "mfu_note": note + (f", x {devices} devices" if mfu is not None and devices > 1 else "")}
+
+
+class PerplexityLoggingTrainer(transformers.Trainer):
+    """A `Trainer` whose logs give the perplexity beside every loss: `perplexity` (exp of the training loss) and
+    `eval_perplexity` (exp of `eval_loss`), in the printed logs, `trainer_state.json` and every reporter."""
+
+    def log(self, logs, *args, **kwargs):
+        for loss, name in (("loss", "perplexity"), ("eval_loss", "eval_perplexity")):
+            value = logs.get(loss)
+            if isinstance(value, (int, float)) and name not in logs:
+                logs[name] = math.exp(min(value, 700.0))  # exp overflows a float past ~709
+        return super().log(logs, *args, **kwargs)
+
+
+def sharding_of(model):
+    """How `model`'s parameters are split between processes: None when every process holds all of them (one process,
+    DDP, DeepSpeed ZeRO-1/2), else the engine's name ("FSDP", "FSDP2", "DeepSpeed ZeRO-3")."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.tensor import DTensor
+
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel) and module.sharding_strategy != ShardingStrategy.NO_SHARD:
+            return "FSDP"
+    for p in model.parameters():
+        if isinstance(p, DTensor) and any(placement.is_shard() for placement in p.placements):
+            return "FSDP2"
+        if hasattr(p, "ds_id"):  # partitioned by ZeRO-3 (zero.Init or the engine); ZeRO-1/2 leave parameters whole
+            return "DeepSpeed ZeRO-3"
+    return None
+
+
+def replica_checksums(trainer):
+    """One weight checksum (the sum of every parameter, in float64) per data-parallel process, gathered on every
+    process; RuntimeError when the replicas disagree. Every process must call it (it is a collective). None, with a
+    log line, when the parameters are sharded (FSDP, ZeRO-3): each process holds a different part, there is no
+    replica to compare (and a shard's sum says nothing about the model)."""
+    sharding = sharding_of(trainer.model_wrapped)
+    if sharding is not None:
+        logger.info(f"replica check skipped: the parameters are sharded ({sharding}), no process holds a replica")
+        return None
+    checksum = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).sum().reshape(1)
+    sums = [float(c) for c in trainer.accelerator.gather(checksum.to(trainer.accelerator.device))]
+    if len(set(sums)) != 1:
+        raise RuntimeError(f"Data-parallel replicas disagree: weight checksums {sums}")
+    return sums

@@ -1,0 +1,504 @@
+"""A run's output folder: the lock that keeps one run in it, atomic writes and saves, checkpoints marked
+complete, resumption and what it refuses, and the messages of a full disk or Ctrl-C that say where to resume."""
+
+
+import contextlib
+import errno
+import inspect
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback, TrainerState
+from transformers.utils import logging as hf_logging
+
+from .training import from_main_process
+
+logger = hf_logging.get_logger(__name__)
+
+
+COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
+
+
+LOCK_FILE = ".hfst_run.lock"  # in the output folder of a live run (OutputDirLock)
+
+
+class OutputDirLockedError(RuntimeError):
+    """Another live process holds the output folder."""
+
+
+class OutputDirLock:
+    """A run owns its output folder: two runs writing one folder would interleave checkpoints and results, and a
+    resuming run would move aside the checkpoint a live run is still writing.
+
+    `acquire()` takes an exclusive `fcntl.flock` on `output_dir/.hfst_run.lock` (making the folder where there is
+    none) and writes the holder's pid, host, start time and command into it. The kernel drops the lock when its
+    process ends, however it ends (SIGKILL included), so a dead holder's folder is taken over without a word, and a
+    live holder's gives `OutputDirLockedError` naming its pid and host. Hold it for the whole run: `release()` removes
+    the lock file, and the folders `acquire()` made if nothing else was written into them (a run that failed before
+    writing anything leaves no trace). On systems without `fcntl` (Windows) no lock is taken."""
+
+    def __init__(self, output_dir, command=""):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.command, self.handle, self.created = command, None, []
+
+    def acquire(self):
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: run unlocked
+            return self
+        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.created = [p for p in missing if p.is_dir()]  # deepest first, as release removes them
+        while True:
+            handle = self._open()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                try:
+                    info = json.loads(holder)
+                    who = f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
+                except (ValueError, KeyError, TypeError):
+                    who = "another process"
+                raise OutputDirLockedError(
+                    f"{self.path.parent} is in use by {who}. Two runs must not share an output folder: wait for it "
+                    "to finish, stop it, or pass another --output_dir."
+                ) from None
+            # a holder's release removes the file: one opened before that removal is locked by no one else, so a
+            # lock on it would be a second lock on the folder; open the path again
+            if self._is_the_file_at_path(handle):
+                break
+            handle.close()
+        handle.seek(0)
+        handle.truncate()
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": self.command}
+        handle.write(json.dumps(holder))
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def _open(self):
+        """The lock file, opened for reading and writing without following a link: a symlink (or anything but a
+        regular file) at its path is refused, so a run never writes through it into a file that is not its own."""
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            kind = "a symbolic link" if self.path.is_symlink() else "not a regular file"
+            raise OutputDirLockedError(
+                f"{self.path} is {kind}; a run writes its lock only into a regular file of its own. Remove it (or pass "
+                "another --output_dir)."
+            )
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # no link followed, even one made just now
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as err:
+            raise OutputDirLockedError(f"{self.path} cannot be opened as a lock file: {err}") from None
+        return os.fdopen(fd, "r+")
+
+    def _is_the_file_at_path(self, handle):
+        """Whether the open `handle` is the file now at the lock's path (not one a releasing holder removed)."""
+        try:
+            ours, now = os.fstat(handle.fileno()), os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (ours.st_dev, ours.st_ino) == (now.st_dev, now.st_ino)
+
+    def release(self):
+        if self.handle is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # while still locked: a process that opened it meanwhile opens the path again
+        self.handle.close()  # closing the file drops the flock
+        self.handle = None
+        for folder in self.created:  # made by acquire and still empty: the run wrote nothing there
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def lock_output_dir(training_args, command="", script="train"):
+    """Takes the `OutputDirLock` of `training_args.output_dir` on the main process and returns it; under several
+    processes every rank learns whether it was taken, and all exit with the holder named if it was not."""
+    out = Path(training_args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"[{script}] --output_dir {out} is a file, not a folder: pass a folder (new or one of a run).")
+    lock = OutputDirLock(training_args.output_dir, command)
+    error = None
+    if training_args.process_index == 0:
+        try:
+            lock.acquire()
+        except OutputDirLockedError as err:
+            error = str(err)
+    error = from_main_process(error)
+    if error:
+        raise SystemExit(f"[{script}] {error}")
+    return lock
+
+
+# what a run leaves in its output folder, besides its checkpoints: a folder holding any of them holds a run
+RUN_FILES = ("all_results.json", "model.safetensors", "trainer_state.json", "time_budget.json", "training_args.json")
+
+
+def check_output_dir(training_args, overwrite=False, script="train"):
+    """Refuses (SystemExit naming what is there) an `--output_dir` that holds a finished or partial run, unless the
+    run resumes it (`--resume_from_checkpoint`) or replaces it (`overwrite`: the old run's checkpoints and files are
+    removed first, by the main process). transformers 5 has no
+    `overwrite_output_dir`: without this a second command on the same folder silently replaced the first run's
+    checkpoints, weights, results and card. Call it while holding the folder's lock (`lock_output_dir`)."""
+    out = Path(training_args.output_dir)
+    if not out.is_dir():
+        return
+    found = sorted(p.name for p in out.iterdir()
+                   if p.name in RUN_FILES or p.name.startswith(("checkpoint-", "incomplete-checkpoint-")))
+    if not found or _resume_requested(training_args.resume_from_checkpoint):
+        return
+    if overwrite:
+        if training_args.process_index == 0:
+            logger.warning(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} ({', '.join(found)})")
+            for name in found:
+                path = out / name
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        return
+    state = "a finished run" if "all_results.json" in found else "a partial run"
+    listed = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+    raise SystemExit(
+        f"[{script}] --output_dir {out} holds {state} ({listed}). Pass --resume_from_checkpoint true to continue it, "
+        "--overwrite_output_dir to replace it, or another --output_dir."
+    )
+
+
+def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
+    """Moves every file of `source_dir` into `target_dir` with `os.replace` (atomic per file), the weights (`last`)
+    after the rest, then removes `source_dir`: a kill at any moment leaves each file whole, old or new, never
+    truncated."""
+    source_dir, target_dir = Path(source_dir), Path(target_dir)
+    files = sorted((p for p in source_dir.rglob("*") if p.is_file()), key=lambda p: (p.name in last, str(p)))
+    for path in files:
+        target = target_dir / path.relative_to(source_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    shutil.rmtree(source_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _whole_model_saves(trainer):
+    """Within it, `trainer.save_model` of an FSDP model writes what one process would (`model.safetensors`,
+    `config.json`, the code): with `SHARDED_STATE_DICT` the Trainer saves no model at all, only its checkpoints'
+    distributed state. Every process takes part in gathering the weights."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if not trainer.is_fsdp_enabled or plugin is None or "FULL_STATE_DICT" in str(plugin.state_dict_type):
+        yield
+        return
+    from torch.distributed.fsdp import StateDictType
+
+    sharded = plugin.state_dict_type
+    plugin.state_dict_type = StateDictType.FULL_STATE_DICT
+    try:
+        yield
+    finally:
+        plugin.state_dict_type = sharded
+
+
+def save_model_atomically(trainer, output_dir=None):
+    """`trainer.save_model(output_dir)` written through a temporary folder beside it and moved into place file by file
+    (`replace_atomically`): a run killed while saving its final model leaves the previous files whole, never a
+    truncated `model.safetensors`. Every process calls it, as `save_model`. A model with a config gets its class's
+    `use_cache` default back first (`restore_use_cache`): the saved model is for inference. A sharded model (FSDP with
+    either state-dict type, ZeRO-3) is saved whole, as one process saves it (`_whole_model_saves`)."""
+    output_dir = Path(output_dir or trainer.args.output_dir)
+    config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)  # None: a plain nn.Module
+    if config is not None:
+        restore_use_cache(config)
+    tmp = output_dir / ".tmp-final-model"  # one run per folder (OutputDirLock): a leftover is a killed save's
+    if trainer.args.should_save:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    with _whole_model_saves(trainer):
+        trainer.save_model(str(tmp))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        replace_atomically(tmp, output_dir)
+    trainer.accelerator.wait_for_everyone()
+
+
+def restore_use_cache(config):
+    """The Trainer sets `config.use_cache = args.use_cache` (False) for training (transformers 5.23), and a model
+    saved after training would keep it: a decoder loaded from it would return no key/value cache or recurrent state
+    unless asked. Sets it back to the config class's default, or removes it where the class has none."""
+    default = inspect.signature(type(config).__init__).parameters.get("use_cache")
+    if default is not None and default.default is not inspect.Parameter.empty:
+        config.use_cache = default.default
+    elif "use_cache" in vars(config):
+        del config.use_cache
+
+
+def write_text_atomically(path, text):
+    """Writes `text` to `path` through a temporary file and `os.replace`: never a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class CompleteCheckpointCallback(TrainerCallback):
+    """Marks a checkpoint complete once the Trainer has written all of it (atomic rename), so that a run killed while
+    saving never resumes from a half-written folder. The marker also carries the training time and validation curve
+    so far (`timer`, a TimedEvalCallback), which a resumed run continues from."""
+
+    def __init__(self, timer):
+        self.timer = timer
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        best = Path(args.output_dir) / f"checkpoint-{state.best_global_step}" if state.best_global_step else None
+        if args.load_best_model_at_end and best is not None and best.is_dir() and state.best_model_checkpoint != str(best):
+            # transformers 5.23 records the best checkpoint only if its folder exists when it looks, which under FSDP's
+            # SHARDED_STATE_DICT is before anything is written to it: the ranks then disagree (None on one, an older
+            # checkpoint on another), and the best-model load at the end runs mismatched collectives. Every rank sees
+            # the folder now; the checkpoint's own state says so too.
+            state.best_model_checkpoint = str(best)
+            if state.is_world_process_zero and folder.is_dir():
+                state.save_to_json(str(folder / "trainer_state.json"))
+        if state.is_world_process_zero:
+            if folder.is_dir():
+                tmp = folder / (COMPLETE_MARKER + ".tmp")
+                marker = {
+                    "global_step": state.global_step,
+                    "time": time.time(),
+                    "train_seconds": self.timer.elapsed(),
+                    "clock": self.timer.clock,
+                    "validation_curve": self.timer.points,
+                }
+                with open(tmp, "w") as f:
+                    json.dump(marker, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, folder / COMPLETE_MARKER)
+
+
+def read_marker(folder):
+    """The completion marker of a checkpoint folder as a dict, or None when it is missing or not a JSON object."""
+    try:
+        marker = json.loads((Path(folder) / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def checkpoint_step(folder):
+    """`.../checkpoint-1464` -> 1464; a folder named otherwise gives the step its marker or trainer state records."""
+    suffix = Path(folder).name.split("-")[-1]
+    if suffix.isdigit():
+        return int(suffix)
+    for source in (read_marker(folder) or {}, Path(folder) / "trainer_state.json"):
+        if isinstance(source, Path):
+            try:
+                source = json.loads(source.read_text())
+            except (OSError, ValueError):
+                continue
+        step = source.get("global_step") if isinstance(source, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+    raise ValueError(
+        f"{folder}: cannot tell the checkpoint's step (its name does not end in -<step>, and neither "
+        f"{COMPLETE_MARKER} nor trainer_state.json records a `global_step`)."
+    )
+
+
+def _resume_requested(value):
+    """Whether `--resume_from_checkpoint` asks to resume: a path or "true"; None, "false", "0" and "none" do not."""
+    return value is not None and str(value).lower() not in ("false", "0", "none")
+
+
+def resolve_resume(training_args, script="train"):
+    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
+    names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
+    writing a checkpoint there, so one without a marker was left by a killed run."""
+    value = training_args.resume_from_checkpoint
+    if not _resume_requested(value):
+        return None
+    if _resume_newest(value):
+        folders = sorted(
+            (p for p in Path(training_args.output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+            key=checkpoint_step,
+        )
+        complete = [p for p in folders if read_marker(p) is not None]  # oldest first
+        for p in folders:
+            if p not in complete and training_args.process_index == 0:
+                aside = p.with_name(f"incomplete-{p.name}")
+                logger.warning(f"[{script}] {p} was never completely written (killed while saving?): moved to {aside}")
+                shutil.rmtree(aside, ignore_errors=True)
+                p.rename(aside)
+        if not complete:
+            logger.info(f"[{script}] no complete checkpoint in {training_args.output_dir}: training starts at step 0")
+            return None
+        return str(complete[-1])
+    return check_resume_checkpoint(training_args)
+
+
+def _resume_newest(value):
+    """Whether `--resume_from_checkpoint` names no folder but asks for the newest complete checkpoint."""
+    return str(value).lower() in ("true", "1", "last", "latest")
+
+
+def check_resume_checkpoint(training_args):
+    """The checkpoint folder `--resume_from_checkpoint` names, checked (a folder, complete, with a readable marker and
+    step; SystemExit naming the flag otherwise), or None where it names none (not given, or "true": the newest in
+    --output_dir, which `resolve_resume` finds under the lock). Reads only: a script can call it before it makes its
+    output folder."""
+    value = training_args.resume_from_checkpoint
+    if not _resume_requested(value) or _resume_newest(value):
+        return None
+    if not Path(value).is_dir():
+        raise SystemExit(f"--resume_from_checkpoint {value}: no such folder (a checkpoint-<step> folder of a run, or "
+                         "true for the newest complete one in --output_dir).")
+    if not (Path(value) / COMPLETE_MARKER).is_file():
+        raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {COMPLETE_MARKER}).")
+    if read_marker(value) is None:
+        raise SystemExit(
+            f"--resume_from_checkpoint {value}: its {COMPLETE_MARKER} is not a JSON object (corrupted?); resume from "
+            "another checkpoint."
+        )
+    try:
+        checkpoint_step(value)
+    except ValueError as err:
+        raise SystemExit(f"--resume_from_checkpoint {err}") from None
+    return value
+
+
+def check_checkpoint_matches(folder, model):
+    """Raises SystemExit when the checkpoint's weights do not fit `model` (another family, size or output layer),
+    naming the checkpoint's model type and the config fields that differ, instead of the optimizer's "parameter group
+    doesn't match" later."""
+    weights = Path(folder) / "model.safetensors"
+    if not weights.is_file():
+        return
+    try:  # the safetensors header: 8 bytes of length, then JSON {name: {"dtype", "shape", "data_offsets"}}
+        with open(weights, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        saved = {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SystemExit(f"--resume_from_checkpoint {folder}: {weights.name} is not a readable safetensors file.")
+    state = model.state_dict()
+    wanted = {name: tuple(t.shape) for name, t in state.items()}
+    # tied weights are saved once: a name sharing its storage with a saved one is not missing
+    saved_storage = {state[name].data_ptr() for name in saved if name in state}
+    missing = sorted(name for name in set(wanted) - set(saved) if state[name].data_ptr() not in saved_storage)
+    unexpected = sorted(set(saved) - set(wanted))
+    reshaped = sorted(name for name in set(saved) & set(wanted) if saved[name] != wanted[name])
+    if not (missing or unexpected or reshaped):
+        return
+    try:
+        theirs = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        theirs = {}
+    ours = model.config.to_dict()
+    ignore = {"_name_or_path", "transformers_version", "architectures", "auto_map", "dtype", "torch_dtype"}
+    differ = [
+        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
+        for key in sorted(set(theirs) | set(ours))
+        if key not in ignore and theirs.get(key) != ours.get(key)
+    ]
+    first = (missing + unexpected + reshaped)[0]
+    raise SystemExit(
+        f"--resume_from_checkpoint {folder}: its weights do not fit this run's model. The checkpoint is a "
+        f"{theirs.get('model_type', '?')} model ({', '.join(theirs.get('architectures') or ['?'])}), this run builds "
+        f"a {ours.get('model_type')} model ({type(model).__name__}). Config fields that differ: "
+        f"{'; '.join(differ[:12]) or 'none'}. First mismatched weight: {first} "
+        f"(checkpoint {saved.get(first)}, this run {wanted.get(first)}). Resume with the flags that made the "
+        "checkpoint, or start a fresh --output_dir."
+    )
+
+
+def newest_complete_checkpoint(output_dir):
+    """The `checkpoint-<step>` folder of `output_dir` with the highest step and a completion marker, or None."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    complete = [p for p in folders if read_marker(p) is not None]
+    return max(complete, key=checkpoint_step, default=None)
+
+
+# a full disk as a failed write reports it: OSError's errno, or torch.save's C++ writer (no errno, text only)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed")
+
+
+def disk_full_words(err):
+    """"the disk is full" for a write refused for space, "the disk is probably full" for torch.save's writer failing
+    without saying why, None for any other error."""
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        return "the disk is full"
+    if isinstance(err, (OSError, RuntimeError)) and any(text in str(err) for text in WRITE_FAILED_TEXTS):
+        return "a write failed: the disk is probably full"
+    return None
+
+
+def where_to_resume(output_dir):
+    """One sentence: the newest complete checkpoint to resume from, or that there is none yet."""
+    newest = newest_complete_checkpoint(output_dir)
+    if newest is None:
+        return f"no complete checkpoint in {output_dir} yet: a new run starts at step 0."
+    return (f"resume from {newest} (step {checkpoint_step(newest)}, complete) with the same command and "
+            "--resume_from_checkpoint true.")
+
+
+@contextlib.contextmanager
+def stops_say_where_to_resume(output_dir, script="train"):
+    """Ctrl-C (SIGINT) or a full disk inside the block ends the process in one line naming the newest complete
+    checkpoint to resume from (or that there is none yet), instead of a traceback: exit code 130 for the interrupt,
+    1 for the disk. A checkpoint being written when it happened has no completion marker, so it is never the one
+    named, and a resumed run sets it aside."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"[{script}] interrupted (Ctrl-C): {where_to_resume(output_dir)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except (OSError, RuntimeError) as err:
+        words = disk_full_words(err)
+        if words is None:
+            raise
+        try:
+            free = f"{shutil.disk_usage(output_dir).free / 2**20:,.0f} MiB free now"
+        except OSError:
+            free = "free space unknown"
+        raise SystemExit(
+            f"[{script}] {words}: writing in {output_dir} failed ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then "
+            f"{where_to_resume(output_dir)}"
+        ) from None
+
+
+def train_unless_finished(trainer, resume, script="train"):
+    """`trainer.train(resume_from_checkpoint=resume)`, except that a checkpoint at or past `max_steps` (a run stopped
+    in its final evaluation, say) is only loaded (and then, with `load_best_model_at_end`, the run's best checkpoint,
+    as Trainer.train ends): Trainer.train would still take one more step (transformers 5.23 checks `max_steps` after a
+    step). Returns the mean training loss of the steps this call ran (0.0 for none). Ctrl-C or a full disk ends the
+    process naming the checkpoint to resume from (`stops_say_where_to_resume`; `script` names the caller)."""
+    if resume and checkpoint_step(resume) >= trainer.args.max_steps > 0:
+        trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+        trainer._load_from_checkpoint(resume)
+        best = trainer.state.best_model_checkpoint
+        if trainer.args.load_best_model_at_end and best and Path(best).is_dir():
+            trainer._load_best_model()  # as Trainer.train ends: the run's result is its best checkpoint
+        return 0.0
+    with stops_say_where_to_resume(trainer.args.output_dir, script=script):
+        return trainer.train(resume_from_checkpoint=resume).training_loss
