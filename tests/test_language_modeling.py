@@ -331,3 +331,15 @@ def test_the_model_card_reports_model_flops_and_mfu():
     assert fields["model_flops"].endswith("; 0.512 TFLOP per wall second; MFU not measured: no peak table for CPUs")
     assert fields["hardware"] == "a CPU"
     assert toolkit.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")
+
+
+@pytest.mark.parametrize("count,world_size", [(0, 2), (1, 3), (5, 2), (6, 3), (7, 4)])
+def test_every_process_makes_the_same_number_of_passes_and_scores_each_batch_once(count, world_size):
+    """A sharded model needs every process in every forward: the evaluation's passes are as many on each process, and
+    the scored ones cover the batches once."""
+    from hf_settransformer.toolkit.language_modeling import _passes
+
+    batches = list(range(count))
+    passes = [_passes(batches, rank, world_size) for rank in range(world_size)]
+    assert len({len(p) for p in passes}) == 1
+    assert sorted(b for p in passes for b, scored in p if scored) == batches

@@ -214,13 +214,12 @@ def target_window_logits(model, full, chunk, ids):
     return logits, target
 
 
-def _share_of_batches(batches, rank=0, world_size=1):
-    """This process's share of `batches` (the same list on every process), one in `world_size` from `rank`, and how
-    many passes it makes with nothing to score so that every process makes the same number of forward passes: a
-    sharded model (FSDP, DeepSpeed ZeRO-3) gathers its parameters in every forward, with every process taking part.
-    -> (batches, padding passes)."""
+def _passes(batches, rank=0, world_size=1):
+    """This process's forward passes over `batches` (the same list on every process): [(batch, scored)], one batch in
+    `world_size` from `rank`, then unscored repeats of the first so that every process makes the same number of
+    passes. A sharded model (FSDP, DeepSpeed ZeRO-3) gathers its parameters in every forward, with every process."""
     mine = batches[rank::world_size]
-    return mine, -(-len(batches) // world_size) - len(mine)
+    return [(b, True) for b in mine] + [(b, False) for b in batches[:1]] * (-(-len(batches) // world_size) - len(mine))
 
 
 @torch.no_grad()
@@ -228,7 +227,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
                      world_size=1):
     """Scores the `windows` [(start, end, scored)] over `[eos] + stream` (module docstring) with `window_logits`
     (`causal_window_logits`, `target_window_logits`), this process's share of the batches (`rank` of `world_size`,
-    `_share_of_batches`); windows of one length batch together without padding. -> this process's sums {"nll",
+    `_passes`); windows of one length batch together without padding. -> this process's sums {"nll",
     "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
@@ -243,9 +242,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
     # the last window of a split scores fewer tokens: its batch is split into single windows
     parts = [p for chunk in batches
              for p in ([chunk] if all(w[2] == chunk[0][2] for w in chunk) else [[w] for w in chunk])]
-    mine, padding = _share_of_batches(parts, rank, world_size)
-    passes = [(part, True) for part in mine] + [(parts[0], False)] * padding
-    for part, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
+    for part, scored in tqdm(_passes(parts, rank, world_size), desc=progress, unit="batch", disable=progress is None):
         ids = torch.stack([full[begin:end] for begin, end, _ in part]).to(device)
         logits, target = window_logits(model, full, part, ids)
         if scored:
@@ -256,7 +253,7 @@ def evaluate_windows(model, stream, windows, window_logits, batch_size=16, eos_i
 @torch.no_grad()
 def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, rank=0, world_size=1):
     """The one-target head: every token of `stream` after `[eos]` predicted from the up to `context_length` tokens
-    before it (left-padded, masked), this process's share of the batches (`_share_of_batches`). -> this process's sums
+    before it (left-padded, masked), this process's share of the batches (`_passes`). -> this process's sums
     {"nll", "tokens", "correct"}."""
     from tqdm.auto import tqdm
 
@@ -267,8 +264,7 @@ def evaluate_positions(model, stream, batch_size=16, eos_id=0, progress=None, ra
     context = model.config.context_length
     padded = torch.cat([torch.full((context - 1,), eos_id), full])  # row t: the context of full[t + 1]
     positions = torch.arange(1, len(full))
-    starts, padding = _share_of_batches(list(range(0, len(positions), batch_size)), rank, world_size)
-    passes = [(start, True) for start in starts] + [(0, False)] * padding
+    passes = _passes(list(range(0, len(positions), batch_size)), rank, world_size)
     for start, scored in tqdm(passes, desc=progress, unit="batch", disable=progress is None):
         pos = positions[start : start + batch_size]
         ids = torch.stack([padded[s : s + context] for s in (pos - 1).tolist()])
@@ -299,14 +295,13 @@ def evaluate_masked_stream(model, stream, block_size, mask_token_id, probability
     `special_ids`) replaced by `mask_token_id` and predicted from the rest of the block. Returns {"loss": mean NLL
     per masked token, "perplexity", "accuracy" (argmax = reference), "tokens_scored"}; the same positions on every
     call, so runs compare. Under several processes each scores its share of the batches (`rank`, `world_size`,
-    `_share_of_batches`); sum
+    `_passes`); sum
     `loss_sum`, `correct` and `tokens_scored` over processes (returned too)."""
     blocks = BlockDataset(stream, block_size).blocks
     generator = torch.Generator().manual_seed(seed)
     special = torch.tensor(sorted(special_ids), dtype=torch.long)
     masks = torch.stack([masked_positions(block_size, probability, generator, torch.isin(b, special)) for b in blocks])
-    starts, padding = _share_of_batches(list(range(0, len(blocks), batch_size)), rank, world_size)
-    passes = [(start, True) for start in starts] + [(0, False)] * padding
+    passes = _passes(list(range(0, len(blocks), batch_size)), rank, world_size)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
