@@ -188,18 +188,6 @@ def attention_kernel(config_or_name) -> AttentionKernel:
     return ATTENTION_KERNELS[name]
 
 
-def check_implementation(kernel: AttentionKernel, config) -> None:
-    """Refuse an `attn_implementation` the config's kernel does not run under (flash or flex attention with linear
-    attention: they compute softmax, which linear attention replaces)."""
-    implementation = config._attn_implementation
-    if None not in (kernel.implementations, implementation) and implementation not in kernel.implementations:
-        raise ValueError(
-            f"attn_implementation={implementation!r} chooses how softmax attention is computed, but "
-            f"attention_type={config.attention_type!r} computes no softmax: use attn_implementation in "
-            f"{list(kernel.implementations)} (or leave it unset) with this attention type."
-        )
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -258,18 +246,11 @@ class MultiHeadAttention(nn.Module):
 
         `past_key_values`: for causal self-attention, the stack's cache (the kernel's `cache_class`), whose layer
         `layer_idx` this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
-        check_implementation(self.kernel, self.config)
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
         q, k, v = self.project(hidden_states, context, past_key_values)
         state = None
         if self.self_attention and past_key_values is not None:
             state = cache_layer(past_key_values, self.layer_idx)
-            accepted = tuple(c for c in (self.kernel.cache_layer_class, self.kernel.static_cache_layer_class) if c)
-            if not isinstance(state, accepted):
-                names = " or ".join(c.__name__ for c in accepted)
-                raise TypeError(
-                    f"This attention kernel keeps its past in {names} cache layers, got a {type(state).__name__}."
-                )
         out, weights, _ = self.kernel.forward(
             q,
             k,

@@ -183,20 +183,20 @@ def cache_holds(cache: Cache, layer_class: type) -> bool:
     )
 
 
+def static_cache_layouts(cache: Cache | None) -> set | None:
+    """{(layer class name, max_cache_len)} of a cache with `StaticLayer`s, None for any other cache. A static cache
+    here holds one plain `StaticLayer` per layer, of one length (`checks.check_cache`)."""
+    if cache is None or not any(isinstance(layer, StaticLayer) for layer in cache.layers):
+        return None
+    return {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers}
+
+
 def static_cache_length(cache: Cache | None) -> int | None:
     """The number of key slots of a cache of fixed-size key and value buffers (transformers' `StaticCache`, from
     `generate(cache_implementation="static")`), or None for any other cache (one that grows, or a recurrent state).
-
-    Slot i holds the token at position i of the sequence, so every layer must be a plain `StaticLayer` of one length:
-    sliding-window layers, which reuse their slots, are refused."""
+    Slot i holds the token at position i of the sequence."""
     if cache is None or not any(isinstance(layer, StaticLayer) for layer in cache.layers):
         return None
-    kinds = {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers}
-    if len(kinds) != 1 or type(cache.layers[0]) is not StaticLayer:
-        raise ValueError(
-            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
-            f"position i; sliding-window layers reuse slots), got {sorted(kinds, key=str)}."
-        )
     return cache.layers[0].max_cache_len
 
 

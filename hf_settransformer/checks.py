@@ -1,21 +1,150 @@
-"""The input checks every model runs, each raising a ValueError that names the input and the fix: shapes, ids,
-positions and masks (read from the device once per forward, `check_input_values`), keyword typos, labels (token and
-class), prefix lengths and generate()'s arguments."""
+"""Every check of a model's inputs and config, in one place; the models compute and trust what they are given.
+
+The outermost model call of a forward (a user's, the Trainer's, generate()'s; not a head's call of its base model)
+runs `check_forward` once (the `checked` decorator): shapes and types first, then one read back from the device for
+the values (ids in the vocabulary, positions, a 0/1 mask and the labels together, `check_input_values`). A mask of
+ones only is dropped there, so the kernels take their unmasked paths. Under `torch.compile` nothing is checked (no
+graph break, no host sync). Each refusal is a ValueError naming the input and the fix.
+
+Also here: a model's config at construction (`check_model_config`), generate()'s arguments
+(`check_generation_config`), and a vocabulary resize (`check_resize`)."""
 
 import difflib
+import functools
 import inspect
+import threading
 from typing import NamedTuple
 
 import torch
+from transformers.cache_utils import EncoderDecoderCache
+
+from .attention import attention_kernel
+from .cache import cache_batch_size, cache_holds, static_cache_length, static_cache_layouts
+from .families import family_for_model_type
+from .losses import problem_type_of
+
+_call = threading.local()  # whether a checked forward is running in this thread
+
+
+def checked(forward):
+    """A model's `forward` decorator: the outermost call binds its inputs by name, runs `check_forward` and passes on
+    the checked inputs; a call inside it (a head's base model) and a compiled trace run the forward alone."""
+    signature = inspect.signature(forward)
+    var_keyword = next((n for n, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD), None)
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if getattr(_call, "inside", False) or torch.compiler.is_compiling():
+            return forward(self, *args, **kwargs)
+        inputs = signature.bind(self, *args, **kwargs).arguments
+        inputs.pop(next(iter(signature.parameters)))  # self
+        inputs.update(inputs.pop(var_keyword, {}))
+        inputs = check_forward(self, inputs)
+        _call.inside = True
+        try:
+            return forward(self, **inputs)
+        finally:
+            _call.inside = False
+
+    return wrapper
+
+
+def check_forward(model, inputs):
+    """Every check of one forward of `model` on `inputs` (a dict by name) -> the inputs, `attention_mask` dropped
+    where every element is real."""
+    config = model.config
+    check_keyword_names(type(model), inputs)
+    check_no_cache(model, inputs.get("past_key_values"))
+    check_implementation(attention_kernel(config), config)
+    check_output_hidden_states(inputs.get("output_hidden_states"))
+    b, n = check_embeddable(config, inputs)
+    objective = getattr(model, "objective", None)
+    labels, n_base = LABEL_CHECKS[objective](model, inputs, b, n) if objective in LABEL_CHECKS else ((), n)
+    past_length, slots = check_cache(model, inputs, b, n) if model.keeps_a_cache else (0, None)
+    key_length = past_length + n if slots is None else slots
+    mask = inputs.get("attention_mask")
+    check_attention_mask(mask, b, key_length)
+    if objective not in ("many_target_windows", "one_target_window"):  # those heads check their window's prefix
+        check_base_prefix(config, inputs.get("prefix_length"), n)
+    check_cross_attention(config, inputs, b)
+    position_ids = inputs.get("position_ids")
+    if position_ids is not None and "position_ids" in forward_names(type(model.base_model)):
+        check_position_ids(position_ids, b, n_base)
+    learned = config.position_embedding_type == "learned"
+    max_positions = config.max_position_embeddings if learned else None
+    all_real = check_input_values(
+        inputs.get("input_ids"), mask, config.vocab_size, position_ids if learned else None, max_positions, labels
+    )
+    if position_ids is None and config.position_embedding_type != "none":
+        check_position_count(past_length + n_base if slots is None else slots, max_positions)
+    if all_real and mask is not None:
+        inputs["attention_mask"] = None
+    return inputs
+
+
+# ------------------------------------------------------------------------------------------------ inputs by kind
+
+def check_embeddable(config, inputs):
+    """Exactly one of `input_ids`, `input_features` and `inputs_embeds`, of a type and shape this model embeds ->
+    (b, n)."""
+    sources = {name: inputs.get(name) for name in ("input_ids", "input_features", "inputs_embeds")}
+    given = [name for name, x in sources.items() if x is not None]
+    if len(given) != 1:
+        raise ValueError(f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}.")
+    name, x = given[0], sources[given[0]]
+    dims = {"input_ids": "(batch, length)", "input_features": "(batch, set size, input_size)",
+            "inputs_embeds": "(batch, length, hidden_size)"}[name]
+    if not torch.is_tensor(x) or x.dim() != dims.count(",") + 1:
+        shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        floats = torch.is_tensor(x) and x.is_floating_point()
+        hint = "; pass continuous inputs as `input_features`" if name == "input_ids" and floats else ""
+        raise ValueError(f"`{name}` must have shape {dims}, got {shape} {getattr(x, 'dtype', '')}{hint}.")
+    if x.shape[1] == 0:
+        raise ValueError(f"`{name}` holds sequences of length 0, shape {tuple(x.shape)}: pass at least one element.")
+    if name == "input_ids":
+        if not config.vocab_size:
+            raise ValueError("This model has no token embedding (`vocab_size` is None): pass `input_features`.")
+        if x.is_floating_point():
+            raise ValueError(
+                f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(x.shape)} {x.dtype}; "
+                "pass continuous inputs as `input_features`."
+            )
+        if x.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"`input_ids` must be token ids of dtype torch.long (or torch.int32), got {x.dtype}: convert them "
+                "with `.long()`."
+            )
+    elif name == "input_features":
+        if not config.input_size:
+            raise ValueError("This model takes no continuous features (`input_size` is None): pass `input_ids`.")
+        if x.shape[-1] != config.input_size:
+            raise ValueError(
+                f"`input_features` must have shape (batch, set size, input_size={config.input_size}), got "
+                f"{tuple(x.shape)}."
+            )
+        if not x.is_floating_point():  # integer or bool coordinates would be cast without a word
+            raise ValueError(
+                f"`input_features` must be floating-point values, got {x.dtype}: pass floats, e.g. "
+                "`input_features.float()`."
+            )
+    else:
+        if x.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"`inputs_embeds` must have shape (batch, length, hidden_size={config.hidden_size}), got "
+                f"{tuple(x.shape)}."
+            )
+        if not x.is_floating_point():
+            raise ValueError(
+                f"`inputs_embeds` must be floating-point vectors, got {x.dtype}: pass floats, e.g. "
+                "`inputs_embeds.float()` (token ids go in `input_ids`)."
+            )
+    return x.shape[0], x.shape[1]
 
 
 def check_attention_mask(attention_mask, batch_size, length, name="attention_mask"):
-    """(b, n) mask, 1 / True for real elements and 0 / False for padding -> bool (b, n), or None. Checks the shape and
-    reads no values: the base model's `embed_inputs` checks them, once per batch (`check_input_values`). A `length`
-    that is a tensor (a cache counting on the device) is not read: only the batch size is checked then."""
-    if attention_mask is None:
-        return None
-    if (
+    """(b, n) mask shape; its values are read by `check_input_values`. A `length` that is a tensor (a cache counting
+    on the device) is not read: only the batch size is checked then."""
+    if attention_mask is not None and (
         attention_mask.dim() != 2
         or attention_mask.shape[0] != batch_size
         or (not torch.is_tensor(length) and attention_mask.shape[1] != length)
@@ -24,36 +153,319 @@ def check_attention_mask(attention_mask, batch_size, length, name="attention_mas
             f"`{name}` must have shape (batch, length) = ({batch_size}, {length}) matching the inputs, "
             f"got {tuple(attention_mask.shape)}."
         )
-    return attention_mask.bool()
 
+
+def check_position_ids(position_ids, b, n):
+    if (
+        position_ids.is_floating_point() or position_ids.dtype == torch.bool or position_ids.dim() != 2
+        or position_ids.shape[0] not in (1, b) or position_ids.shape[1] != n
+    ):
+        raise ValueError(
+            f"`position_ids` must be integers of shape (batch, length) = ({b}, {n}) or (1, {n}), got "
+            f"{position_ids.dtype} of shape {tuple(position_ids.shape)}."
+        )
+
+
+def check_position_count(count, max_positions):
+    # a tensor count (a cache counting on the device) is not read back: no host sync in a compiled step
+    if max_positions is not None and not torch.is_tensor(count) and count > max_positions:
+        raise ValueError(
+            f"Sequence needs {count} positions but `max_position_embeddings` is {max_positions} (learned position "
+            "embeddings cannot extrapolate)."
+        )
+
+
+def check_prefix_length(prefix_length, length, what="the inputs hold {length} positions, and at least one must "
+                                                   "follow the prefix"):
+    """`prefix_length`: an int in [0, length), so that at least one position follows the prefix (a bool, a negative
+    or a too large value would build masks for another sequence: silently, or deep inside torch)."""
+    if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or not 0 <= prefix_length < length:
+        raise ValueError(
+            f"`prefix_length` must be an integer in [0, {length}) ({what.format(length=length)}), got "
+            f"{prefix_length!r}."
+        )
+
+
+def check_targets_fit_latents(config, num_targets):
+    """Perceiver AR: one latent per target."""
+    latents = getattr(config, "num_latents", None)
+    if latents is not None and num_targets > latents:
+        raise ValueError(
+            f"Perceiver AR needs one latent per target: `num_latents` ({latents}) must be at least the number of "
+            f"targets ({num_targets}, `target_length`)."
+        )
+
+
+def check_base_prefix(config, prefix_length, n):
+    """A base model's `prefix_length` (None: bidirectional)."""
+    if prefix_length is not None:
+        check_prefix_length(prefix_length or 0, n)
+        check_targets_fit_latents(config, n - prefix_length)
+
+
+def check_cross_attention(config, inputs, b):
+    states = inputs.get("encoder_hidden_states")
+    if states is None:
+        return
+    if not config.add_cross_attention:
+        raise ValueError("`encoder_hidden_states` given but the config has `add_cross_attention=False`.")
+    if states.dim() != 3 or states.shape[0] != b or states.shape[-1] != config.hidden_size:
+        raise ValueError(
+            f"`encoder_hidden_states` must have shape ({b}, source length, {config.hidden_size}), "
+            f"got {tuple(states.shape)}."
+        )
+    check_attention_mask(inputs.get("encoder_attention_mask"), b, states.shape[1], name="encoder_attention_mask")
+
+
+def check_output_hidden_states(value):
+    """A flag, or as in transformers an index or a list of indices of the hidden states to return."""
+    if value is None or isinstance(value, bool):
+        return
+    selected = [value] if isinstance(value, int) else value
+    if not isinstance(selected, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                          for i in selected):
+        raise ValueError(
+            "`output_hidden_states` must be a bool, or an index or a list of indices of the hidden states to return, "
+            f"got {value!r}."
+        )
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+
+def check_cache(model, inputs, b, n):
+    """A decoder's `past_key_values` and the mask that goes with them -> (past length, static cache slots or None).
+    The past length is a tensor where the cache counts on the device (never read back)."""
+    mask, cache = inputs.get("attention_mask"), inputs.get("past_key_values")
+    if mask is not None and mask.dim() == 4:
+        # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
+        # says otherwise, as this decoder's does; EncoderDecoderModel's does not
+        raise ValueError(
+            f"This decoder takes a 2-D `attention_mask` (batch, length), got {tuple(mask.shape)}: a 4-D mask, as "
+            'generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
+            "(EncoderDecoderModel). Generate with the default dynamic cache there."
+        )
+    if cache is None:
+        return 0, None
+    kernel = attention_kernel(model.config)
+    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    layouts = static_cache_layouts(cache)
+    if layouts is not None and (len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer"):
+        raise ValueError(
+            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
+            f"position i; sliding-window layers reuse slots), got {sorted(layouts, key=str)}."
+        )
+    slots = static_cache_length(cache)
+    if slots is not None:
+        check_static_cache(kernel, model.config)
+    elif not cache_holds(cache, kernel.cache_layer_class):
+        if cache.get_seq_length() > 0:
+            raise ValueError(
+                f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
+                f"{type(cache).__name__} that already holds other states."
+            )
+        return 0, None  # an empty cache of another kind: the model makes its own
+    cached = cache_batch_size(cache)
+    if cached is not None and cached != b:
+        raise ValueError(
+            f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
+            "cache with the batch it was made for (generate() handles beams and repeats itself)."
+        )
+    if slots is not None and mask is not None and mask.shape[-1] != slots:
+        raise ValueError(
+            f"With a static cache of {slots} slots, `attention_mask` must have one column per slot, (batch, {slots}), "
+            f"0 past the tokens seen so far (generate() pads it so); got {tuple(mask.shape)}."
+        )
+    return cache.get_seq_length(), slots
+
+
+def check_static_cache(kernel, config):
+    """Refuse a `StaticCache` (fixed-size keys and values) where the attention kernel cannot extend one."""
+    if kernel.static_cache_layer_class is None:
+        _, words = kernel.describe(config)
+        raise ValueError(
+            f'{words} attention cannot use a static cache (`cache_implementation="static"` or a `StaticCache`): it '
+            f"keeps no keys and values but its own state, a {kernel.cache_class.__name__}, whose size does not grow "
+            "with the context. Generate without `cache_implementation`; for a compiled (CUDA-graphed) step, use "
+            f"`{kernel.cache_class.__name__}(config=config, static=True)`, which keeps that state at fixed addresses."
+        )
+
+
+def check_no_cache(model, past_key_values):
+    """Refuses a cache handed to a family that keeps none (they take `**kwargs`, so it would be dropped without a
+    word). `use_cache` passes, as in transformers' encoder-only models (BERT without `is_decoder`)."""
+    if past_key_values is not None and not model.keeps_a_cache:
+        family = family_for_model_type(model.config.model_type).name
+        raise ValueError(
+            f"{type(model).__name__} (family {family!r}) keeps no cache, so `past_key_values` has nothing to "
+            "continue: an encoder reads its whole input at every call. Pass the whole sequence, without "
+            "`past_key_values` (the decoder family is the one that continues a cache)."
+        )
+
+
+def check_implementation(kernel, config):
+    """Refuse an `attn_implementation` the config's kernel does not run under (flash or flex attention with linear
+    attention: they compute softmax, which linear attention replaces)."""
+    implementation = config._attn_implementation
+    if None not in (kernel.implementations, implementation) and implementation not in kernel.implementations:
+        raise ValueError(
+            f"attn_implementation={implementation!r} chooses how softmax attention is computed, but "
+            f"attention_type={config.attention_type!r} computes no softmax: use attn_implementation in "
+            f"{list(kernel.implementations)} (or leave it unset) with this attention type."
+        )
+
+
+# ------------------------------------------------------------------------------------------------ labels by head
+
+class ClassLabels(NamedTuple):
+    """Labels read with the inputs: ids in [0, bound), or -100 (ignored); "token" ones against the vocabulary."""
+
+    labels: torch.Tensor
+    bound: int
+    kind: str = "class"
+
+
+_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def check_token_labels(config, *labels):
+    """Token `labels`: torch.long, in [0, vocab_size) or -100 (their values are read with the inputs) -> the
+    `ClassLabels` to read. A float, bool or other integer dtype is refused naming it (cross-entropy would say
+    "expected target dtype to be Long"; `labels.long()` is the fix)."""
+    given = tuple(x for x in labels if x is not None)
+    for x in given:
+        if not torch.is_tensor(x) or x.dtype != torch.long:
+            kind = x.dtype if torch.is_tensor(x) else type(x).__name__
+            hint = " (use labels.long())" if torch.is_tensor(x) and x.dtype in _INTEGER_DTYPES else ""
+            raise ValueError(
+                f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}{hint}."
+            )
+    return tuple(ClassLabels(x, config.vocab_size, "token") for x in given)
+
+
+def masked_lm_labels(model, inputs, b, n):
+    labels = inputs.get("labels")
+    read = check_token_labels(model.config, labels)
+    if labels is not None and tuple(labels.shape) != (b, n):
+        raise ValueError(f"`labels` must have the inputs' shape {(b, n)} (-100 where nothing is predicted), got "
+                         f"{tuple(labels.shape)}.")
+    return read, n
+
+
+def causal_lm_labels(model, inputs, b, n):
+    return check_token_labels(model.config, inputs.get("labels"), inputs.get("shift_labels")), n
+
+
+def many_target_labels(model, inputs, b, n):
+    """The many-target head: causal-LM labels shaped like the inputs; a window of its last `context_length` tokens
+    whose targets follow `prefix_length`."""
+    name = type(model).__name__
+    if inputs.get("input_ids") is None and inputs.get("inputs_embeds") is None:
+        raise ValueError(f"{name} needs `input_ids` or `inputs_embeds`.")
+    labels = inputs.get("shift_labels")
+    labels = inputs.get("labels") if labels is None else labels
+    read = check_token_labels(model.config, labels)
+    if labels is not None and tuple(labels.shape) != (b, n):
+        raise ValueError(
+            f"`labels` of {name} (next_token_mode='many') are causal-LM labels shaped like the inputs, ({b}, {n}); "
+            f"got {tuple(labels.shape)}. For one target per window use next_token_mode='window'."
+        )
+    length = min(n, model.config.context_length)
+    prefix = inputs.get("prefix_length")
+    if prefix is not None:
+        check_prefix_length(prefix, length, what="the window has {length} tokens")
+    num_targets = min(model.config.target_length, length) if prefix is None else length - prefix
+    check_targets_fit_latents(model.config, num_targets)
+    return read, length
+
+
+def one_target_labels(model, inputs, b, n):
+    """The window head: the one token after each window, (b,), or causal-LM labels shaped like `input_ids`."""
+    if inputs.get("prefix_length") is not None:
+        raise ValueError(
+            "`prefix_length` applies to next_token_mode='many' (where the targets of a window begin); "
+            "next_token_mode='window' predicts the one token after the window from all of it."
+        )
+    labels, shift_labels, input_ids = inputs.get("labels"), inputs.get("shift_labels"), inputs.get("input_ids")
+    read = check_token_labels(model.config, labels if shift_labels is None else shift_labels)
+    if shift_labels is not None:
+        target = shift_labels[..., -1]
+    elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
+        target, n = labels[:, -1], n - 1
+        if n == 0:
+            raise ValueError(f"`input_ids` holds sequences of length 0, shape {(b, 0)}: pass at least one element.")
+    else:
+        target = labels
+    if target is not None and (target.dim() != 1 or target.shape[0] != b):
+        raise ValueError(
+            "`labels` of a next-token prediction head hold the one token that follows each window: shape (batch,) "
+            f"= ({b},), or causal-LM labels shaped like `input_ids`; got {tuple(target.shape)}."
+        )
+    return read, min(n, model.config.context_length)
+
+
+def classification_labels(model, inputs, b, n):
+    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as
+    it does): class indices (integers, (b,)) for single-label classification, read against `num_labels`; (b,
+    num_labels) 0/1 values for multi-label; numbers for regression. transformers would read float class indices as
+    multi-label targets and fail on the shapes, or pass integer regression targets to MSELoss."""
+    labels, config = inputs.get("labels"), model.config
+    if labels is None:
+        return (), n
+    if not torch.is_tensor(labels):
+        raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
+    num_labels = config.num_labels
+    problem, integer = problem_type_of(labels, num_labels, config)
+    got = f"got {labels.dtype} of shape {tuple(labels.shape)}"
+    if problem == "single_label_classification":
+        if not integer or labels.shape not in ((b,), (b, 1)):
+            raise ValueError(
+                f"`labels` for single-label classification must be class indices, integers of shape ({b},), "
+                f"{got}. Use labels.long() for float class ids; for multi-label classification pass ({b}, "
+                f"{num_labels}) 0/1 labels with problem_type='multi_label_classification'; for regression set "
+                "num_labels=1 or problem_type='regression'."
+            )
+        return (ClassLabels(labels, num_labels),), n
+    if labels.dtype == torch.bool or labels.is_complex():
+        if labels.dtype != torch.bool or problem != "multi_label_classification":
+            raise ValueError(f"`labels` for {problem} must be real numbers, {got}.")
+    if problem == "multi_label_classification":
+        if labels.shape != (b, num_labels):
+            hint = " (class indices? use labels.long())" if labels.shape == (b,) else ""
+            raise ValueError(
+                f"`labels` for multi-label classification must be 0/1 values of shape ({b}, {num_labels}), "
+                f"{got}{hint}. For single-label classification pass integer class indices of shape ({b},)."
+            )
+    elif labels.numel() != b * num_labels:
+        raise ValueError(f"`labels` for regression must hold {num_labels} value(s) per example ({b} examples), {got}.")
+    return (), n
+
+
+# a head's `objective` -> its labels' check: (model, inputs, b, n) -> (labels to read, the length its base model sees)
+LABEL_CHECKS = {
+    "masked_lm": masked_lm_labels,
+    "causal_lm": causal_lm_labels,
+    "many_target_windows": many_target_labels,
+    "one_target_window": one_target_labels,
+    "sequence_classification": classification_labels,
+}
+
+
+# ------------------------------------------------------------------------------------------------ the one read
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
                        labels=()):
     """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
     the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
     would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
-    NaN are refused, not cast). Returns whether every element is real (an all-ones mask is then dropped, so that the
-    kernels take their unmasked paths).
+    NaN are refused, not cast); `labels` (`ClassLabels`) inside their bounds or -100. Returns whether every element is
+    real.
 
     A row of padding only is legal (an empty set or sequence): attention over no key gives 0, so its outputs are
-    what the model's positions, biases and learned queries (seeds, inducing points, latents) give alone.
-
-    `labels`: the labels a head handed its base model (`_labels_to_check`, dtypes checked by `check_token_labels`),
-    read in the same read: token labels (tensors) outside [0, vocab_size), and a classification head's
-    `ClassLabels` outside [0, num_labels), other than -100, are refused.
-
-    Under `torch.compile` nothing is read (no graph break, no check) and a mask is kept as given."""
-    if torch.compiler.is_compiling():
-        return attention_mask is None
-    labels = [x if isinstance(x, ClassLabels) else ClassLabels(x, vocab_size, "token") for x in labels]
+    what the model's positions, biases and learned queries (seeds, inducing points, latents) give alone."""
     labels = [x for x in labels if x.labels.numel()]
     checks = [torch.stack([labels_outside(*x[:2]).any() for x in labels]).any()] if labels else []
     if position_ids is not None and position_ids.numel():
         checks += list(torch.aminmax(position_ids))
-    if input_ids is not None and (
-        not vocab_size or not input_ids.numel() or input_ids.is_floating_point() or input_ids.dim() != 2
-    ):
-        input_ids = None  # nothing to read, or refused by its shape or type when it is embedded
     if input_ids is not None:
         checks += list(torch.aminmax(input_ids))
     if attention_mask is not None:
@@ -91,135 +503,6 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     return bool(all_real)
 
 
-# keyword inputs that transformers' Trainer, generate() and tokenizers pass to a model besides its named arguments
-PASSED_THROUGH = frozenset({"num_items_in_batch", "shift_labels", "cache_position", "prefix_length", "return_dict",
-                            "token_type_ids", "return_loss", "logits_to_keep", "use_cache", "past_key_values",
-                            "position_ids", "output_attentions", "output_hidden_states", "labels"})
-
-
-def _forward_names(cls):
-    names = cls.__dict__.get("_hfst_forward_names")
-    if names is None:
-        names = frozenset(n for n, p in inspect.signature(cls.forward).parameters.items()
-                          if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self")
-        setattr(cls, "_hfst_forward_names", names)
-    return names
-
-
-def check_keyword_names(cls, kwargs):
-    """Refuses a keyword input one typo away from one of `cls.forward`'s (`attention_masks=`, `label=`): transformers
-    models take `**kwargs` and would drop it without a word (no padding mask, no loss). Other unknown names pass."""
-    names = _forward_names(cls)
-    for key in kwargs:
-        if key in names or key in PASSED_THROUGH:
-            continue
-        near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
-        if near:
-            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near[0]}`?).")
-
-
-def check_position_count(count, max_positions):
-    # a tensor count (a cache counting on the device) is not read back: no host sync in a compiled step
-    if max_positions is not None and not torch.is_tensor(count) and count > max_positions:
-        raise ValueError(
-            f"Sequence needs {count} positions but `max_position_embeddings` is {max_positions} (learned position "
-            "embeddings cannot extrapolate)."
-        )
-
-
-def input_shape(input_ids=None, input_features=None, inputs_embeds=None):
-    """(b, n) of the inputs, refusing shapes that have no batch and sequence axes, and empty sequences (a sequence or
-    set of no element has nothing to attend to or pool)."""
-    for name, x, dims in (("input_ids", input_ids, "(batch, length)"),
-                          ("input_features", input_features, "(batch, set size, input_size)"),
-                          ("inputs_embeds", inputs_embeds, "(batch, length, hidden_size)")):
-        if x is None:
-            continue
-        if x.dim() != dims.count(",") + 1:
-            hint = "; pass continuous inputs as `input_features`" if name == "input_ids" and x.is_floating_point() else ""
-            raise ValueError(f"`{name}` must have shape {dims}, got {tuple(x.shape)} {x.dtype}{hint}.")
-        if x.shape[1] == 0:
-            raise ValueError(f"`{name}` holds sequences of length 0, shape {tuple(x.shape)}: pass at least one element.")
-        return x.shape[0], x.shape[1]
-    raise ValueError("Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got none.")
-
-
-def check_prefix_length(prefix_length, length):
-    """`prefix_length` of a base model: an int in [0, length), so that at least one position follows the prefix (a
-    bool, a negative or a too large value would build masks for another sequence: silently, or deep inside torch)."""
-    if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or not 0 <= prefix_length < length:
-        raise ValueError(
-            f"`prefix_length` must be an integer in [0, {length}) (the inputs hold {length} positions, and at least "
-            f"one must follow the prefix), got {prefix_length!r}."
-        )
-
-
-# generate()'s token-id arguments, and what an id outside the vocabulary did in transformers 5.23
-GENERATION_TOKEN_IDS = {
-    "pad_token_id": "generate() emits it as padding",
-    "bos_token_id": "generate() starts an empty prompt with it",
-    "eos_token_id": "generation never meets it and runs to max_new_tokens",
-    "forced_bos_token_id": "the logits processor fails with an IndexError",
-    "forced_eos_token_id": "the logits processor fails with an IndexError",
-    "suppress_tokens": "it is ignored",
-    "begin_suppress_tokens": "it is ignored",
-}
-
-
-def check_generation_token_ids(generation_config, vocab_size):
-    """Every token id `generate()` is given lies in the vocabulary (the config refuses its own; generate()'s
-    arguments and a generation config's are checked here)."""
-    for name, effect in GENERATION_TOKEN_IDS.items():
-        value = getattr(generation_config, name, None)
-        ids = value if isinstance(value, (list, tuple)) else [value]
-        if vocab_size and any(isinstance(i, int) and not 0 <= i < vocab_size for i in ids):
-            raise ValueError(f"`{name}` must lie in the vocabulary [0, {vocab_size - 1}], got {value!r}: {effect}.")
-
-
-# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
-# the range): name -> (test, the range in words). NaN fails every test.
-GENERATION_RANGES = {
-    "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
-    "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
-    "epsilon_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
-    "eta_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
-    "min_new_tokens": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer"),
-    "no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
-    "encoder_no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
-}
-
-
-def check_token_labels(*labels):
-    """Token `labels` of the LM heads: integers in [0, vocab_size) or -100 (ignored). A float or bool dtype is refused
-    here, naming it, and so is an integer dtype other than torch.long (cross-entropy would say "expected target dtype
-    to be Long"; `labels.long()` is the fix). Returns the labels given (None left
-    out), which the head hands its base model as `_labels_to_check`: ids outside the vocabulary (cross-entropy's
-    "Target 109 is out of bounds", a device-side assert on CUDA) are flagged on the device and read with the inputs,
-    in the one read of `check_input_values`. Nothing is read under `torch.compile`."""
-    given = tuple(x for x in labels if x is not None)
-    for x in given:
-        if not torch.is_tensor(x) or x.dtype != torch.long:
-            kind = x.dtype if torch.is_tensor(x) else type(x).__name__
-            hint = " (use labels.long())" if torch.is_tensor(x) and x.dtype in _INTEGER_DTYPES else ""
-            raise ValueError(
-                f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}{hint}."
-            )
-    return given
-
-
-_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
-
-
-class ClassLabels(NamedTuple):
-    """Labels a head hands its base model's one read (`_labels_to_check`), with the ids they may hold: [0, bound), or
-    -100 (ignored). Token labels (plain tensors) are read against the vocabulary; a classification head hands its
-    class indices against `num_labels`."""
-
-    labels: torch.Tensor
-    bound: int
-    kind: str = "class"
-
-
 def labels_outside(labels, bound):
     """Bool tensor shaped like `labels`: True for ids outside [0, bound) that are not -100 (ignored)."""
     return ((labels < 0) & (labels != -100)) | (labels >= bound)
@@ -242,56 +525,118 @@ def _refuse_labels(labels):
             )
 
 
-def class_labels_to_check(labels, config):
-    """A classification head's labels for its base model's one read: the class indices of a single-label problem (as
-    `problem_type_of` infers it) as `ClassLabels`, else nothing (their dtype and shape are checked after the
-    forward)."""
-    if not torch.is_tensor(labels):
-        return ()
-    problem, integer = problem_type_of(labels, config.num_labels, config)
-    return (ClassLabels(labels, config.num_labels),) if problem == "single_label_classification" and integer else ()
+# ------------------------------------------------------------------------------------------------ keyword names
+
+# keyword inputs that transformers' Trainer, generate() and tokenizers pass to a model besides its named arguments
+PASSED_THROUGH = frozenset({"num_items_in_batch", "shift_labels", "cache_position", "prefix_length", "return_dict",
+                            "token_type_ids", "return_loss", "logits_to_keep", "use_cache", "past_key_values",
+                            "position_ids", "output_attentions", "output_hidden_states", "labels"})
 
 
-def problem_type_of(labels, num_labels, config):
-    """(`config.problem_type`, or what transformers infers from the labels as `ForSequenceClassificationLoss` does;
-    whether the labels are integers)."""
-    integer = not labels.is_floating_point() and labels.dtype != torch.bool and not labels.is_complex()
-    problem = config.problem_type or (
-        "regression" if num_labels == 1 else "single_label_classification" if integer else "multi_label_classification"
-    )
-    return problem, integer
+def forward_names(cls):
+    """The named inputs of `cls.forward`."""
+    names = cls.__dict__.get("_hfst_forward_names")
+    if names is None:
+        names = frozenset(n for n, p in inspect.signature(cls.forward).parameters.items()
+                          if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self")
+        setattr(cls, "_hfst_forward_names", names)
+    return names
 
 
-def check_classification_labels(labels, logits, config):
-    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as it
-    does, without setting it on a bad batch): class indices (integers, (b,)) for single-label classification, (b,
-    num_labels) 0/1 values for multi-label (integers are cast to float), numbers for regression (likewise). Anything
-    else is refused naming the labels' dtype and shape; transformers would read float class indices as multi-label
-    targets and fail on the shapes, or pass integer regression targets to MSELoss."""
-    if not torch.is_tensor(labels):
-        raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
-    batch, num_labels = logits.shape
-    problem, integer = problem_type_of(labels, num_labels, config)
-    got = f"got {labels.dtype} of shape {tuple(labels.shape)}"
-    if problem == "single_label_classification":
-        if not integer or labels.shape not in ((batch,), (batch, 1)):
-            raise ValueError(
-                f"`labels` for single-label classification must be class indices, integers of shape ({batch},), "
-                f"{got}. Use labels.long() for float class ids; for multi-label classification pass ({batch}, "
-                f"{num_labels}) 0/1 labels with problem_type='multi_label_classification'; for regression set "
-                "num_labels=1 or problem_type='regression'."
-            )
-        return labels
-    if labels.dtype == torch.bool or labels.is_complex():
-        if labels.dtype != torch.bool or problem != "multi_label_classification":
-            raise ValueError(f"`labels` for {problem} must be real numbers, {got}.")
-    if problem == "multi_label_classification":
-        if labels.shape != (batch, num_labels):
-            hint = " (class indices? use labels.long())" if labels.shape == (batch,) else ""
-            raise ValueError(
-                f"`labels` for multi-label classification must be 0/1 values of shape ({batch}, {num_labels}), "
-                f"{got}{hint}. For single-label classification pass integer class indices of shape ({batch},)."
-            )
-    elif labels.numel() != batch * num_labels:
-        raise ValueError(f"`labels` for regression must hold {num_labels} value(s) per example ({batch} examples), {got}.")
-    return labels.to(logits.dtype)
+def check_keyword_names(cls, kwargs):
+    """Refuses a keyword input one typo away from one of `cls.forward`'s (`attention_masks=`, `label=`): transformers
+    models take `**kwargs` and would drop it without a word (no padding mask, no loss). Other unknown names pass."""
+    names = forward_names(cls)
+    for key in kwargs:
+        if key in names or key in PASSED_THROUGH:
+            continue
+        near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+        if near:
+            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near[0]}`?).")
+
+
+# ------------------------------------------------------------------------------------------------ config, generate()
+
+def check_model_config(model):
+    """A config this model class cannot run, refused before any module is built."""
+    config, name, objective = model.config, type(model).__name__, getattr(model, "objective", None)
+    if objective in ("masked_lm", "causal_lm", "many_target_windows", "one_target_window") and not config.vocab_size:
+        raise ValueError(f"`vocab_size` must be set for {name} (it predicts tokens).")
+    if objective == "many_target_windows" and config.pooling != "pma":
+        raise ValueError(
+            "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
+            "`next_token_mode='window'` for mean pooling."
+        )
+    if objective == "masked_lm" and getattr(config, "output_query_type", None) == "learned":
+        raise ValueError(
+            f"{name} needs one output query per input position: set `output_query_type` to 'inputs' or "
+            "'positions', not 'learned'."
+        )
+    if type(model).main_input_name == "input_features" and not config.input_size:
+        raise ValueError(f"{name} needs continuous points: set `input_size`.")
+
+
+# generate()'s token-id arguments, and what an id outside the vocabulary did in transformers 5.23
+GENERATION_TOKEN_IDS = {
+    "pad_token_id": "generate() emits it as padding",
+    "bos_token_id": "generate() starts an empty prompt with it",
+    "eos_token_id": "generation never meets it and runs to max_new_tokens",
+    "forced_bos_token_id": "the logits processor fails with an IndexError",
+    "forced_eos_token_id": "the logits processor fails with an IndexError",
+    "suppress_tokens": "it is ignored",
+    "begin_suppress_tokens": "it is ignored",
+}
+
+# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
+# the range): name -> (test, the range in words). NaN fails every test.
+GENERATION_RANGES = {
+    "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
+    "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
+    "epsilon_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
+    "eta_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
+    "min_new_tokens": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer"),
+    "no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
+    "encoder_no_repeat_ngram_size": (lambda v: v >= 0 and float(v).is_integer(), "a non-negative integer (0 turns it off)"),
+}
+
+
+def check_generation_config(model, generation_config, model_kwargs):
+    """What transformers 5.23 does not check: `num_beams=0` divides by zero deep inside, a negative one fails on a
+    tensor shape, and `num_return_sequences=0` returns one sequence each; a sampling parameter out of its range
+    (`GENERATION_RANGES`) turns its logits processor off without a word; a token id outside the vocabulary
+    (`GENERATION_TOKEN_IDS`); a `past_key_values` for a family without a cache."""
+    for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
+        value = getattr(generation_config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    for name, (inside, allowed) in GENERATION_RANGES.items():
+        value = getattr(generation_config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not inside(value)):
+            raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
+    check_generation_token_ids(generation_config, model.config.vocab_size)
+    check_no_cache(model, model_kwargs.get("past_key_values"))
+
+
+def check_generation_token_ids(generation_config, vocab_size):
+    """Every token id `generate()` is given lies in the vocabulary (the config refuses its own; generate()'s
+    arguments and a generation config's are checked here)."""
+    for name, effect in GENERATION_TOKEN_IDS.items():
+        value = getattr(generation_config, name, None)
+        ids = value if isinstance(value, (list, tuple)) else [value]
+        if vocab_size and any(isinstance(i, int) and not 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"`{name}` must lie in the vocabulary [0, {vocab_size - 1}], got {value!r}: {effect}.")
+
+
+def check_resize(model, size):
+    """A vocabulary resize that an adaptive layer (input or output) cannot take: its ids are ordered by frequency, so
+    new tokens have no place (transformers would resize only the input embedding and leave the output layer
+    predicting the old vocabulary)."""
+    adaptive = [f"`{name}`" for name in ("adaptive_input_cutoffs", "adaptive_softmax_cutoffs")
+                if getattr(model.config, name, None)]
+    if adaptive and size != model.config.vocab_size:
+        raise ValueError(
+            f"Cannot resize the vocabulary of {type(model).__name__} from {model.config.vocab_size} to {size}: it "
+            f"has {' and '.join(adaptive)} (adaptive layers cluster ids by frequency; new tokens have no place). "
+            "Train a new model with the new vocabulary instead."
+        )
+

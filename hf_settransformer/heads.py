@@ -10,8 +10,8 @@ from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .checks import check_classification_labels, check_token_labels, class_labels_to_check
-from .losses import token_loss
+from .checks import checked
+from .losses import problem_type_of, token_loss
 
 
 class SequencePool(nn.Module):
@@ -39,19 +39,17 @@ class PooledHeadMixin:
         """Default: pool the per-element states with this head's own `SequencePool`."""
         return self.head_pool(outputs.last_hidden_state, key_mask)
 
-    def run_base_model(self, attention_mask, output_attentions, output_hidden_states, labels_to_check=(), **inputs):
-        """-> (the base model's output, (b, hidden) pooled), pooled with the key mask the base model built."""
+    def run_base_model(self, attention_mask, output_attentions, output_hidden_states, **inputs):
+        """-> (the base model's output, (b, hidden) pooled over the real elements)."""
         inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
         outputs = self.model(
             attention_mask=attention_mask,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            _labels_to_check=labels_to_check,
-            _return_key_mask=True,
             **inputs,
         )
-        return outputs, self.pool_outputs(outputs, outputs.key_mask)
+        return outputs, self.pool_outputs(outputs, None if attention_mask is None else attention_mask.bool())
 
 
 class LMHeadMixin:
@@ -60,8 +58,6 @@ class LMHeadMixin:
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
 
     def make_lm_head(self, config):
-        if not config.vocab_size:
-            raise ValueError(f"`vocab_size` must be set for {type(self).__name__} (it predicts tokens).")
         if config.adaptive_softmax_cutoffs:  # Grave et al. 2017; ids ordered by decreasing frequency
             return nn.AdaptiveLogSoftmaxWithLoss(
                 config.hidden_size,
@@ -121,6 +117,7 @@ class ForMaskedLMMixin(LMHeadMixin):
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @checked
     @can_return_tuple
     def forward(
         self,
@@ -137,7 +134,6 @@ class ForMaskedLMMixin(LMHeadMixin):
         With an adaptive softmax (`adaptive_softmax_cutoffs`) the logits are exact log-probabilities, and a training
         forward with `labels` computes only the loss (`logits=None`): the masked positions are a small share of the
         block, and full log-probabilities of every position would cost most of the step."""
-        labels_to_check = check_token_labels(labels)
         model_kwargs = {k: v for k, v in kwargs.items() if k not in ("num_items_in_batch",)}
         outputs = self.model(
             input_ids=input_ids,
@@ -146,7 +142,6 @@ class ForMaskedLMMixin(LMHeadMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            _labels_to_check=labels_to_check,
             **model_kwargs,
         )
         hidden = outputs.last_hidden_state
@@ -159,9 +154,6 @@ class ForMaskedLMMixin(LMHeadMixin):
         else:
             logits = self.lm_logits(hidden)  # (b, n, vocab)
             if labels is not None:
-                if labels.shape != logits.shape[:-1]:
-                    raise ValueError(f"`labels` must have the inputs' shape {tuple(logits.shape[:-1])} (-100 where "
-                                     f"nothing is predicted), got {tuple(labels.shape)}.")
                 loss = token_loss(logits, labels, kwargs.get("num_items_in_batch"))
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -173,6 +165,9 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
     """Set/sequence classification or regression, with transformers' `problem_type` conventions."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
+    # transformers' name for the task; its labels are checked by that name (`checks.LABEL_CHECKS`). Trained by the
+    # user's own script (run_glue.py) or the set tasks, not by a row of the toolkit's OBJECTIVES.
+    objective = "sequence_classification"
 
     def __init__(self, config):
         super().__init__(config)
@@ -183,6 +178,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @checked
     @can_return_tuple
     def forward(
         self,
@@ -200,7 +196,6 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
             attention_mask,
             output_attentions,
             output_hidden_states,
-            labels_to_check=class_labels_to_check(labels, self.config),
             input_ids=input_ids,
             input_features=input_features,
             inputs_embeds=inputs_embeds,
@@ -209,68 +204,54 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         logits = self.classifier(self.head_dropout(pooled))  # (b, num_labels)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=check_classification_labels(labels, logits, self.config),
-                                      pooled_logits=logits, config=self.config)
+            if problem_type_of(labels, self.config.num_labels, self.config)[0] != "single_label_classification":
+                labels = labels.to(logits.dtype)  # 0/1 targets or regression values, as the logits
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
         return output
 
 
-class NextTokenHeadBase(PooledHeadMixin, LMHeadMixin):
-    """What the two next-token heads share (the design document's WikiText-2 model): the family's base model over the
+# next_token_mode -> the toolkit's OBJECTIVES row of the next-token head: how it is trained, scored and checked
+NEXT_TOKEN_OBJECTIVES = {"many": "many_target_windows", "window": "one_target_window"}
+
+
+class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
+    """Next-token prediction over a window (the design document's WikiText-2 model): the family's base model over the
     last `context_length` tokens, a pooling (`head_pool`), a vocabulary projection (`lm_head`), and `generate()`, which
-    slides the window over the last `context_length` tokens (the family's class lists `GenerationMixin` after its
-    `PreTrainedModel`, as transformers requires). Each head adds its forward, objective and label contract."""
+    slides the window (the family's class lists `GenerationMixin` after its `PreTrainedModel`, as transformers
+    requires). `config.next_token_mode` picks the forward at construction; both modes have the same modules, so one
+    class serves the checkpoints of either (transformers maps a config class to one causal-LM class).
+
+    - "many" (`forward_many_targets`): one pass over a window predicts the next token at each of its last
+      `target_length` positions. The positions before them are a prefix that the base model reads bidirectionally
+      (`prefix_length`: encoder, Set Transformer, whose inducing points summarise the prefix) or through a causal
+      cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix and the positions up to
+      itself, never its own target or a later token. Each target's pooling query is the PMA seed plus its own state
+      (a shared seed alone gives every target the same query, which cannot single out the most recent tokens).
+      `logits` (b, n, vocab): the targets' predictions, zeros (a uniform distribution) at the prefix positions.
+      `labels` are causal-LM labels shaped like the inputs, shifted inside; the loss counts the targets only.
+    - "window" (`forward_one_target`, the design document's literal model): the window, pooled (PMA or mean,
+      `config.pooling`), predicts the token after it: `logits` (b, 1, vocab). `labels` (b,) hold that token, or are
+      causal-LM labels shaped like `input_ids`, read as "predict each row's last token from the tokens before it"."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
 
     def __init__(self, config):
         super().__init__(config)
-        self.check_head_config(config)
+        self.next_token_mode = config.next_token_mode
         self.model = self.base_model_class(config)
         self.head_pool = self.make_head_pool(config)
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
-    def check_head_config(self, config):
-        """Refuses a config this head cannot run (before any module is built)."""
+    @property
+    def objective(self):
+        # the mode chosen at construction (the config's before then: `checks.check_model_config` reads it first)
+        return NEXT_TOKEN_OBJECTIVES[self.__dict__.get("next_token_mode", self.config.next_token_mode)]
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
-        window = self.config.context_length
-        inputs = {"input_ids": input_ids[:, -window:]}
-        if attention_mask is not None:
-            inputs["attention_mask"] = attention_mask[:, -window:]
-        return inputs
-
-    def _supports_default_dynamic_cache(self):
-        return False
-
-
-class ManyTargetsHeadMixin(NextTokenHeadBase):
-    """Many targets per window (`next_token_mode="many"`): one pass over a window of up to `context_length` tokens
-    predicts the next token at each of its last `target_length` positions. The positions before them are a prefix that
-    the base model reads bidirectionally (`prefix_length`: encoder, Set Transformer, whose inducing points summarise
-    the prefix) or through a causal cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix
-    and the positions up to itself, never its own target or a later token. The pooling query of each target is the PMA
-    seed plus that position's state: a shared seed alone gives every target the same query, whose softmax weights over
-    the keys cannot depend on where the target is, so it cannot single out the most recent tokens.
-
-    `input_ids` (b, n) -> `logits` (b, n, vocab): the predictions of the last `target_length` positions (of the last
-    `context_length` tokens), zeros (a uniform distribution) at the prefix positions, which predict nothing. `labels`
-    (b, n) are causal-LM labels (usually `input_ids`; shifted inside, as transformers' causal LMs do); the loss counts
-    the target positions only."""
-
-    objective = "many_target_windows"  # the toolkit's OBJECTIVES row: how it is trained and scored
-
-    def check_head_config(self, config):
-        if config.pooling != "pma":
-            raise ValueError(
-                "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
-                "`next_token_mode='window'` for mean pooling."
-            )
-
+    @checked
     @can_return_tuple
     def forward(
         self,
@@ -282,35 +263,32 @@ class ManyTargetsHeadMixin(NextTokenHeadBase):
         output_hidden_states=None,
         **kwargs,
     ):
-        r"""labels (`torch.LongTensor` of shape (batch, length)): causal-LM labels (-100 ignored), shifted inside.
-        prefix_length (`int`, *optional*, a keyword argument): where the prefix of the (last `context_length` tokens of
-        the) window ends; every later position is a target. Default: all but the last `target_length` positions. The
-        same prefix gives a target the same prediction in any window that ends at or after it (evaluation passes it
-        for the short windows at the start of a text).
+        r"""labels (`torch.LongTensor`): "many": causal-LM labels (batch, length), -100 ignored, shifted inside;
+        "window": the token after each window (batch,), or causal-LM labels shaped like `input_ids` (the last token of
+        each row is then the target, and the window ends before it).
+        prefix_length (`int`, *optional*, a keyword argument, "many" only): where the prefix of the (last
+        `context_length` tokens of the) window ends; every later position is a target. Default: all but the last
+        `target_length` positions. The same prefix gives a target the same prediction in any window that ends at or
+        after it (evaluation passes it for the short windows at the start of a text).
         shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
         aligned with the positions (`shift_labels[:, i]` is what position i predicts), as transformers' causal LMs
-        take them under sequence/context parallelism; they replace `labels`."""
+        take them under sequence/context parallelism; they replace `labels` ("window": the last one is the target)."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
-        shift_labels = kwargs.pop("shift_labels", None)
+        predict = self.forward_many_targets if self.next_token_mode == "many" else self.forward_one_target
+        return predict(input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states,
+                       **kwargs)
+
+    def forward_many_targets(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
+                             output_hidden_states, shift_labels=None, prefix_length=None, **kwargs):
         if shift_labels is not None:
             labels = shift_labels
-        labels_to_check = check_token_labels(labels)
-        source = input_ids if input_ids is not None else inputs_embeds
-        if source is None:
-            raise ValueError(f"{type(self).__name__} needs `input_ids` or `inputs_embeds`.")
-        b, full_length = source.shape[0], source.shape[1]
-        if labels is not None and tuple(labels.shape) != (b, full_length):
-            raise ValueError(
-                f"`labels` of {type(self).__name__} (next_token_mode='many') are causal-LM labels shaped like the "
-                f"inputs, ({b}, {full_length}); got {tuple(labels.shape)}. For one target per window use "
-                "next_token_mode='window'."
-            )
+        full_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         window = self.config.context_length
         input_ids, inputs_embeds, attention_mask = (
             None if x is None else x[:, -window:] for x in (input_ids, inputs_embeds, attention_mask)
         )
         length = min(full_length, window)
-        num_targets = length - self.window_prefix_length(kwargs.pop("prefix_length", None), length)
+        num_targets = min(self.config.target_length, length) if prefix_length is None else length - prefix_length
         outputs = self.model(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
@@ -319,26 +297,34 @@ class ManyTargetsHeadMixin(NextTokenHeadBase):
             output_hidden_states=output_hidden_states,
             return_dict=True,
             prefix_length=length - num_targets,  # every base model: a bidirectional prefix, then the targets
-            _labels_to_check=labels_to_check,
-            _return_key_mask=True,
             **{k: v for k, v in kwargs.items() if k != "num_items_in_batch"},
         )
-        states = self.target_states(outputs, num_targets, outputs.key_mask)  # (b, t, hidden)
+        key_mask = None if attention_mask is None else attention_mask.bool()
+        states = self.target_states(outputs, num_targets, key_mask)  # (b, t, hidden)
         if labels is not None and shift_labels is None:
             labels = F.pad(labels, (0, 1), value=-100)[:, 1:]  # position i predicts token i + 1
         loss, logits = self.target_loss_and_logits(states, None if labels is None else labels[:, -num_targets:], full_length)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def window_prefix_length(self, prefix_length, length):
-        """The prefix of a window of `length` tokens: `prefix_length` if given (checked), else all but the last
-        `target_length` positions."""
-        if prefix_length is None:
-            return length - min(self.config.target_length, length)
-        if isinstance(prefix_length, int) and not isinstance(prefix_length, bool) and 0 <= prefix_length < length:
-            return prefix_length
-        raise ValueError(
-            f"`prefix_length` must be an integer in [0, {length}) (the window has {length} tokens), got {prefix_length!r}."
+    def forward_one_target(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
+                           output_hidden_states, shift_labels=None, prefix_length=None, **kwargs):
+        if shift_labels is not None:
+            labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
+        elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
+            input_ids, labels = input_ids[:, :-1], labels[:, -1]
+            attention_mask = None if attention_mask is None else attention_mask[:, :-1]
+        window = self.config.context_length
+        outputs, pooled = self.run_base_model(
+            None if attention_mask is None else attention_mask[:, -window:],
+            output_attentions,
+            output_hidden_states,
+            input_ids=None if input_ids is None else input_ids[:, -window:],
+            inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, -window:],
+            **kwargs,
         )
+        logits = self.lm_logits(pooled).unsqueeze(1)  # (b, 1, vocab)
+        loss = None if labels is None else F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
+        return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
     def target_states(self, outputs, num_targets, key_mask):
         """(base model outputs, t, (b, n) bool or None) -> (b, t, hidden). Default (encoder, Perceiver AR): one PMA
@@ -365,94 +351,13 @@ class ManyTargetsHeadMixin(NextTokenHeadBase):
         logits[:, length - states.shape[1] :] = target_logits
         return loss, logits
 
-
-class WindowHeadMixin(NextTokenHeadBase):
-    """One target per window (`next_token_mode="window"`, the design document's literal model): the window through
-    the base model, pooled (PMA or mean, `config.pooling`), predicts the token after it: `logits` (b, 1, vocab).
-    `labels` (b,) hold that token, or are causal-LM labels shaped like `input_ids`, read as "predict each row's last
-    token from the tokens before it"."""
-
-    objective = "one_target_window"  # the toolkit's OBJECTIVES row: how it is trained and scored
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ):
-        r"""labels (`torch.LongTensor`): shape (batch,), the token after each window, or causal-LM labels shaped like
-        `input_ids` (the last token of each row is then the target, and the window ends before it).
-        shift_labels (`torch.LongTensor` of shape (batch, length), *optional*, a keyword argument): targets already
-        aligned with the positions; the last one, the token after the window, is the target; they replace `labels`."""
-        kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
-        if kwargs.get("prefix_length") is not None:
-            raise ValueError(
-                "`prefix_length` applies to next_token_mode='many' (where the targets of a window begin); "
-                "next_token_mode='window' predicts the one token after the window from all of it."
-            )
-        kwargs.pop("prefix_length", None)
-        shift_labels = kwargs.pop("shift_labels", None)
-        labels_to_check = check_token_labels(labels if shift_labels is None else shift_labels)
-        if shift_labels is not None:
-            labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
-        elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
-            input_ids, labels = input_ids[:, :-1], labels[:, -1]
-            attention_mask = None if attention_mask is None else attention_mask[:, :-1]
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
+        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
         window = self.config.context_length
-        outputs, pooled = self.run_base_model(
-            None if attention_mask is None else attention_mask[:, -window:],
-            output_attentions,
-            output_hidden_states,
-            labels_to_check=labels_to_check,
-            input_ids=None if input_ids is None else input_ids[:, -window:],
-            inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, -window:],
-            **kwargs,
-        )
-        logits = self.lm_logits(pooled).unsqueeze(1)  # (b, 1, vocab)
-        loss = None
-        if labels is not None:
-            if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
-                raise ValueError(
-                    "`labels` of a next-token prediction head hold the one token that follows each window: shape "
-                    f"(batch,) = ({logits.shape[0]},), or causal-LM labels shaped like `input_ids`; got "
-                    f"{tuple(labels.shape)}."
-                )
-            loss = F.cross_entropy(logits[:, 0].float(), labels, ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        inputs = {"input_ids": input_ids[:, -window:]}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask[:, -window:]
+        return inputs
 
-
-class ForNextTokenPredictionMixin(ManyTargetsHeadMixin, WindowHeadMixin):
-    """Both next-token heads under one class: `config.next_token_mode` picks `ManyTargetsHeadMixin` ("many") or
-    `WindowHeadMixin` ("window") at each call. One class, because transformers maps a config class to one causal-LM
-    class and checkpoints of either mode name it; the two heads have the same modules, so the same parameters."""
-
-    @property
-    def next_token_head(self):
-        return ManyTargetsHeadMixin if self.config.next_token_mode == "many" else WindowHeadMixin
-
-    @property
-    def objective(self):
-        return self.next_token_head.objective
-
-    def check_head_config(self, config):
-        self.next_token_head.check_head_config(self, config)
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        **kwargs,
-    ):
-        """The forward of `next_token_head`: see `ManyTargetsHeadMixin.forward` and `WindowHeadMixin.forward`."""
-        return self.next_token_head.forward(
-            self, input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states, **kwargs
-        )
+    def _supports_default_dynamic_cache(self):
+        return False

@@ -184,64 +184,15 @@ class InputEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def embed(self, input_ids=None, input_features=None, inputs_embeds=None):
-        """Validates the inputs' shapes and embeds them, without positions: -> (b, n, hidden). The ids' values are
-        checked by the model's `embed_inputs` (`check_input_values`), with the mask's, in one read."""
-        given = [
-            name
-            for name, x in (
-                ("input_ids", input_ids),
-                ("input_features", input_features),
-                ("inputs_embeds", inputs_embeds),
-            )
-            if x is not None
-        ]
-        if len(given) != 1:
-            raise ValueError(
-                f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}."
-            )
+        """The one input given, embedded without positions: -> (b, n, hidden) (checked by `checks.check_embeddable`)."""
         if input_ids is not None:
-            if self.embed_tokens is None:
-                raise ValueError("This model has no token embedding (`vocab_size` is None): pass `input_features`.")
-            if input_ids.is_floating_point() or input_ids.dim() != 2:
-                raise ValueError(
-                    f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(input_ids.shape)} "
-                    f"{input_ids.dtype}; pass continuous inputs as `input_features`."
-                )
-            if input_ids.dtype not in (torch.int64, torch.int32):
-                raise ValueError(
-                    f"`input_ids` must be token ids of dtype torch.long (or torch.int32), got {input_ids.dtype}: "
-                    "convert them with `.long()`."
-                )
             return self.embed_tokens(input_ids)
         if input_features is not None:
-            if self.feature_projection is None:
-                raise ValueError("This model takes no continuous features (`input_size` is None): pass `input_ids`.")
-            if input_features.dim() != 3 or input_features.shape[-1] != self.config.input_size:
-                raise ValueError(
-                    f"`input_features` must have shape (batch, set size, input_size={self.config.input_size}), "
-                    f"got {tuple(input_features.shape)}."
-                )
-            if not input_features.is_floating_point():  # integer or bool coordinates would be cast without a word
-                raise ValueError(
-                    f"`input_features` must be floating-point values, got {input_features.dtype}: pass floats, e.g. "
-                    "`input_features.float()`."
-                )
             return self.feature_projection(input_features.to(self.feature_projection.weight.dtype))
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.hidden_size:
-            raise ValueError(
-                f"`inputs_embeds` must have shape (batch, length, hidden_size={self.hidden_size}), "
-                f"got {tuple(inputs_embeds.shape)}."
-            )
-        if not inputs_embeds.is_floating_point():
-            raise ValueError(
-                f"`inputs_embeds` must be floating-point vectors, got {inputs_embeds.dtype}: pass floats, e.g. "
-                "`inputs_embeds.float()` (token ids go in `input_ids`)."
-            )
         return inputs_embeds
 
     def positions(self, position_ids, dtype):
-        """(b, n) ids -> (b, n, hidden), or None without position embeddings. The ids' range is checked by the model's
-        `embed_inputs`, without a read where it derived them."""
+        """(b, n) ids -> (b, n, hidden), or None without position embeddings."""
         kind = self.config.position_embedding_type
         if kind == "none":
             return None

@@ -92,3 +92,13 @@ def token_loss(logits, labels, num_items_in_batch=None):
         return total / (labels != -100).sum().clamp_min(1)
     divisor = num_items_in_batch.to(total.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
     return total / (divisor.clamp_min(1) if torch.is_tensor(divisor) else max(divisor, 1))
+
+
+def problem_type_of(labels, num_labels, config):
+    """(`config.problem_type`, or what transformers infers from the labels as `ForSequenceClassificationLoss` does;
+    whether the labels are integers)."""
+    integer = not labels.is_floating_point() and labels.dtype != torch.bool and not labels.is_complex()
+    problem = config.problem_type or (
+        "regression" if num_labels == 1 else "single_label_classification" if integer else "multi_label_classification"
+    )
+    return problem, integer

@@ -18,16 +18,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import outermost_block_names
-from .checks import (
-    GENERATION_RANGES,
-    check_attention_mask,
-    check_generation_token_ids,
-    check_input_values,
-    check_keyword_names,
-    check_position_count,
-    check_prefix_length,
-    input_shape,
-)
+from .checks import check_generation_config, check_model_config, check_resize
 from .families import family_for_model_type
 from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
@@ -42,15 +33,12 @@ class SetModelOutput(ModelOutput):
     pooler_output: (b, k, hidden) the k pooled vectors (permutation invariant).
     hidden_states: embeddings and the output of every encoder layer, when asked.
     attentions: softmax weights of every attention, when asked (two per ISAB: inducing<-set, set<-inducing).
-    key_mask: (b, n) bool, the padding mask the model used (None when every element is real); set only for this
-        package's heads (`_return_key_mask`, see `HfstPreTrainedModel`).
     """
 
     last_hidden_state: torch.FloatTensor | None = None
     pooler_output: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
-    key_mask: torch.BoolTensor | None = None
 
 
 @dataclass
@@ -62,8 +50,6 @@ class PerceiverIOModelOutput(ModelOutput):
     hidden_states: the embedded inputs, then the latents after the cross-attention and after every self-attention.
     attentions: self-attention weights over the latents, when asked.
     cross_attentions: (encoder cross-attention, decoder cross-attention) weights, when asked.
-    key_mask: (b, n) bool, the inputs' padding mask the model used (None when every input is real); set only for this
-        package's heads (`_return_key_mask`, see `HfstPreTrainedModel`).
     """
 
     last_hidden_state: torch.FloatTensor | None = None
@@ -71,7 +57,6 @@ class PerceiverIOModelOutput(ModelOutput):
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
-    key_mask: torch.BoolTensor | None = None
 
 
 def warn_if_no_weights(config, output_attentions):
@@ -99,8 +84,6 @@ def record_outputs(func=None, *, tie_last_hidden_states=True):
 
         @functools.wraps(func)
         def wrapper(self, *args, **kwargs):
-            if len(args) > len(names):
-                raise TypeError(f"{type(self).__name__}.forward takes {len(names)} positional inputs, got {len(args)}.")
             kwargs.update(zip(names, args))
             return_dict = kwargs.pop("return_dict", None)
             return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -131,15 +114,7 @@ def selected_hidden_states(output_hidden_states):
     for a flag."""
     if isinstance(output_hidden_states, bool) or output_hidden_states is None:
         return None
-    selected = [output_hidden_states] if isinstance(output_hidden_states, int) else output_hidden_states
-    if not isinstance(selected, (list, tuple)) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in selected
-    ):
-        raise ValueError(
-            "`output_hidden_states` must be a bool, or an index or a list of indices of the hidden states to return, "
-            f"got {output_hidden_states!r}."
-        )
-    return list(selected)
+    return [output_hidden_states] if isinstance(output_hidden_states, int) else list(output_hidden_states)
 
 
 def resolve_output_flags(config, output_attentions, output_hidden_states):
@@ -158,13 +133,8 @@ def defining_class(cls):
 
 
 class HfstPreTrainedModel(PreTrainedModel):
-    """Base of every hf_settransformer model.
-
-    A base model builds its masks once, in `embed_inputs`, and takes two keywords that only this package's heads pass:
-    `_labels_to_check`, the head's token labels, read with the inputs in the forward's one host read
-    (`check_input_values`), and `_return_key_mask=True` (pooling bases), which puts in the output's `key_mask` the
-    (b, n) bool padding mask the base model built (None when every element is real), so the head pools with that mask
-    and builds none. Without them the outputs are transformers' (no `key_mask`, the same tuples)."""
+    """Base of every hf_settransformer model. Every forward is `checks.checked`: the outermost call checks the inputs
+    once; a base model builds its masks once, in `embed_inputs`."""
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -182,6 +152,7 @@ class HfstPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
+        check_model_config(self)
         if not config.vocab_size and config.input_size:
             # continuous inputs: generic code (Trainer, pipelines) reads the input's name here, as for audio models
             self.main_input_name = "input_features"
@@ -234,42 +205,11 @@ class HfstPreTrainedModel(PreTrainedModel):
         """transformers' test, false for a wrapper's subclass (`save_pretrained` copies the code of the class it wraps)."""
         return super().is_remote_code() and defining_class(cls) is cls
 
-    def __call__(self, *args, **kwargs):
-        if kwargs and not torch.compiler.is_compiling():
-            check_keyword_names(type(self), kwargs)
-            self.check_no_cache(kwargs.get("past_key_values"))
-        return super().__call__(*args, **kwargs)
-
-    def check_no_cache(self, past_key_values):
-        """Refuses a cache handed to a family that keeps none (they take `**kwargs`, so it would be dropped without a
-        word). `use_cache` passes, as in transformers' encoder-only models (BERT without `is_decoder`): no cache is
-        returned."""
-        if past_key_values is not None and not self.keeps_a_cache:
-            family = family_for_model_type(self.config.model_type).name
-            raise ValueError(
-                f"{type(self).__name__} (family {family!r}) keeps no cache, so `past_key_values` has nothing to "
-                "continue: an encoder reads its whole input at every call. Pass the whole sequence, without "
-                "`past_key_values` (the decoder family is the one that continues a cache)."
-            )
-
     def _prepare_generation_config(self, generation_config, **kwargs):
-        """As `GenerationMixin`'s (the heads that generate list it), then values that transformers 5.23 does not check:
-        `num_beams=0` divides by zero deep inside, a negative one fails on a tensor shape, and
-        `num_return_sequences=0` returns one sequence each; a sampling parameter out of its range (`top_p=1.5`,
-        `typical_p=2`, `epsilon_cutoff=1`, NaN) or a negative length or n-gram size turns its logits processor off
-        without a word; a token id outside the vocabulary (`GENERATION_TOKEN_IDS`). A `past_key_values` for a family
-        without a cache is refused as in the forward."""
+        """As `GenerationMixin`'s (the heads that generate list it), then the values transformers 5.23 does not check
+        (`checks.check_generation_config`)."""
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
-        for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
-            value = getattr(generation_config, name, None)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        for name, (inside, allowed) in GENERATION_RANGES.items():
-            value = getattr(generation_config, name, None)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not inside(value)):
-                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
-        check_generation_token_ids(generation_config, self.config.vocab_size)
-        self.check_no_cache(model_kwargs.get("past_key_values"))
+        check_generation_config(self, generation_config, model_kwargs)
         return generation_config, model_kwargs
 
     def embed_inputs(
@@ -283,9 +223,8 @@ class HfstPreTrainedModel(PreTrainedModel):
         past_length=0,
         prefix_length=0,
         cache_slots=None,
-        labels=(),
     ):
-        """Checks the inputs and the mask, embeds the inputs and builds the attention mask once for the stack.
+        """Embeds the inputs and builds the attention mask once for the stack.
 
         Positions are counted from the first real token of each row (left padding does not shift them), after
         `past_length` cached tokens (an int, or a tensor where the cache counts on the device: never read back).
@@ -293,44 +232,20 @@ class HfstPreTrainedModel(PreTrainedModel):
         to each other bidirectionally, the later ones causally. `cache_slots` (with `causal`): the length of a static
         cache's key buffers (transformers' `StaticCache`): `attention_mask` then covers every slot, (b, cache_slots),
         and the new tokens are written to the slots `past_length + 0..n-1`, which give their positions and, as
-        `AttentionMask.query_positions`, the keys they see (the later slots, unwritten, are masked). `labels`: a head's
-        token labels, read with the inputs (`check_input_values`).
+        `AttentionMask.query_positions`, the keys they see (the later slots, unwritten, are masked).
         Returns (hidden_states (b, n, hidden), position_ids or None, AttentionMask)."""
-        b, n = input_shape(input_ids, input_features, inputs_embeds)
-        check_prefix_length(prefix_length, n)
         source = next(x for x in (input_ids, input_features, inputs_embeds) if x is not None)
+        b, n = source.shape[:2]
         slots = None if cache_slots is None else torch.arange(n, device=source.device) + past_length  # (n,)
-        key_length = past_length + n if cache_slots is None else cache_slots
-        if slots is not None and attention_mask is not None and attention_mask.shape[-1] != cache_slots:
-            raise ValueError(
-                f"With a static cache of {cache_slots} slots, `attention_mask` must have one column per slot, "
-                f"(batch, {cache_slots}), 0 past the tokens seen so far (generate() pads it so); got "
-                f"{tuple(attention_mask.shape)}."
-            )
-        key_mask = check_attention_mask(attention_mask, b, key_length)
-        if position_ids is not None and (
-            position_ids.is_floating_point() or position_ids.dtype == torch.bool or position_ids.dim() != 2
-            or position_ids.shape[0] not in (1, b) or position_ids.shape[1] != n
-        ):
-            raise ValueError(
-                f"`position_ids` must be integers of shape (batch, length) = ({b}, {n}) or (1, {n}), got "
-                f"{position_ids.dtype} of shape {tuple(position_ids.shape)}."
-            )
-        learned = self.config.position_embedding_type == "learned"
-        max_positions = self.config.max_position_embeddings if learned else None
-        user_positions = position_ids if learned else None
-        if check_input_values(input_ids, attention_mask, self.config.vocab_size, user_positions, max_positions,
-                              labels=labels):
-            key_mask = None  # every element real: the unmasked paths
+        key_mask = None if attention_mask is None else attention_mask.bool()
         if position_ids is None and self.config.position_embedding_type != "none":
-            check_position_count(key_length, max_positions)  # derived positions: known without a read
             if key_mask is not None and slots is not None:
                 position_ids = position_ids_from_mask(key_mask, cache_slots)[:, slots]  # (b, n)
             elif key_mask is not None:
                 position_ids = position_ids_from_mask(key_mask, n)
             else:
                 position_ids = (torch.arange(n, device=source.device) + past_length).expand(b, -1)
-        if inputs_embeds is not None and inputs_embeds.is_floating_point() and inputs_embeds.dtype != self.dtype:
+        if inputs_embeds is not None and inputs_embeds.dtype != self.dtype:
             inputs_embeds = inputs_embeds.to(self.dtype)  # as `input_features` are: float64 in, the model's dtype out
         padding = None
         if key_mask is not None:  # the new tokens' padding, zeroed by the embeddings
@@ -347,20 +262,13 @@ class HfstPreTrainedModel(PreTrainedModel):
         return hidden_states, position_ids, mask
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, *args, **kwargs):
-        """As transformers', refused with a clear error where an adaptive layer (input or output) would need new
-        clusters: its ids are ordered by frequency, so new tokens have no place (transformers would resize only the
-        input embedding and leave the output layer predicting the old vocabulary)."""
+        """As transformers', refused where an adaptive layer (input or output) would need new clusters
+        (`checks.check_resize`)."""
         size = self.config.vocab_size if new_num_tokens is None else new_num_tokens
         if pad_to_multiple_of:
             size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
-        adaptive = [f"`{name}`" for name in ("adaptive_input_cutoffs", "adaptive_softmax_cutoffs")
-                    if getattr(self.config, name, None)]
-        if adaptive and size != self.config.vocab_size:
-            raise ValueError(
-                f"Cannot resize the vocabulary of {type(self).__name__} from {self.config.vocab_size} to {size}: it "
-                f"has {' and '.join(adaptive)} (adaptive layers cluster ids by frequency; new tokens have no place). "
-                "Train a new model with the new vocabulary instead."
-            )
+        check_resize(self, size)
+        adaptive = self.config.adaptive_input_cutoffs or self.config.adaptive_softmax_cutoffs
         if adaptive:  # the same size: nothing to resize (transformers would rebuild the layer as an nn.Embedding)
             return self.get_input_embeddings()
         return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, *args, **kwargs)

@@ -21,8 +21,8 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
-from .cache import cache_batch_size, cache_holds, static_cache_length
-from .checks import check_attention_mask, check_token_labels
+from .cache import cache_holds, static_cache_length
+from .checks import check_static_cache, checked
 from .configuration_decoder import TransformerDecoderConfig
 from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm
@@ -64,7 +64,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
 
         The self-attention cache is the attention kernel's `cache_class` (a `DynamicCache` of keys and values for
         softmax, a `LinearAttentionCache` of recurrent states for linear attention), or a `StaticCache` where the
-        kernel has a `static_cache_layer_class` (softmax)."""
+        kernel has a `static_cache_layer_class` (softmax). An empty cache of another kind (generate() of
+        EncoderDecoderModel hands over a `DynamicCache`) is replaced by the kernel's own."""
         kernel = attention_kernel(self.config)
         if past_key_values is None:
             if not use_cache:
@@ -74,15 +75,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
                 past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
         is_pair = isinstance(past_key_values, EncoderDecoderCache)
         self_cache = past_key_values.self_attention_cache if is_pair else past_key_values
-        if static_cache_length(self_cache) is not None:
-            check_static_cache(kernel, self.config)
-        elif not cache_holds(self_cache, kernel.cache_layer_class):
-            # generate() of EncoderDecoderModel (or a user) hands over an empty DynamicCache: use the kernel's own
-            if self_cache.get_seq_length() > 0:
-                raise ValueError(
-                    f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
-                    f"{type(self_cache).__name__} that already holds other states."
-                )
+        if static_cache_length(self_cache) is None and not cache_holds(self_cache, kernel.cache_layer_class):
             self_cache = kernel.cache_class(config=self.config)
             if is_pair:
                 past_key_values.self_attention_cache = self_cache
@@ -90,57 +83,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
                 past_key_values = self_cache
         return past_key_values, self_cache, past_key_values if is_pair else None
 
-    def embed_with_cache(self, input_ids, inputs_embeds, attention_mask, position_ids, self_cache, labels=()):
-        """`embed_inputs` after the tokens in `self_cache` (`labels`: the head's, read with the inputs) -> (hidden_states
-        (b, n, hidden), AttentionMask)."""
-        if attention_mask is not None and attention_mask.dim() == 4:
-            # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
-            # says otherwise, as this decoder's does; EncoderDecoderModel's does not
-            raise ValueError(
-                f"This decoder takes a 2-D `attention_mask` (batch, length), got {tuple(attention_mask.shape)}: a 4-D "
-                'mask, as generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
-                "(EncoderDecoderModel). Generate with the default dynamic cache there."
-            )
-        cached = cache_batch_size(self_cache)
-        b = (input_ids if input_ids is not None else inputs_embeds).shape[0]
-        if cached is not None and cached != b:
-            raise ValueError(
-                f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
-                "cache with the batch it was made for (generate() handles beams and repeats itself)."
-            )
-        # a tensor for a StaticCache (and a static LinearAttentionCache): slots and positions are computed from it
-        past_length = self_cache.get_seq_length() if self_cache is not None else 0
-        hidden_states, _, mask = self.embed_inputs(
-            input_ids,
-            None,
-            inputs_embeds,
-            attention_mask,
-            position_ids,
-            causal=True,
-            past_length=past_length,
-            cache_slots=static_cache_length(self_cache),
-            labels=labels,
-        )
-        return hidden_states, mask
-
-    def cross_mask(self, encoder_hidden_states, encoder_attention_mask, batch_size):
-        """The cross-attention's `AttentionMask` (None without `encoder_hidden_states`), after checking their shape."""
-        if encoder_hidden_states is None:
-            return None
-        if not self.config.add_cross_attention:
-            raise ValueError("`encoder_hidden_states` given but the config has `add_cross_attention=False`.")
-        b, hidden = batch_size, self.config.hidden_size
-        shape = encoder_hidden_states.shape
-        if encoder_hidden_states.dim() != 3 or shape[0] != b or shape[-1] != hidden:
-            raise ValueError(
-                f"`encoder_hidden_states` must have shape ({b}, source length, {hidden}), "
-                f"got {tuple(encoder_hidden_states.shape)}."
-            )
-        encoder_key_mask = check_attention_mask(
-            encoder_attention_mask, b, encoder_hidden_states.shape[1], name="encoder_attention_mask"
-        )
-        return AttentionMask.build(encoder_key_mask)
-
+    @checked
     @record_outputs
     def forward(
         self,
@@ -154,8 +97,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
-        *,
-        _labels_to_check=(),
         **kwargs,
     ):
         r"""
@@ -166,7 +107,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
             covering the cached tokens too (as `generate()` passes it); with a `StaticCache`, (batch, max_cache_len):
             one column per slot, 0 past the tokens given so far.
-        _labels_to_check: passed by the causal-LM head (see `HfstPreTrainedModel`).
         """
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
@@ -174,10 +114,20 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         past_key_values, self_cache, cross_cache = self.prepare_cache(
             past_key_values, use_cache, encoder_hidden_states is not None
         )
-        hidden_states, mask = self.embed_with_cache(
-            input_ids, inputs_embeds, attention_mask, position_ids, self_cache, labels=_labels_to_check
+        past_length = self_cache.get_seq_length() if self_cache is not None else 0  # a tensor for a static cache
+        hidden_states, _, mask = self.embed_inputs(
+            input_ids,
+            None,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            causal=True,
+            past_length=past_length,
+            cache_slots=static_cache_length(self_cache),
         )
-        cross_mask = self.cross_mask(encoder_hidden_states, encoder_attention_mask, hidden_states.shape[0])
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = AttentionMask.build(encoder_attention_mask)
         for layer in self.layers:
             hidden_states, _, _ = layer(
                 hidden_states,
@@ -206,6 +156,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @checked
     @can_return_tuple
     def forward(
         self,
@@ -225,7 +176,6 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
         logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
-        labels_to_check = check_token_labels(labels, kwargs.get("shift_labels"))
         if use_cache is None and labels is not None and self.training and past_key_values is None:
             use_cache = False  # a training step has no use for a cache: do not fill one
         outputs = self.model(
@@ -240,7 +190,6 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            _labels_to_check=labels_to_check,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
@@ -307,14 +256,3 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             return attention_mask  # forward refuses a mask longer than the cache
         return F.pad(attention_mask, (0, slots - attention_mask.shape[1]))
 
-
-def check_static_cache(kernel, config):
-    """Refuse a `StaticCache` (fixed-size keys and values) where the attention kernel cannot extend one."""
-    if kernel.static_cache_layer_class is None:
-        _, words = kernel.describe(config)
-        raise ValueError(
-            f'{words} attention cannot use a static cache (`cache_implementation="static"` or a `StaticCache`): it '
-            f"keeps no keys and values but its own state, a {kernel.cache_class.__name__}, whose size does not grow "
-            "with the context. Generate without `cache_implementation`; for a compiled (CUDA-graphed) step, use "
-            f"`{kernel.cache_class.__name__}(config=config, static=True)`, which keeps that state at fixed addresses."
-        )

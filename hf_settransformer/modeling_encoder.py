@@ -2,25 +2,16 @@
 softmax or linear attention. Each block is `MAB(X, X)`: `H = X + Attn(Norm(X))`, `out = H + FF(Norm(H))`; a final
 norm closes the stack. With `position_embedding_type="none"` the encoder is permutation equivariant."""
 
-from dataclasses import dataclass
 
-import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 from .blocks import MAB
+from .checks import checked
 from .configuration_encoder import TransformerEncoderConfig
 from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, make_norm
 from .modeling_common import HfstPreTrainedModel, record_outputs
-
-
-@dataclass
-class TransformerEncoderModelOutput(BaseModelOutput):
-    """transformers' `BaseModelOutput`, plus `key_mask`: (b, n) bool, the padding mask the stack used (None when every
-    element is real), set only for this package's heads (`_return_key_mask`)."""
-
-    key_mask: torch.BoolTensor | None = None
 
 
 class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
@@ -42,6 +33,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @checked
     @record_outputs
     def forward(
         self,
@@ -53,15 +45,11 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
-        *,
-        _labels_to_check=(),
-        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): None (default) for bidirectional attention over every position; an int
         for a causal encoder whose first `prefix_length` positions attend to each other bidirectionally (the
-        many-target next-token head).
-        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
+        many-target next-token head)."""
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
             input_features,
@@ -70,13 +58,11 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
             position_ids,
             causal=prefix_length is not None,
             prefix_length=prefix_length or 0,
-            labels=_labels_to_check,
         )
         for layer in self.layers:
             hidden_states, _, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
-        return TransformerEncoderModelOutput(
+        return BaseModelOutput(
             last_hidden_state=self.final_norm(hidden_states),
-            key_mask=mask.key_mask if _return_key_mask else None,
         )
 
 

@@ -14,7 +14,7 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask
 from .blocks import MAB
-from .checks import check_prefix_length
+from .checks import checked
 from .configuration_perceiver_io import PerceiverIOConfig
 from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, LearnedVectors, make_norm
@@ -65,6 +65,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @checked
     @record_outputs(tie_last_hidden_states=False)
     def forward(
         self,
@@ -76,18 +77,14 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
-        *,
-        _labels_to_check=(),
-        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): Perceiver AR (Hawthorne et al. 2022), for the many-target language model:
         the `t = n - prefix_length` inputs after the prefix, plus the first t learned latents, are the latents; latent
         i cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
-        querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target.
-        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
+        querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
         inputs, position_ids, mask = self.embed_inputs(
-            input_ids, input_features, inputs_embeds, attention_mask, position_ids, labels=_labels_to_check
+            input_ids, input_features, inputs_embeds, attention_mask, position_ids
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
         latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length)
@@ -106,7 +103,6 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         return PerceiverIOModelOutput(
             last_hidden_state=self.final_norm(outputs),
             latent_hidden_state=latents,
-            key_mask=mask.key_mask if _return_key_mask else None,
         )
 
     def initial_latents(self, inputs, mask, prefix_length):
@@ -116,13 +112,7 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         b, n = inputs.shape[:2]
         if prefix_length is None:
             return self.latents(b), mask, AttentionMask()
-        check_prefix_length(prefix_length, n)
         t = n - prefix_length
-        if t > self.config.num_latents:
-            raise ValueError(
-                f"Perceiver AR needs one latent per target: `num_latents` ({self.config.num_latents}) must be at least "
-                f"the number of targets ({t}, `target_length`)."
-            )
         key_mask = mask.key_mask  # (b, n) or None
         cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
         self_mask = AttentionMask.build(None if key_mask is None else key_mask[:, -t:], causal=True, num_queries=t,
@@ -150,14 +140,6 @@ class PerceiverIOForMaskedLM(ForMaskedLMMixin, PerceiverIOPreTrainedModel):
     """Perceiver IO with one output query per input position and a (tied) vocabulary projection."""
 
     base_model_class = PerceiverIOModel
-
-    def __init__(self, config):
-        if config.output_query_type == "learned":
-            raise ValueError(
-                "PerceiverIOForMaskedLM needs one output query per input position: set `output_query_type` to "
-                "'inputs' or 'positions', not 'learned'."
-            )
-        super().__init__(config)
 
 
 class PerceiverIOForSequenceClassification(

@@ -17,6 +17,7 @@ from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask
+from .checks import checked
 from .blocks import ISAB, MAB, PMA, SAB, masked_mean
 from .configuration_set_transformer import SetTransformerConfig
 from .heads import ForNextTokenPredictionMixin, ForSequenceClassificationMixin
@@ -53,6 +54,7 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @checked
     @record_outputs
     def forward(
         self,
@@ -63,17 +65,13 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         prefix_length=None,
-        *,
-        _labels_to_check=(),
-        _return_key_mask=False,
         **kwargs,
     ):
         r"""prefix_length (`int`, *optional*): the many-target language model. The first `prefix_length` elements are
         a set (ISAB: summarised by the inducing points; SAB: bidirectional among themselves); every later element
         reads that summary and the later elements up to itself, and `pooler_output` has one PMA-pooled vector per later
         element (b, n - prefix_length, hidden), whose query is the seed plus that element's state and whose keys stop at
-        it; the decoder SABs run causally over them.
-        _labels_to_check, _return_key_mask: passed by this package's heads (see `HfstPreTrainedModel`)."""
+        it; the decoder SABs run causally over them."""
         causal = prefix_length is not None
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
@@ -82,7 +80,6 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
             attention_mask,
             causal=causal,
             prefix_length=prefix_length or 0,
-            labels=_labels_to_check,
         )
         masks = self.build_masks(mask, hidden_states.shape[:2], prefix_length, hidden_states.device)
 
@@ -104,7 +101,6 @@ class SetTransformerModel(SetTransformerPreTrainedModel):
         return SetModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.decoder_norm(pooled),
-            key_mask=mask.key_mask if _return_key_mask else None,
         )
 
     def build_masks(self, mask, shape, prefix_length, device):
@@ -200,12 +196,11 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        if not config.input_size:
-            raise ValueError("SetTransformerForMixtureOfGaussians needs continuous points: set `input_size`.")
         self.model = SetTransformerModel(config)
         self.mixture_head = nn.Linear(config.hidden_size, 1 + 2 * config.input_size)
         self.post_init()
 
+    @checked
     @can_return_tuple
     def forward(
         self,

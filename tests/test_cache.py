@@ -70,8 +70,9 @@ def test_linear_attention_refuses_a_static_cache_and_names_its_own_state(feature
 def test_static_cache_length_refuses_sliding_window_layers():
     assert static_cache_length(DynamicCache()) is None
     assert static_cache_length(Cache(layers=[StaticLayer(max_cache_len=8), StaticLayer(max_cache_len=8)])) == 8
+    sliding = Cache(layers=[StaticSlidingWindowLayer(max_cache_len=8, sliding_window=4)])
     with pytest.raises(ValueError, match="one `StaticLayer` per layer"):
-        static_cache_length(Cache(layers=[StaticSlidingWindowLayer(max_cache_len=8, sliding_window=4)]))
+        decoder("softmax", "elu")(input_ids=torch.ones(1, 2, dtype=torch.long), past_key_values=sliding)
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "exp"])

@@ -520,58 +520,39 @@ def test_continuous_inputs_expose_the_feature_projection():
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
-def test_base_model_hands_its_key_mask_to_heads_only(family):
-    """A base model returns the (b, n) key mask it built only when a head asks (`_return_key_mask`): its outputs and
-    tuples are otherwise unchanged by padding; an all-ones mask is dropped (None), as the kernels see it."""
-    config = tiny_config(family)
-    model = make_model(family_classes(config)[AutoModel], config)
-    ids = batch_of_tokens(2, 6)
+def test_the_outermost_call_checks_once_and_drops_a_mask_of_ones(family, monkeypatch):
+    """A head's forward is checked once: its base model's call inside it is not checked again. The base model gets
+    None for a mask of ones (the kernels' unmasked paths) and a mask with padding as given; its outputs are
+    transformers' (no extra fields)."""
+    from hf_settransformer import checks
+
+    model = many_target_head(family)
+    checked, seen = [], []
+    check_forward = checks.check_forward
+    monkeypatch.setattr(checks, "check_forward", lambda m, inputs: checked.append(m) or check_forward(m, inputs))
+    model.model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]),
+                                          with_kwargs=True)
+    ids = batch_of_tokens(2, 12)
     mask = torch.ones_like(ids)
+    model(input_ids=ids, attention_mask=mask)
+    assert checked == [model] and seen == [None]
     mask[1, :2] = 0
-    plain = model(input_ids=ids, attention_mask=mask)
-    assert plain.key_mask is None and "key_mask" not in plain.keys()
-    assert len(model(input_ids=ids, attention_mask=mask, return_dict=False)) == len(plain.to_tuple())
-    asked = model(input_ids=ids, attention_mask=mask, _return_key_mask=True)
-    assert asked.key_mask.dtype == torch.bool and torch.equal(asked.key_mask, mask.bool())
-    assert torch.equal(asked.last_hidden_state, plain.last_hidden_state)
-    assert model(input_ids=ids, attention_mask=torch.ones_like(ids), _return_key_mask=True).key_mask is None
+    model(input_ids=ids, attention_mask=mask)
+    assert checked == [model, model] and torch.equal(seen[-1], mask[:, -model.config.context_length:])
+    base_output = model.model(input_ids=ids, attention_mask=mask)
+    assert checked[-1] is model.model and "key_mask" not in base_output.keys()
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_next_token_class_runs_the_head_its_mode_names(family):
-    """`...ForNextTokenPrediction` runs `ManyTargetsHeadMixin` or `WindowHeadMixin` by `config.next_token_mode`,
-    read at each call, and declares that head's objective; both modes have the same parameters."""
+    """`...ForNextTokenPrediction` runs the many-target or the one-target forward as `config.next_token_mode` said
+    at construction, and declares that objective; both modes have the same parameters."""
     model = many_target_head(family)
     ids = batch_of_tokens(2, 12)
     assert model.objective == "many_target_windows" and model(input_ids=ids).logits.shape == (2, 12, VOCAB)
     names = [name for name, _ in model.named_parameters()]
-    model.config.next_token_mode = "window"
-    assert model.objective == "one_target_window" and model(input_ids=ids).logits.shape == (2, 1, VOCAB)
     window = many_target_head(family, next_token_mode="window")
+    assert window.objective == "one_target_window" and window(input_ids=ids).logits.shape == (2, 1, VOCAB)
     assert [name for name, _ in window.named_parameters()] == names
-
-
-@pytest.mark.parametrize("mode", ["many", "window"])
-def test_each_next_token_head_is_a_head_of_its_own(mode):
-    """`ManyTargetsHeadMixin` and `WindowHeadMixin` are complete heads: a class built from one alone gives the public
-    class's logits and loss for that mode, from the same weights."""
-    from transformers import GenerationMixin
-
-    from hf_settransformer.heads import ManyTargetsHeadMixin, WindowHeadMixin
-    from hf_settransformer.modeling_encoder import TransformerEncoderPreTrainedModel
-
-    head = ManyTargetsHeadMixin if mode == "many" else WindowHeadMixin
-
-    class OneHead(head, TransformerEncoderPreTrainedModel, GenerationMixin):
-        base_model_class = hfst.TransformerEncoderModel
-
-    model = many_target_head("encoder", next_token_mode=mode)
-    alone = OneHead(model.config)
-    alone.load_state_dict(model.state_dict())
-    alone.eval()
-    ids = batch_of_tokens(2, 12)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    expected, got = (m(input_ids=ids, attention_mask=mask, labels=ids) for m in (model, alone))
-    assert alone.objective == model.objective == head.objective
-    assert torch.equal(got.logits, expected.logits) and torch.equal(got.loss, expected.loss)
+    model.config.next_token_mode = "window"  # after construction: the model keeps its mode
+    assert model.objective == "many_target_windows" and model(input_ids=ids).logits.shape == (2, 12, VOCAB)

@@ -2,11 +2,14 @@
 (`_can_record_outputs` + `capture_outputs`, through `modeling_common.record_outputs`), against the same values
 collected by running each model's blocks by hand."""
 
+import inspect
+
 import pytest
 import torch
 from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, VOCAB, make_model, tiny_config
 
 import hf_settransformer as hfst
+from hf_settransformer.attention import AttentionMask
 from hf_settransformer.blocks import ISAB
 
 BASES = {
@@ -27,7 +30,7 @@ CASE_IDS = [f"{f}-{ATTENTION_IDS[a]}-v{i}" for f, a, i in CASES]
 
 
 def by_hand_encoder(model, inputs):
-    states, _, mask = model.embed_inputs(inputs["input_ids"], attention_mask=inputs["attention_mask"],
+    states, _, mask = model.embed_inputs(inputs["input_ids"], attention_mask=model_mask(inputs),
                                          causal="prefix_length" in inputs,
                                          prefix_length=inputs.get("prefix_length", 0))
     hidden, weights = [states], []
@@ -38,10 +41,17 @@ def by_hand_encoder(model, inputs):
     return hidden[:-1] + [model.final_norm(states)], weights, None
 
 
+def model_mask(inputs):
+    """The mask the model's blocks get: the one given, or None where every element is real (the input check drops
+    it, so that the kernels take their unmasked paths)."""
+    mask = inputs["attention_mask"]
+    return None if mask is None or bool(mask.all()) else mask
+
+
 def by_hand_decoder(model, inputs):
-    states, mask = model.embed_with_cache(inputs["input_ids"], None, inputs["attention_mask"], None, None)
+    states, _, mask = model.embed_inputs(inputs["input_ids"], attention_mask=model_mask(inputs), causal=True)
     encoder_states = inputs.get("encoder_hidden_states")
-    cross_mask = model.cross_mask(encoder_states, None, states.shape[0])
+    cross_mask = None if encoder_states is None else AttentionMask.build(None)
     hidden, weights, cross = [states], [], []
     for layer in model.layers:
         states, w, c = layer(states, mask=mask, cross_states=encoder_states, cross_mask=cross_mask,
@@ -54,7 +64,7 @@ def by_hand_decoder(model, inputs):
 
 def by_hand_set_transformer(model, inputs):
     prefix = inputs.get("prefix_length")
-    states, _, mask = model.embed_inputs(inputs["input_ids"], attention_mask=inputs["attention_mask"],
+    states, _, mask = model.embed_inputs(inputs["input_ids"], attention_mask=model_mask(inputs),
                                          causal=prefix is not None, prefix_length=prefix or 0)
     masks = model.build_masks(mask, states.shape[:2], prefix, states.device)
     hidden, weights = [states], []
@@ -77,7 +87,7 @@ def by_hand_set_transformer(model, inputs):
 
 def by_hand_perceiver_io(model, inputs):
     inputs_embedded, position_ids, mask = model.embed_inputs(inputs["input_ids"],
-                                                             attention_mask=inputs["attention_mask"])
+                                                             attention_mask=model_mask(inputs))
     prefix = inputs.get("prefix_length")
     latents, cross_mask, self_mask = model.initial_latents(inputs_embedded, mask, prefix)
     latents, enc, _ = model.encoder_cross_attention(latents, inputs_embedded, mask=cross_mask, output_attentions=True)
@@ -135,7 +145,7 @@ def test_recorded_outputs_equal_the_blocks_run_by_hand(family, attention, varian
     with torch.no_grad():
         out = model(**inputs, output_hidden_states=True, output_attentions=True)
         hidden, weights, cross = BY_HAND[family](model, inputs)
-        embedded = model.embed_inputs(inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]
+        embedded = model.embed_inputs(inputs["input_ids"], attention_mask=model_mask(inputs))[0]
 
     assert len(out.hidden_states) == len(hidden)
     for got, expected in zip(out.hidden_states, hidden):
@@ -181,7 +191,7 @@ def test_recording_flags_follow_the_config_and_positional_arguments(family):
         explicit = model(input_ids=ids, output_hidden_states=True)
         assert len(from_config.hidden_states) == len(explicit.hidden_states)
         assert all(torch.equal(a, b) for a, b in zip(from_config.hidden_states, explicit.hidden_states))
-        names = list(type(model).forward.__wrapped__.__code__.co_varnames[1:])
+        names = list(inspect.signature(type(model).forward).parameters)[1:]
         positional = [None] * (names.index("output_hidden_states") + 1)
         positional[0], positional[-1] = ids, True
         by_position = model(*positional)
