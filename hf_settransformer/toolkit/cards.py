@@ -6,7 +6,8 @@ cards as a checkout does. `lm_model_card_fields` turns a language-model run's `a
 config fields that bear on the model, `hub_training_command` gives the command a Hub reader can run (the `datasets`
 name of WikiText-2 in place of local copies of its files), `write_lm_model_card` writes the card of a trained or
 pushed model, and `refresh_model_card` writes it again from a finished run's folder (for another Hub name, or after a
-change to the templates) without reading the weights.
+change to the templates) without reading the weights, or from a results folder that kept only all_results.json (the
+released cards of model_cards/, scripts/make_model_cards.py).
 
 Needs torch and transformers only; the modeling files never import it.
 """
@@ -56,13 +57,17 @@ def write_model_card(output_dir, template, **fields):
     given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
     look for a model card. A field given as None was not measured: every line of the template that uses it is left
     out (a table row, say), rather than showing "None". Returns the card's path."""
+    path = Path(output_dir) / "README.md"
+    write_text_atomically(path, _fill(template, fields))
+    return path
+
+
+def _fill(template, fields):
+    """`write_model_card`'s text, unwritten."""
     unmeasured = {name for name, value in fields.items() if value is None}
     lines = [line for line in Path(template).read_text().splitlines(keepends=True)
              if not unmeasured & _field_names(line)]
-    card = Template("".join(lines)).safe_substitute(**fields)
-    path = Path(output_dir) / "README.md"
-    write_text_atomically(path, card)
-    return path
+    return Template("".join(lines)).safe_substitute(**fields)
 
 
 def _field_names(text):
@@ -75,8 +80,9 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     mlm_model_card.md for a masked LM) for `model`, from a run's `results` (the keys scripts/train_lm.py writes to
     all_results.json: parameters, {validation,test}_{perplexity,accuracy}, train_tokens, train_tokens_per_wall_second,
     train_tokens_per_cpu_second, wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision,
-    train_cpu_minutes, train_steps, device; where present resumed_from_step, selected_step, selected_by, gpu_name and
-    the model FLOPs of `model_flops_utilization`; the keys of earlier runs are read too, `upgrade_results`). `family`
+    train_cpu_minutes, train_steps, device; where present resumed_from_step, selected_step, selected_by, gpu_name,
+    the model FLOPs of `model_flops_utilization`, and the run's transformers_version and torch_version, else the
+    installed ones; the keys of earlier runs are read too, `upgrade_results`). `family`
     defaults to the one `model_type` names. What the run did not measure (no --do_eval, --do_predict or --do_train: no
     perplexity, no training speed) is None, so that `write_model_card` leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
     `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
@@ -129,8 +135,8 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         cpu_minutes=_measured(results, "train_cpu_minutes", "{:.1f}") or ("unknown" if trained else None),
         train_steps=_measured(results, "train_steps", "{:,}"),
         config_json=json.dumps(card_config(model), indent=2),
-        transformers_version=transformers.__version__,
-        torch_version=torch.__version__,
+        transformers_version=results.get("transformers_version") or transformers.__version__,
+        torch_version=results.get("torch_version") or torch.__version__,
         device=results["device"],
     )
 
@@ -257,13 +263,19 @@ def write_lm_model_card(output_dir, model, results, block_size, repo_id, command
     by objective (`CARD_TEMPLATES`). What the run did not measure is left out: the card's `model-index` lists the
     splits it evaluated (none without --do_eval and --do_predict), its table the numbers it has. The command is given
     as `hub_training_command` writes it, with `results["data_files"]`."""
+    path = Path(output_dir) / "README.md"
+    write_text_atomically(path, _lm_model_card(model, results, block_size, repo_id, command))
+    return path
+
+
+def _lm_model_card(model, results, block_size, repo_id, command):
+    """`write_lm_model_card`'s text, unwritten."""
     mlm_probability = results.get("mlm_probability", MLM_PROBABILITY)
     fields = lm_model_card_fields(model, results, results["family"], block_size, mlm_probability)
-    masked = is_masked_lm(model)
     template = CARD_TEMPLATES / objective_of(model).card_template
     command, data_note = hub_training_command(command, results.get("data_files"))
-    return write_model_card(output_dir, template, **fields, repo_id=repo_id, command=command, data_note=data_note,
-                            model_index=_model_index(repo_id, fields, masked))
+    return _fill(template, dict(fields, repo_id=repo_id, command=command, data_note=data_note,
+                                model_index=_model_index(repo_id, fields, is_masked_lm(model))))
 
 
 def _model_index(repo_id, fields, masked):
@@ -287,13 +299,15 @@ def _model_index(repo_id, fields, masked):
     return f"model-index:\n- name: {repo_id}\n  results:\n" + "".join(entries) if entries else ""
 
 
-def refresh_model_card(run_dir, repo_id=None):
+def refresh_model_card(run_dir, repo_id=None, card_path=None):
     """Writes a finished run's model card again with the current templates, from the folder's all_results.json,
     config.json and training_args.json (after a change to the card, or for another Hub name; the weights are not
-    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name). What the run
-    did not measure (no --do_predict, say) is left out of the card. The command and the sequence length are the ones
-    all_results.json records; a run that did not record them (made before
-    train_lm.py did) is refused with a ValueError. Returns the card's path."""
+    read), for the Hub repository `repo_id` (default: the run's --hub_model_id, else the folder's name), to `card_path`
+    (default: the folder's README.md). A folder without config.json (results kept without the model, as
+    results/wikitext2-90min-v2/ keeps them) is read from all_results.json alone: its `config` key holds config.json's
+    fields. What the run did not measure (no --do_predict, say) is left out of the card. The command and the sequence
+    length are the ones all_results.json records; a run that did not record them (made before train_lm.py did) is
+    refused with a ValueError. Returns the card's path."""
     run_dir = Path(run_dir)
     results = json.loads((run_dir / "all_results.json").read_text())
     length = results.get("hyperparameters", {}).get("sequence_length")
@@ -301,10 +315,13 @@ def refresh_model_card(run_dir, repo_id=None):
                                            ("hyperparameters.sequence_length", length)) if value is None]
     if results.get("objective") == "mlm" and "mlm_probability" not in results:
         unrecorded.append("mlm_probability")
+    saved = (run_dir / "config.json").is_file()
+    if not saved and not isinstance(results.get("config"), dict):
+        unrecorded.append("config (and the folder has no config.json)")
     if unrecorded:
         raise ValueError(f"{run_dir}: all_results.json does not record the run's {', '.join(unrecorded)} (a run made "
                          "before train_lm.py recorded them); its model card cannot be written again from the folder.")
-    config = transformers.AutoConfig.from_pretrained(run_dir)
+    config = transformers.AutoConfig.from_pretrained(run_dir) if saved else _recorded_config(results["config"])
     name = (getattr(config, "architectures", None) or [None])[0]
     model_class = _model_classes().get(name) if isinstance(name, str) else None
     if model_class is None:
@@ -316,7 +333,18 @@ def refresh_model_card(run_dir, repo_id=None):
     args_file = run_dir / "training_args.json"
     if repo_id is None:
         repo_id = (json.loads(args_file.read_text()).get("hub_model_id") if args_file.is_file() else None) or run_dir.name
-    return write_lm_model_card(run_dir, model, results, length, repo_id, results["command"])
+    path = Path(card_path) if card_path is not None else run_dir / "README.md"
+    write_text_atomically(path, _lm_model_card(model, results, length, repo_id, results["command"]))
+    return path
+
+
+def _recorded_config(fields):
+    """The config of config.json's `fields` (all_results.json's `config`), by the class of its `model_type`: only an
+    hf_settransformer family's config is built from a file's words."""
+    from ..families import family_for_model_type
+
+    fields = dict(fields)
+    return family_for_model_type(fields.pop("model_type", None)).config_class().from_dict(fields)
 
 
 def _model_classes():
