@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
-from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer, cache_layer
+from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer
 from .linear_ops import (
     causal_linear_attention,
     linear_attention,
@@ -56,7 +56,7 @@ def softmax_kernel(
     q, k, v, mask, state=None, *, dropout_p=0.0, need_weights=False, implementation="sdpa", module=None, **_
 ):
     """Softmax attention (Vaswani et al. 2017): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> (out (b,h,n,e), weights
-    (b,h,n,m) when `need_weights` else None, state).
+    (b,h,n,m) when `need_weights` else None).
 
     `state`: the layer's `DynamicLayer` while generating: the new keys and values are appended to it and the queries
     attend to all of them; or a `StaticLayer` (transformers' `StaticCache`): they are written into its fixed buffers,
@@ -65,15 +65,13 @@ def softmax_kernel(
     computes it (weights are computed eagerly); `module`: the calling layer, which those functions read."""
     options = {"module": module, "dropout_p": dropout_p, "need_weights": need_weights}
     if state is None:
-        out, weights = softmax_attention(q, k, v, mask, implementation, **options)
-        return out, weights, state
+        return softmax_attention(q, k, v, mask, implementation, **options)
     k, v = state.update(k, v)  # (b, h, past + n, d); a StaticLayer's (b, h, max_cache_len, d)
     # A growing cache has a new key length at every step. SDPA's cuDNN backend (preferred on Hopper GPUs) builds an
     # execution graph per shape, tens to hundreds of ms each (seen with cuDNN attention in pytorch/torchtune#1652,
     # sgl-project/sglang#4650, ml-explore/mlx#2743): decoding steps use the other backends, which need no planning.
     with sdpa_kernel(_DECODE_BACKENDS):
-        out, weights = softmax_attention(q, k, v, mask, implementation, **options)
-    return out, weights, state
+        return softmax_attention(q, k, v, mask, implementation, **options)
 
 
 _DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -93,12 +91,12 @@ def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64
     options = {"feature_map": feature_map, "drop": drop}
     if not mask.causal:
         out, _ = linear_attention(q, k, v, mask.key_mask, **options)
-        return out, None, state
+        return out, None
     if state is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
         out, _ = prefix_causal_linear_attention(
             q, k, v, mask.key_mask, chunk_size=chunk_size, prefix_length=mask.prefix_length, **options
         )
-        return out, None, None
+        return out, None
     n = q.shape[2]
     key_mask = None if mask.key_mask is None else mask.key_mask[:, -n:]  # the new tokens: the past is in the state
     past = None if state is None else state.state
@@ -108,16 +106,17 @@ def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64
         out, new = causal_linear_attention(q, k, v, key_mask, past, chunk_size=chunk_size, **options)
     if state is not None:
         state.set_state(new, n)
-    return out, None, state
+    return out, None
 
 
 @dataclass(frozen=True)
 class AttentionKernel:
     """One attention type.
 
-    forward: `(q, k, v, mask, state, **options) -> (out, weights or None, state)`, shapes as in `softmax_kernel`.
+    forward: `(q, k, v, mask, state, **options) -> (out, weights or None)`, shapes as in `softmax_kernel`.
         `mask` is an `AttentionMask`; `state` is this layer's cache layer (a `cache_layer_class`) when a causal
-        self-attention reads and extends a cache, else None. `options`: the layer's `layer_options(config)` and, per
+        self-attention reads and extends a cache, else None: the kernel extends it in place (as transformers' cache
+        layers are updated). `options`: the layer's `layer_options(config)` and, per
         call, `dropout_p`, `need_weights`, `implementation` (`config._attn_implementation`) and `module` (the calling
         `MultiHeadAttention`): keywords a kernel may ignore.
     cache_class: the `Cache` a causal model builds for `generate()`, as `cache_class(config=config)`; its layers are
@@ -223,35 +222,34 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
-    def project(self, hidden_states, context=None, past_key_values=None):
-        """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,d).
+    def project(self, hidden_states, context=None, past_key_values=None, cached=False):
+        """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,e).
 
-        Cross-attention with an `EncoderDecoderCache` projects the encoder states once and reuses them."""
+        Cross-attention with a cache layer (`past_key_values`) projects the encoder states once into it, and reads
+        them from it once `cached`."""
         if self.self_attention:
             q, k, v = self.qkv_proj(hidden_states).chunk(3, dim=-1)  # 3 x (b, n, hidden)
             return self._split_heads(q), self._split_heads(k), self._split_heads(v)
         q = self._split_heads(self.q_proj(hidden_states))
-        if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-            layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
-            return q, layer.keys, layer.values
+        if cached:
+            return q, past_key_values.keys, past_key_values.values
         k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
         k, v = self._split_heads(k), self._split_heads(v)
         if past_key_values is not None:
-            k, v = past_key_values.cross_attention_cache.update(k, v, self.layer_idx)
-            past_key_values.is_updated[self.layer_idx] = True
+            k, v = past_key_values.update(k, v)
         return q, k, v
 
-    def forward(self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None):
+    def forward(self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None,
+                cached=False):
         """Returns (output (b, n, hidden), weights (b, h, n, m) or None).
 
-        `past_key_values`: for causal self-attention, the stack's cache (the kernel's `cache_class`), whose layer
-        `layer_idx` this call reads and extends; for cross-attention, an `EncoderDecoderCache`."""
+        `past_key_values`: this layer's cache layer, or None. A causal self-attention's (the kernel's
+        `cache_layer_class`) is read and extended by the kernel; a cross-attention's holds the projected encoder
+        states, which `cached` says are there already."""
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
-        q, k, v = self.project(hidden_states, context, past_key_values)
-        state = None
-        if self.self_attention and past_key_values is not None:
-            state = cache_layer(past_key_values, self.layer_idx)
-        out, weights, _ = self.kernel.forward(
+        q, k, v = self.project(hidden_states, context, past_key_values, cached)
+        state = past_key_values if self.self_attention else None
+        out, weights = self.kernel.forward(
             q,
             k,
             v,

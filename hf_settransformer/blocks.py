@@ -49,11 +49,13 @@ class MAB(GradientCheckpointingLayer):
         output_attentions=False,
         past_key_values=None,
         cross_past_key_values=None,
+        cross_cached=False,
     ):
         """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None).
 
-        `past_key_values` is this block's self-attention cache, `cross_past_key_values` an `EncoderDecoderCache`
-        holding the projected encoder states (see `MultiHeadAttention.forward`)."""
+        `past_key_values`: this block's self-attention cache layer (its model's cache, one layer per block);
+        `cross_past_key_values`: its cross-attention cache layer, which holds the projected encoder states when
+        `cross_cached` (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
         attended, weights = self.attention(
@@ -62,15 +64,13 @@ class MAB(GradientCheckpointingLayer):
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
-            cached = cross_past_key_values is not None and cross_past_key_values.is_updated.get(
-                self.cross_attention.layer_idx
-            )
             attended, cross_weights = self.cross_attention(
                 self.cross_norm(hidden_states),
-                None if cached else self.cross_context_norm(cross_states),
+                None if cross_cached else self.cross_context_norm(cross_states),
                 cross_mask,
                 output_attentions,
                 cross_past_key_values,
+                cached=cross_cached,
             )
             hidden_states = hidden_states + self.dropout(attended)
         hidden_states = hidden_states + self.dropout(self.ffn(self.ffn_norm(hidden_states)))

@@ -9,11 +9,13 @@ cache's counter, a tensor), so `torch.compile(model.forward, mode="reduce-overhe
 attention's recurrent state has a fixed size already: `LinearAttentionCache(static=True)` keeps it at fixed addresses
 for a compiled step."""
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
@@ -21,13 +23,24 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
-from .cache import cache_holds, static_cache_length
+from .cache import cache_holds, cache_layer, static_cache_length
 from .checks import check_static_cache, checked
 from .configuration_decoder import TransformerDecoderConfig
 from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .modeling_common import HfstPreTrainedModel, record_outputs
+
+
+class CacheView(NamedTuple):
+    """What one forward of the decoder reads and extends, prepared once (`TransformerDecoderModel.prepare_cache`)."""
+
+    returned: Cache | None  # the cache the forward returns
+    layers: list  # each block's self-attention cache layer, or None
+    cross_layers: list  # each block's cross-attention cache layer, or None
+    cross_filled: list  # whether that cross layer holds the encoder's keys and values already
+    past_length: int | torch.Tensor  # tokens seen before this call (a tensor where the cache counts on the device)
+    slots: int | None  # a static cache's number of key slots
 
 
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
@@ -60,28 +73,35 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         self.post_init()
 
     def prepare_cache(self, past_key_values, use_cache, has_encoder_states):
-        """-> (the cache to return, the self-attention cache, the cache holding cross-attention keys or None).
+        """The one view of the cache a forward uses (`CacheView`), made once: the cache to return, each layer's
+        self-attention cache layer, each layer's cross-attention cache layer and whether it already holds the encoder's
+        keys and values, the past length and a static cache's slots.
 
         The self-attention cache is the attention kernel's `cache_class` (a `DynamicCache` of keys and values for
         softmax, a `LinearAttentionCache` of recurrent states for linear attention), or a `StaticCache` where the
         kernel has a `static_cache_layer_class` (softmax). An empty cache of another kind (generate() of
         EncoderDecoderModel hands over a `DynamicCache`) is replaced by the kernel's own."""
-        kernel = attention_kernel(self.config)
+        kernel, count = attention_kernel(self.config), len(self.layers)
         if past_key_values is None:
             if not use_cache:
-                return None, None, None
+                return CacheView(None, [None] * count, [None] * count, [False] * count, 0, None)
             past_key_values = kernel.cache_class(config=self.config)
             if has_encoder_states:
                 past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
-        is_pair = isinstance(past_key_values, EncoderDecoderCache)
-        self_cache = past_key_values.self_attention_cache if is_pair else past_key_values
-        if static_cache_length(self_cache) is None and not cache_holds(self_cache, kernel.cache_layer_class):
+        pair = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
+        self_cache = past_key_values if pair is None else pair.self_attention_cache
+        slots = static_cache_length(self_cache)
+        if slots is None and not cache_holds(self_cache, kernel.cache_layer_class):
             self_cache = kernel.cache_class(config=self.config)
-            if is_pair:
-                past_key_values.self_attention_cache = self_cache
-            else:
+            if pair is None:
                 past_key_values = self_cache
-        return past_key_values, self_cache, past_key_values if is_pair else None
+            else:
+                pair.self_attention_cache = self_cache
+        layers = [cache_layer(self_cache, i) for i in range(count)]
+        cross = [None] * count if pair is None else [cache_layer(pair.cross_attention_cache, i) for i in range(count)]
+        filled = [pair is not None and bool(pair.is_updated.get(i)) for i in range(count)]
+        # a tensor for a static cache: slots and positions are computed from it, never read back
+        return CacheView(past_key_values, layers, cross, filled, self_cache.get_seq_length(), slots)
 
     @checked
     @record_outputs
@@ -111,10 +131,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False
-        past_key_values, self_cache, cross_cache = self.prepare_cache(
-            past_key_values, use_cache, encoder_hidden_states is not None
-        )
-        past_length = self_cache.get_seq_length() if self_cache is not None else 0  # a tensor for a static cache
+        cache = self.prepare_cache(past_key_values, use_cache, encoder_hidden_states is not None)
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
             None,
@@ -122,25 +139,27 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             attention_mask,
             position_ids,
             causal=True,
-            past_length=past_length,
-            cache_slots=static_cache_length(self_cache),
+            past_length=cache.past_length,
+            cache_slots=cache.slots,
         )
-        cross_mask = None
-        if encoder_hidden_states is not None:
-            cross_mask = AttentionMask.build(encoder_attention_mask)
-        for layer in self.layers:
+        cross_mask = None if encoder_hidden_states is None else AttentionMask.build(encoder_attention_mask)
+        for i, layer in enumerate(self.layers):
             hidden_states, _, _ = layer(
                 hidden_states,
                 mask=mask,
                 cross_states=encoder_hidden_states,
                 cross_mask=cross_mask,
                 output_attentions=output_attentions,
-                past_key_values=self_cache,
-                cross_past_key_values=cross_cache,
+                past_key_values=cache.layers[i],
+                cross_past_key_values=cache.cross_layers[i],
+                cross_cached=cache.cross_filled[i],
             )
+        if encoder_hidden_states is not None and isinstance(cache.returned, EncoderDecoderCache):
+            for i in range(len(self.layers)):
+                cache.returned.is_updated[i] = True  # the encoder's keys and values are in the cross layers now
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.final_norm(hidden_states),
-            past_key_values=past_key_values if use_cache else None,
+            past_key_values=cache.returned if use_cache else None,
         )
 
 

@@ -528,7 +528,7 @@ def test_linear_key_dropout_leaves_the_dropped_keys_out_of_every_sum(feature_map
     prefix = 10 if case == "prefix" else 0
     mask = AttentionMask(causal=case != "noncausal", key_mask=key_mask, prefix_length=prefix)
     torch.manual_seed(3)
-    out, weights, _ = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK, dropout_p=p)
+    out, weights = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK, dropout_p=p)
     torch.manual_seed(3)
     kept = torch.rand(B, H, m) >= p
     assert weights is None and not kept.all() and (~kept & key_mask[:, None]).any()
@@ -566,7 +566,7 @@ def test_linear_kernel_gradients_match_float64_references(feature_map, case):
     q, k, v = (t.double().requires_grad_() for t in (q, k, v))
     g = torch.randn(B, H, n, E, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     mask = AttentionMask(causal=case != "noncausal", key_mask=key_mask, prefix_length=prefix)
-    out, _, _ = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK)
+    out, _ = linear_kernel(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK)
     if case == "noncausal":
         expected = ref_linear(q, k, v, key_mask, feature_map)
         real = torch.ones_like(out, dtype=torch.bool)
