@@ -215,3 +215,99 @@ def test_config_json_holds_only_fields_the_familys_models_read(monkeypatch, fami
     if family == "perceiver_io":
         generic.add("num_hidden_layers")  # derived (num_blocks * num_self_attends_per_block) for tools counting layers
     assert written - generic - read == set()
+
+
+# ------------------------------------------------------------------------------------------------------ refused values
+
+CONFIGS = {
+    "encoder": hfst.TransformerEncoderConfig,
+    "decoder": hfst.TransformerDecoderConfig,
+    "set_transformer": hfst.SetTransformerConfig,
+    "perceiver_io": hfst.PerceiverIOConfig,
+}
+
+
+CONFIG_CASES = [
+    # (family, kwargs, words the error must contain)
+    ("set_transformer", {"num_inducing_point": 4}, ["num_inducing_point", "did you mean `num_inducing_points`"]),
+    ("perceiver_io", {"num_latent": 8}, ["num_latent", "did you mean `num_latents`"]),
+    ("decoder", {"add_cross_attention": "no"}, ["add_cross_attention", "True or False"]),
+    ("encoder", {"scale_embedding": "no"}, ["scale_embedding", "True or False"]),
+    ("encoder", {"scale_embedding": 0.5}, ["scale_embedding", "True or False"]),
+    ("encoder", {"tie_word_embeddings": "no"}, ["tie_word_embeddings", "True or False"]),
+    ("decoder", {"use_cache": "no"}, ["use_cache", "True or False"]),
+    ("encoder", {"use_cache": "no"}, ["use_cache", "True or False"]),
+    ("encoder", {"num_labels": -1}, ["num_labels", "positive integer"]),
+    ("encoder", {"num_labels": 0}, ["num_labels", "positive integer"]),
+    ("encoder", {"problem_type": "foo"}, ["problem_type", "single_label_classification"]),
+    ("encoder", {"norm_eps": float("inf")}, ["norm_eps", "(0, 1]"]),
+    ("encoder", {"norm_eps": float("nan")}, ["norm_eps", "(0, 1]"]),
+    ("decoder", {"initializer_range": float("inf")}, ["initializer_range", "(0, 1]"]),
+    ("set_transformer", {"initializer_range": 1e30}, ["initializer_range", "(0, 1]"]),
+]
+
+
+@pytest.mark.parametrize("family,kwargs,words", CONFIG_CASES, ids=[f"{c[0]}-{list(c[1])[0]}" for c in CONFIG_CASES])
+def test_bad_config_values_are_refused_naming_the_field(family, kwargs, words):
+    with pytest.raises(ValueError) as err:
+        CONFIGS[family](vocab_size=100, **kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+NEW_CONFIG_CASES = [  # once accepted, then silently wrong
+    ("encoder", {"target_length": 1}, ["target_length", ">= 2", "target_length=1", "next_token_mode='window'"]),
+    ("set_transformer", {"context_length": 1}, ["context_length", ">= 2", "context_length=1"]),
+    ("perceiver_io", {"context_length": 8, "target_length": 1}, ["target_length", ">= 2"]),
+    ("encoder", {"vocab_size": 50, "pad_token_id": 999}, ["pad_token_id", "[0, 49]", "999"]),
+    ("decoder", {"vocab_size": 50, "bos_token_id": -5}, ["bos_token_id", "[0, 49]", "-5"]),
+    ("decoder", {"vocab_size": 50, "eos_token_id": 10**9}, ["eos_token_id", "[0, 49]"]),
+    ("decoder", {"vocab_size": 50, "eos_token_id": [2, 50]}, ["eos_token_id", "[0, 49]", "[2, 50]"]),
+    ("encoder", {"vocab_size": 50, "pad_token_id": True}, ["pad_token_id", "True"]),
+]
+
+
+@pytest.mark.parametrize("family,kwargs,words", NEW_CONFIG_CASES, ids=[str(c[1]) for c in NEW_CONFIG_CASES])
+def test_configs_that_would_be_silently_wrong_are_refused(family, kwargs, words):
+    with pytest.raises(ValueError) as err:
+        CONFIGS[family](**kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_the_decoder_has_no_windows_to_check_and_valid_special_tokens_pass():
+    assert not hasattr(hfst.TransformerDecoderConfig(context_length=1), "context_length")  # the window heads' field
+    config = hfst.TransformerDecoderConfig(vocab_size=50, pad_token_id=0, bos_token_id=49, eos_token_id=[1, 2])
+    assert config.eos_token_id == [1, 2]
+
+
+@pytest.mark.parametrize("loaded", ["decoder", "encoder"])
+def test_a_checkpoint_of_another_family_is_refused_by_our_classes_naming_both(tmp_path, loaded):
+    from conftest import tiny_config
+
+    saved = "encoder" if loaded == "decoder" else "decoder"
+    source = {"encoder": hfst.TransformerEncoderForMaskedLM, "decoder": hfst.TransformerDecoderForCausalLM}
+    source[saved](tiny_config(saved)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        source[loaded].from_pretrained(tmp_path)
+    assert f"hfst_{saved}" in str(err.value) and f"hfst_{loaded}" in str(err.value) and "Auto classes" in str(err.value)
+    assert type(source[saved].from_pretrained(tmp_path)) is source[saved]  # its own family still loads
+
+
+def test_unrelated_extra_config_keys_are_kept_as_transformers_does():
+    """Keys far from every field (a saved config's `architectures`, a user's note) stay extra attributes."""
+    config = hfst.TransformerEncoderConfig(vocab_size=100, my_note="kept", architectures=["X"])
+    assert config.my_note == "kept" and config.architectures == ["X"]
+    assert hfst.TransformerEncoderConfig(vocab_size=100, num_labels=3).num_labels == 3
+
+
+def test_feature_map_with_softmax_attention_warns(caplog):
+    from transformers.utils import logging
+
+    logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            hfst.TransformerDecoderConfig(vocab_size=100, attention_type="softmax", feature_map="exp")
+    finally:
+        logging.disable_propagation()
+    assert "has no effect with `attention_type='softmax'`" in caplog.text

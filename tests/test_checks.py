@@ -1,0 +1,344 @@
+"""Mirrors `hf_settransformer/checks.py`: bad inputs, labels, keywords, caches and generate() arguments are refused
+with an error naming the input and the fix, once per forward by the outermost model call; legal input (NaN padding,
+float64 features, unknown keywords far from every input) gives the result transformers' models would."""
+
+import pytest
+import torch
+from conftest import ATTENTIONS, family_classes
+
+import hf_settransformer as hfst
+
+CONFIGS = {
+    "encoder": hfst.TransformerEncoderConfig,
+    "decoder": hfst.TransformerDecoderConfig,
+    "set_transformer": hfst.SetTransformerConfig,
+    "perceiver_io": hfst.PerceiverIOConfig,
+}
+
+
+INPUT_CASES = [  # (model kwargs, words of the error); decoder and encoder, softmax and linear
+    ({"input_ids": torch.ones(2, 5, dtype=torch.uint8)}, ["input_ids", "torch.long", "uint8"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.bool)}, ["input_ids", "torch.long", "bool"]),
+    ({"input_ids": torch.ones(5, dtype=torch.long)}, ["input_ids", "(batch, length)", "(5,)"]),
+    ({"input_ids": torch.ones(2, 0, dtype=torch.long)}, ["input_ids", "length 0"]),
+    ({"inputs_embeds": torch.ones(2, 5, 32, dtype=torch.long)}, ["inputs_embeds", "floating-point", "int64"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.full((2, 5), 0.5)},
+     ["attention_mask", "only 0 (padding) and 1", "0.5"]),
+    ({"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.full((2, 5), float("nan"))},
+     ["attention_mask", "only 0 (padding) and 1"]),
+]
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+@pytest.mark.parametrize("kwargs,words", INPUT_CASES, ids=[str(i) for i in range(len(INPUT_CASES))])
+def test_bad_inputs_are_refused_naming_the_input(family, attention_type, kwargs, words):
+    from conftest import make_model, tiny_config
+
+    config = tiny_config(family, attention_type)
+    model = make_model(family_classes(config)[next(iter(family_classes(config)))], config)
+    with pytest.raises(ValueError) as err:
+        model(**kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_negative_learned_positions_are_refused():
+    from conftest import make_model, tiny_config
+
+    model = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", position_embedding_type="learned"))
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="`position_ids` must be non-negative, got values down to -1"):
+        model(input_ids=ids, position_ids=torch.tensor([[-1, 0, 1, 2]]))
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=["softmax", "linear-elu", "linear-exp"])
+def test_a_cache_of_another_batch_size_is_refused_naming_both(attention_type, feature_map):
+    from conftest import decoder
+
+    model = decoder(attention_type, feature_map)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, 37, (2, 5)), use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="a batch of 2, but the inputs are a batch of 1"):
+            model(input_ids=torch.randint(1, 37, (1, 1)), past_key_values=cache)
+
+
+@pytest.mark.parametrize("cls,family", [("TransformerDecoderForCausalLM", "decoder"),
+                                        ("TransformerEncoderForMaskedLM", "encoder")])
+def test_labels_of_another_shape_are_refused_naming_both_shapes(cls, family):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    ids = torch.randint(1, 37, (2, 6))
+    with pytest.raises(ValueError, match=r"`labels` must have the inputs' shape \(2, 6\).*got \(2, 3\)"):
+        model(input_ids=ids, labels=ids[:, :3])
+
+
+@pytest.mark.parametrize("family,cls", [("decoder", "TransformerDecoderForCausalLM"),
+                                        ("encoder", "TransformerEncoderForMaskedLM"),
+                                        ("perceiver_io", "PerceiverIOForMaskedLM"),
+                                        ("encoder", "TransformerEncoderForNextTokenPrediction"),
+                                        ("set_transformer", "SetTransformerForNextTokenPrediction")])
+def test_a_loss_over_zero_targets_is_zero_with_a_zero_gradient(family, cls):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family)).train()
+    ids = torch.randint(1, 37, (2, 8))
+    loss = model(input_ids=ids, labels=torch.full_like(ids, -100)).loss
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+
+FAMILIES = list(CONFIGS)
+
+
+def tiny(family, attention_type="softmax", feature_map="elu", **kwargs):
+    extra = {"num_blocks": 1, "num_self_attends_per_block": 2, "num_latents": 4} if family == "perceiver_io" else {}
+    return CONFIGS[family](
+        vocab_size=50, hidden_size=16, num_attention_heads=2, intermediate_size=32, attention_type=attention_type,
+        feature_map=feature_map, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        **({"num_hidden_layers": 2} if family != "perceiver_io" else {}), **extra, **kwargs,
+    )
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=["softmax", "linear-elu", "linear-exp"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nan_and_inf_padding_values_do_not_matter(family, attention_type, feature_map):
+    """Padded vectors holding NaN or +-inf leave every real output (and the pooled ones) as zero padding does: the
+    padding is zeroed by selection before any sum could carry it."""
+    torch.manual_seed(0)
+    config = tiny(family, attention_type, feature_map)
+    model = family_classes(config)[__import__("transformers").AutoModel](config).eval()
+    real = torch.randn(2, 5, config.hidden_size)
+    mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 3)], dim=1).long()
+    mask[1, 3:5] = 0  # padding between real elements too
+    outputs = []
+    for value in (0.0, float("nan"), float("inf"), -float("inf")):
+        padded = torch.cat([real, torch.zeros(2, 3, config.hidden_size)], dim=1)
+        padded[~mask.bool()] = value
+        outputs.append(model(inputs_embeds=padded, attention_mask=mask))
+    for out in outputs:
+        for name in ("last_hidden_state", "pooler_output", "latent_hidden_state"):
+            if out.get(name) is None:
+                continue
+            a, b = outputs[0][name], out[name]
+            if name == "last_hidden_state" and a.shape[1] == 8:
+                a, b = a[mask.bool()], b[mask.bool()]
+            assert torch.isfinite(b).all(), name
+            assert torch.allclose(a, b, atol=1e-5), name
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=["softmax", "linear-elu", "linear-exp"])
+def test_nan_padding_in_continuous_set_features_does_not_matter(attention_type, feature_map):
+    torch.manual_seed(0)
+    config = tiny("set_transformer", attention_type, feature_map, input_size=2, num_seeds=3, num_labels=2)
+    model = hfst.SetTransformerForSequenceClassification(config).eval()
+    x = torch.randn(3, 4, 2)
+    ref = model(input_features=x).logits
+    mask = torch.cat([torch.ones(3, 4), torch.zeros(3, 2)], dim=1)
+    for value in (float("nan"), float("inf")):
+        padded = torch.cat([x, torch.full((3, 2, 2), value)], dim=1)
+        assert torch.allclose(model(input_features=padded, attention_mask=mask).logits, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["inputs_embeds", "input_features"])
+def test_float64_inputs_are_cast_to_the_model_dtype(name):
+    torch.manual_seed(0)
+    config = tiny("encoder", input_size=16 if name == "input_features" else None)
+    model = hfst.TransformerEncoderModel(config).eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    out = model(**{name: x}).last_hidden_state
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, model(**{name: x.float()}).last_hidden_state, atol=1e-6)
+
+
+GENERATE_CASES = [({"num_beams": 0}, "`num_beams` must be a positive integer, got 0"),
+                  ({"num_beams": -2}, "`num_beams` must be a positive integer, got -2"),
+                  ({"num_return_sequences": 0}, "`num_return_sequences` must be a positive integer, got 0"),
+                  # out of range, transformers turns the logits processor off without a word
+                  ({"do_sample": True, "top_p": 1.5}, r"`top_p` must be in \[0, 1\].*got 1.5"),
+                  ({"do_sample": True, "top_p": float("nan")}, r"`top_p` must be in \[0, 1\].*got nan"),
+                  ({"do_sample": True, "typical_p": 1.5}, r"`typical_p` must be in \(0, 1\].*got 1.5"),
+                  ({"do_sample": True, "epsilon_cutoff": 2.0}, r"`epsilon_cutoff` must be in \[0, 1\).*got 2.0"),
+                  ({"do_sample": True, "eta_cutoff": 1.0}, r"`eta_cutoff` must be in \[0, 1\).*got 1.0"),
+                  ({"min_new_tokens": -1}, "`min_new_tokens` must be a non-negative integer, got -1"),
+                  ({"no_repeat_ngram_size": -1}, "`no_repeat_ngram_size` must be a non-negative integer.*got -1"),
+                  ({"eos_token_id": 10**9}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got 1000000000"),
+                  ({"eos_token_id": [2, 40]}, r"`eos_token_id` must lie in the vocabulary \[0, 36\], got \[2, 40\]"),
+                  ({"forced_eos_token_id": 999}, r"`forced_eos_token_id` must lie in the vocabulary.*IndexError"),
+                  ({"forced_bos_token_id": -2}, r"`forced_bos_token_id` must lie in the vocabulary.*got -2"),
+                  ({"suppress_tokens": [3, 999]}, r"`suppress_tokens` must lie in the vocabulary.*it is ignored"),
+                  ({"begin_suppress_tokens": [999]}, r"`begin_suppress_tokens` must lie in the vocabulary")]
+
+
+@pytest.mark.parametrize("kwargs,words", GENERATE_CASES, ids=[str(c[0]) for c in GENERATE_CASES])
+@pytest.mark.parametrize("cls,family", [("TransformerDecoderForCausalLM", "decoder"),
+                                        ("SetTransformerForNextTokenPrediction", "set_transformer")])
+def test_generate_refuses_counts_transformers_does_not_check(cls, family, kwargs, words):
+    """transformers 5.23 divides by zero on num_beams=0, fails on a tensor shape for a negative one and returns one
+    sequence for num_return_sequences=0; its own checks (max_new_tokens < 1, temperature 0, num_return_sequences >
+    num_beams) are clear already."""
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    with pytest.raises(ValueError, match=words):
+        model.generate(torch.randint(1, 37, (1, 4)), max_new_tokens=2, pad_token_id=0, **kwargs)
+
+
+CLASSIFIERS = {"encoder": "TransformerEncoderForSequenceClassification",
+               "set_transformer": "SetTransformerForSequenceClassification",
+               "perceiver_io": "PerceiverIOForSequenceClassification"}
+LABEL_CASES = [  # (config kwargs, labels, words of the error or None: the loss transformers would compute)
+    ({}, torch.tensor([0.0, 2.0]), ["multi-label", "torch.float32 of shape (2,)", "labels.long()"]),
+    ({"problem_type": "single_label_classification"}, torch.tensor([0.0, 2.0]),
+     ["single-label", "torch.float32", "labels.long()"]),
+    ({}, torch.tensor([[0, 2], [1, 1]]), ["single-label", "torch.int64 of shape (2, 2)"]),
+    ({"problem_type": "multi_label_classification"}, torch.tensor([1, 0]), ["multi-label", "(2, 3)", "(2,)"]),
+    ({"problem_type": "regression"}, torch.ones(2, 2), ["regression", "3 value(s) per example"]),
+    ({}, torch.tensor([0, 2]), None),
+    ({"num_labels": 1}, torch.tensor([0.5, 2.0]), None),
+    ({"num_labels": 1}, torch.tensor([1, 2]), None),  # integer regression targets: as floats
+    ({}, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]), None),
+    ({"problem_type": "multi_label_classification"}, torch.tensor([[0, 1, 1], [1, 0, 0]]), None),
+    ({}, torch.tensor([2, -100]), None),  # -100 is ignored, as by transformers' cross-entropy
+]
+
+
+@pytest.mark.parametrize("config_kwargs,labels,words", LABEL_CASES, ids=[f"{c[0]}-{c[1].tolist()}" for c in LABEL_CASES])
+@pytest.mark.parametrize("family", list(CLASSIFIERS))
+def test_classification_labels_fit_the_problem_type_or_are_refused_naming_their_dtype(family, config_kwargs, labels,
+                                                                                      words):
+    from conftest import make_model, tiny_config
+    from torch.nn import functional as F
+
+    config = tiny_config(family, **{"num_labels": 3, **config_kwargs})
+    model = make_model(getattr(hfst, CLASSIFIERS[family]), config).eval()
+    ids = torch.randint(1, 37, (2, 6))
+    if words:
+        with pytest.raises(ValueError) as err:
+            model(input_ids=ids, labels=labels)
+        for word in words:
+            assert word in str(err.value), str(err.value)
+        assert model.config.problem_type == config_kwargs.get("problem_type"), "a refused batch must not set it"
+        return
+    out = model(input_ids=ids, labels=labels)
+    logits = out.logits
+    if model.config.num_labels == 1:
+        expected = F.mse_loss(logits.squeeze(), labels.float())
+    elif labels.dim() == 1:
+        expected = F.cross_entropy(logits, labels)
+    else:
+        expected = F.binary_cross_entropy_with_logits(logits, labels.float())
+    assert torch.allclose(out.loss, expected)
+
+
+SIBLING_INPUT_CASES = [  # (head, family, kwargs beyond input_ids, words of the error)
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.full((2, 6), 40)},
+     ["`labels` hold ids outside the vocabulary [0, 36]", "[40]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.full((2, 6), -3)}, ["not -100", "[-3]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.ones(2, 6)}, ["`labels` must be token ids", "float32"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.ones(2, 6)}, ["`labels` must be token ids", "float32"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.full((2, 6), 37)}, ["outside the vocabulary", "[37]"]),
+    ("SetTransformerForNextTokenPrediction", "set_transformer", {"labels": torch.full((2, 6), 99)},
+     ["outside the vocabulary", "[99]"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"position_ids": torch.arange(3)[None]},
+     ["`position_ids` must be integers of shape", "(2, 6) or (1, 6)", "(1, 3)"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"position_ids": torch.arange(6.0)[None]},
+     ["`position_ids` must be integers", "torch.float32"]),
+    ("TransformerEncoderModel", "encoder", {"attention_masks": torch.ones(2, 6)},
+     ["`attention_masks` is not an input", "did you mean `attention_mask`"]),
+    ("TransformerDecoderForCausalLM", "decoder", {"label": torch.ones(2, 6, dtype=torch.long)},
+     ["`label` is not an input", "did you mean `labels`"]),
+    ("SetTransformerForSequenceClassification", "set_transformer", {"output_attention": True},
+     ["`output_attention` is not an input", "did you mean `output_attentions`"]),
+    # a base model's prefix_length out of [0, n): the encoder built masks for it silently, the others failed in torch
+    ("TransformerEncoderModel", "encoder", {"prefix_length": 6}, ["`prefix_length` must be an integer in [0, 6)", "6."]),
+    ("TransformerEncoderModel", "encoder", {"prefix_length": -1}, ["`prefix_length` must be an integer", "-1."]),
+    ("SetTransformerModel", "set_transformer", {"prefix_length": True}, ["`prefix_length` must be an integer", "True"]),
+    ("PerceiverIOModel", "perceiver_io", {"prefix_length": 100}, ["`prefix_length` must be an integer in [0, 6)"]),
+    # class indices out of range: torch's "Target 5 is out of bounds" (a device-side assert on CUDA) before
+    ("SetTransformerForSequenceClassification", "set_transformer", {"labels": torch.tensor([5, 1])},
+     ["`labels` hold class indices outside [0, 2]", "`num_labels` is 3", "[5]"]),
+    ("TransformerEncoderForSequenceClassification", "encoder", {"labels": torch.tensor([-1, 0])},
+     ["class indices outside [0, 2]", "[-1]"]),
+    ("PerceiverIOForSequenceClassification", "perceiver_io", {"labels": torch.tensor([0, 3])},
+     ["class indices outside [0, 2]", "[3]"]),
+    # integer token labels other than torch.long: cross-entropy's "expected target dtype to be Long" before
+    ("TransformerDecoderForCausalLM", "decoder", {"labels": torch.ones(2, 6, dtype=torch.int32)},
+     ["`labels` must be token ids (torch.long", "torch.int32", "labels.long()"]),
+    ("TransformerEncoderForMaskedLM", "encoder", {"labels": torch.ones(2, 6, dtype=torch.uint8)},
+     ["`labels` must be token ids", "torch.uint8", "labels.long()"]),
+]
+
+
+@pytest.mark.parametrize("cls,family,kwargs,words", SIBLING_INPUT_CASES,
+                         ids=[f"{c[0]}-{list(c[2])[0]}-{i}" for i, c in enumerate(SIBLING_INPUT_CASES)])
+def test_label_position_and_keyword_misuse_is_refused_naming_it(cls, family, kwargs, words):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family, num_labels=3))
+    with pytest.raises(ValueError) as err:
+        model(input_ids=torch.randint(1, 37, (2, 6)), **kwargs)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_unknown_keywords_far_from_every_input_still_pass_as_in_transformers():
+    from conftest import make_model, tiny_config
+
+    model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    ids = torch.randint(1, 37, (2, 6))
+    out = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), my_note="x")
+    assert torch.equal(out.last_hidden_state, model(input_ids=ids).last_hidden_state)
+
+
+FEATURE_CASES = [  # integer or bool `input_features` were cast to float without a word
+    ("SetTransformerForSequenceClassification", "set_transformer", torch.long),
+    ("SetTransformerForSequenceClassification", "set_transformer", torch.bool),
+    ("SetTransformerForMixtureOfGaussians", "set_transformer", torch.int32),
+    ("TransformerEncoderForSequenceClassification", "encoder", torch.long),
+    ("PerceiverIOForSequenceClassification", "perceiver_io", torch.uint8),
+]
+
+
+@pytest.mark.parametrize("cls,family,dtype", FEATURE_CASES, ids=[f"{c[0]}-{c[2]}" for c in FEATURE_CASES])
+def test_input_features_that_are_not_floats_are_refused_naming_their_dtype(cls, family, dtype):
+    from conftest import make_model, tiny_config
+
+    model = make_model(getattr(hfst, cls), tiny_config(family, vocab_size=None, input_size=2))
+    with pytest.raises(ValueError) as err:
+        model(input_features=torch.ones(2, 4, 2).to(dtype))
+    for word in ("`input_features` must be floating-point", str(dtype), ".float()"):
+        assert word in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("cls,family", [("TransformerEncoderModel", "encoder"),
+                                        ("TransformerEncoderForMaskedLM", "encoder"),
+                                        ("SetTransformerForSequenceClassification", "set_transformer"),
+                                        ("PerceiverIOModel", "perceiver_io")])
+def test_a_cache_handed_to_a_family_without_one_is_refused_naming_the_family(cls, family):
+    from conftest import make_model, tiny_config
+    from transformers import DynamicCache
+
+    model = make_model(getattr(hfst, cls), tiny_config(family))
+    ids = torch.randint(1, 37, (2, 6))
+    with pytest.raises(ValueError) as err:
+        model(input_ids=ids, past_key_values=DynamicCache())
+    for word in (cls, f"family '{family}'", "keeps no cache", "reads its whole input at every call"):
+        assert word in str(err.value), str(err.value)
+    # use_cache passes, as in transformers' encoder-only models: the same outputs, no cache
+    out = model(input_ids=ids, use_cache=True)
+    assert out.get("past_key_values") is None
+    first = next(v for v in out.values() if torch.is_tensor(v))
+    assert torch.equal(first, next(v for v in model(input_ids=ids).values() if torch.is_tensor(v)))
+
+
+def test_generate_refuses_a_cache_for_a_family_without_one():
+    from conftest import make_model, tiny_config
+    from transformers import DynamicCache
+
+    model = make_model(hfst.TransformerEncoderForNextTokenPrediction, tiny_config("encoder"))
+    with pytest.raises(ValueError, match="family 'encoder'.*keeps no cache"):
+        model.generate(torch.randint(1, 37, (1, 4)), max_new_tokens=2, pad_token_id=0, past_key_values=DynamicCache())
