@@ -4,7 +4,8 @@ float64 features, unknown keywords far from every input) gives the result transf
 
 import pytest
 import torch
-from conftest import ATTENTIONS, family_classes
+from conftest import ATTENTIONS, VOCAB, batch_of_tokens, family_classes, make_model, tiny_config
+from test_heads import HEAD_FAMILIES, many_target_head
 
 import hf_settransformer as hfst
 
@@ -342,3 +343,63 @@ def test_generate_refuses_a_cache_for_a_family_without_one():
     model = make_model(hfst.TransformerEncoderForNextTokenPrediction, tiny_config("encoder"))
     with pytest.raises(ValueError, match="family 'encoder'.*keeps no cache"):
         model.generate(torch.randint(1, 37, (1, 4)), max_new_tokens=2, pad_token_id=0, past_key_values=DynamicCache())
+
+
+def test_bad_inputs_raise_clear_errors():
+    encoder = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        encoder(input_ids=torch.tensor([[1, 2, VOCAB]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        encoder(input_ids=torch.tensor([[1, -1]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        encoder(input_ids=batch_of_tokens(2, 6), attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="exactly one"):
+        encoder()
+    with pytest.raises(ValueError, match="input_features"):
+        encoder(input_ids=torch.randn(2, 6, 3))
+    with pytest.raises(ValueError, match="no continuous features"):
+        encoder(input_features=torch.randn(2, 6, 3))
+
+    learned = make_model(
+        hfst.TransformerDecoderModel,
+        tiny_config("decoder", position_embedding_type="learned", max_position_embeddings=8),
+    )
+    learned(input_ids=batch_of_tokens(1, 8))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        learned(input_ids=batch_of_tokens(1, 9))
+
+    sets = make_model(hfst.SetTransformerModel, tiny_config("set_transformer", vocab_size=None, input_size=3))
+    with pytest.raises(ValueError, match="input_size=3"):
+        sets(input_features=torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="no token embedding"):
+        sets(input_ids=batch_of_tokens())
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        sets(inputs_embeds=torch.randn(2, 5, 31))
+
+    decoder = make_model(hfst.TransformerDecoderModel, tiny_config("decoder"))
+    with pytest.raises(ValueError, match="add_cross_attention"):
+        decoder(input_ids=batch_of_tokens(), encoder_hidden_states=torch.randn(2, 4, 32))
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_the_outermost_call_checks_once_and_drops_a_mask_of_ones(family, monkeypatch):
+    """A head's forward is checked once: its base model's call inside it is not checked again. The base model gets
+    None for a mask of ones (the kernels' unmasked paths) and a mask with padding as given; its outputs are
+    transformers' (no extra fields)."""
+    from hf_settransformer import checks
+
+    model = many_target_head(family)
+    checked, seen = [], []
+    check_forward = checks.check_forward
+    monkeypatch.setattr(checks, "check_forward", lambda m, inputs: checked.append(m) or check_forward(m, inputs))
+    model.model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]),
+                                          with_kwargs=True)
+    ids = batch_of_tokens(2, 12)
+    mask = torch.ones_like(ids)
+    model(input_ids=ids, attention_mask=mask)
+    assert checked == [model] and seen == [None]
+    mask[1, :2] = 0
+    model(input_ids=ids, attention_mask=mask)
+    assert checked == [model, model] and torch.equal(seen[-1], mask[:, -model.config.context_length:])
+    base_output = model.model(input_ids=ids, attention_mask=mask)
+    assert checked[-1] is model.model and "key_mask" not in base_output.keys()
