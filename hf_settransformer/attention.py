@@ -4,7 +4,7 @@ Shape legend: b batch, n queries, m keys, h heads, d query/key head dim, e value
 
 Two questions are kept apart:
 - *what* is computed, `config.attention_type`: `"softmax"` (Vaswani et al. 2017) or `"linear"` with
-  `config.feature_map` `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021);
+  `config.feature_map`, an entry of `feature_maps.FEATURE_MAPS` (`"elu"`, `"exp"`);
 - *how* softmax is computed, transformers' `config._attn_implementation` (`"sdpa"`, `"eager"`, `"flash_attention_2"`,
   `"flex_attention"`, ...): the softmax kernel calls `ALL_ATTENTION_FUNCTIONS`, as Llama does (`softmax_ops.py`).
   Linear attention has no softmax to compute: it runs under `"sdpa"` (the default) or `"eager"` and refuses others.

@@ -21,10 +21,10 @@ from transformers.utils import logging
 
 from .attention import attention_kernel
 from .families import family_for_model_type
+from .feature_maps import get_feature_map
 
 logger = logging.get_logger(__name__)
 
-FEATURE_MAPS = ("elu", "exp")
 NORM_TYPES = ("scalenorm", "layernorm")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
 POOLING_TYPES = ("pma", "mean")
@@ -164,8 +164,8 @@ class HfstConfig(PreTrainedConfig):
     norm_type (`str`, defaults to `"scalenorm"`): `"scalenorm"` (Nguyen & Salazar 2019) or `"layernorm"`.
     norm_eps (`float`, defaults to 1e-5): floor of the norm in ScaleNorm, epsilon of LayerNorm.
     attention_type (`str`, defaults to `"softmax"`): `"softmax"` or `"linear"`.
-    feature_map (`str`, defaults to `"elu"`): linear attention's feature map, `"elu"` (elu(x)+1, Katharopoulos
-        et al. 2020) or `"exp"` (Shen et al. 2021).
+    feature_map (`str`, defaults to `"elu"`): linear attention's feature map, a name in `feature_maps.FEATURE_MAPS`:
+        `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021).
     linear_attention_chunk_size (`int`, defaults to 64): chunk length of causal linear attention.
     adaptive_softmax_cutoffs (`list[int]`, *optional*): replace every language-model head's output layer by an
         adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`) with these cluster boundaries;
@@ -277,7 +277,7 @@ class HfstConfig(PreTrainedConfig):
         check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
         check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
         kernel = attention_kernel(self)  # refuses an unknown `attention_type`, naming the registered ones
-        check_choice("feature_map", self.feature_map, FEATURE_MAPS)
+        get_feature_map(self.feature_map)  # refuses a name not in the table, naming its names
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))

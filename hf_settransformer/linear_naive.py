@@ -9,13 +9,12 @@ import math
 
 import torch
 
+from .feature_maps import get_feature_map
+
 
 def phi(x, feature_map):
-    """elu(x) + 1 in its exact form (x + 1 for x > 0, exp(x) otherwise: `elu(x) + 1` cancels to 0 in low precision),
-    or exp(x)."""
-    if feature_map == "elu":
-        return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
-    return torch.exp(x)
+    """The feature map `feature_map` (a `FEATURE_MAPS` name) in its exact form, unstabilised (exp as it is)."""
+    return get_feature_map(feature_map).exact(x)
 
 
 def normalise_rows(w, v):
@@ -54,23 +53,23 @@ def naive_causal_exp_logspace(q, k, v, key_mask=None):
 
 def naive_linear_visible(q, k, v, allowed, feature_map):
     """out_i = sum_j w_ij v_j / sum_j w_ij over the `allowed` (b, h or 1, n, m) keys, w_ij = phi(q_i) . phi(k_j); for
-    "exp" in log space, so that keys hundreds of nats apart stay exact."""
+    the stabilised map (exp) in log space, so that keys hundreds of nats apart stay exact."""
     q, k, v = q.double(), k.double(), v.double()
-    if feature_map == "elu":
-        return normalise_rows((phi(q, "elu") @ phi(k, "elu").transpose(-1, -2)) * allowed, v)
+    if not get_feature_map(feature_map).stabilised:
+        return normalise_rows((phi(q, feature_map) @ phi(k, feature_map).transpose(-1, -2)) * allowed, v)
     logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1).masked_fill(~allowed, float("-inf"))
     return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v
 
 
 def naive_linear_attention(q, k, v, key_mask=None, feature_map="elu"):
-    """Non-causal linear attention; "exp" is Shen et al.'s efficient attention (softmax over the features for queries,
-    over the unmasked keys for keys). `key_mask` (b, m), or (b, h, m) per head."""
+    """Non-causal linear attention; the stabilised map (exp) is Shen et al.'s efficient attention (softmax over the
+    features for queries, over the unmasked keys for keys). `key_mask` (b, m), or (b, h, m) per head."""
     q, k, v = q.double(), k.double(), v.double()
     keep = torch.ones(k.shape[0], 1, k.shape[-2], 1, dtype=torch.float64)
     if key_mask is not None:
         keep = key_mask.double()[:, None, :, None] if key_mask.dim() == 2 else key_mask.double()[..., None]
-    if feature_map == "elu":
-        phi_q, phi_k = phi(q, "elu"), phi(k, "elu") * keep
+    if not get_feature_map(feature_map).stabilised:
+        phi_q, phi_k = phi(q, feature_map), phi(k, feature_map) * keep
     else:
         eq = torch.exp(q)
         phi_q = eq / eq.sum(-1, keepdim=True)

@@ -1,34 +1,15 @@
-"""Linear attention ops, in float32 whatever autocast says (their sums over the sequence overflow in fp16).
+"""Linear attention ops in PyTorch, in float32 whatever autocast says (their sums over the sequence overflow in fp16);
+the fused Triton kernels of `linear_triton.py` compute them instead where `use_triton` says so, once per call.
 
 Shape legend: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim, c chunk length,
 k number of chunks.
 
-Linear attention is `phi(Q) (phi(K)^T V) / (phi(Q) (phi(K)^T 1))`, with `feature_map` `"elu"` (elu(x)+1,
-Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021):
-- non-causal `"exp"` is Shen et al.'s efficient attention: softmax over the feature dim for queries and over the
-  sequence for keys (the denominator is then exactly 1);
-- causal `"exp"` cannot normalise keys over the sequence (that would read the future), so it is the ratio above
-  with phi = exp, stabilised by subtracting per-feature maxima of the keys (folded into the queries, so the ratio
-  is unchanged) and the per-query maximum of the queries;
-- causal attention is computed in chunks (quadratic inside a chunk of `c` tokens, a d x e state carried between
-  chunks by a cumulative sum over the k chunk states); no n x d x e tensor is built. The same state advances one
-  token at a time in `linear_attention_step` (the RNN view of Katharopoulos et al.).
-
 Every op has one signature, `op(q, k, v, mask=None, state=None, *, feature_map="elu", ...) -> (out, state)`:
-- q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> out (b,h,n,e) fp32;
-- `mask`: the (b, m) key mask, True for real keys, or None when every key is real;
-- `state`: a `LinearAttentionState` (everything earlier keys contribute) or None. The causal ops continue from it and
-  return the state after their last key. The non-causal op carries no state: it refuses one and returns None;
-- keyword options: `feature_map`, and where they apply `chunk_size`, `prefix_length` and `drop` (the (b,h,m) bool
-  keys key dropout keeps).
-
-| op | what | state |
-|---|---|---|
-| `linear_attention` | every query sees every key | none |
-| `causal_linear_attention` | query i sees keys j <= i, in chunks | read and returned |
-| `prefix_causal_linear_attention` | the leading keys seen by every query, causal after them | read and returned |
-| `linear_attention_step` | one token (generation) | read and returned |
-
+q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> out (b,h,n,e) fp32; `mask` the (b, m) key mask (True for real keys) or
+None; `state` a `LinearAttentionState` (what earlier keys contribute) or None, which the causal ops continue and
+return; `feature_map` a name in `feature_maps.FEATURE_MAPS`, whose entry says how phi is computed. Causal attention
+runs in chunks (quadratic inside a chunk, a d x e state carried between chunks), so no n x d x e tensor is built;
+`linear_attention_step` advances the same state one token at a time (the RNN view of Katharopoulos et al. 2020).
 The naive float64 references these ops are tested against are in `linear_naive.py`.
 """
 
@@ -36,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LinearAttentionState
+from .feature_maps import get_feature_map
 from .linear_triton import (
     fused_causal_linear_attention,
     fused_linear_attention,
@@ -68,10 +50,12 @@ def _check_drop(drop, k):
         )
 
 
-def _check_op_inputs(op, q, k, mask, state, drop=None, feature_map=None):
-    """The arguments every op shares, checked by type and shape (no value is read): `mask` a (b, m) key mask tensor,
-    `state` a `LinearAttentionState`, `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order
-    of the old `linear_attention_step(q, k, v, state, key_mask)`) is named, not read as a mask."""
+def _check_op_inputs(op, q, k, mask, state, drop, feature_map):
+    """The arguments every op shares, checked by type and shape (no value is read): `feature_map` a `FEATURE_MAPS`
+    name, whose entry this returns, `mask` a (b, m) key mask tensor, `state` a `LinearAttentionState` (with key maxima
+    for a stabilised map), `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order of the old
+    `linear_attention_step(q, k, v, state, key_mask)`) is named, not read as a mask."""
+    fmap = get_feature_map(feature_map)
     if mask is not None:
         if not torch.is_tensor(mask):
             raise TypeError(
@@ -84,16 +68,27 @@ def _check_op_inputs(op, q, k, mask, state, drop=None, feature_map=None):
             )
     if state is not None and not isinstance(state, LinearAttentionState):
         raise TypeError(f"`state` of {op} must be a LinearAttentionState or None; got a {type(state).__name__}.")
-    if state is not None and feature_map == "exp" and state.k_max is None:
+    if state is not None and fmap.stabilised and state.k_max is None:
         raise ValueError(
-            f"{op} with feature_map='exp' needs a state with the key maxima its sums are scaled by (`k_max`); this "
-            "state has none: an 'elu' state."
+            f"{op} with feature_map={fmap.name!r} needs a state with the key maxima its sums are scaled by (`k_max`); "
+            "this state has none: an unstabilised feature map's state."
         )
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads and head dim (b, h, *, d)."
         )
     _check_drop(drop, k)
+    return fmap
+
+
+def use_triton(q, k, v, state, fmap, step=False):
+    """The Triton-or-PyTorch choice, made once at the top of each op and passed down: the fused kernels where they have
+    code for the feature map `fmap` and take these inputs (`linear_triton.fused_linear_attention_available`: CUDA or
+    forced, dtypes, head dims, the environment, not compiling, triton installed); for the one-token `step`, which has
+    no matrix product and so also takes fp32, only where no gradient is needed (the fused step has no backward)."""
+    if step and _needs_grad(q, k, v, state):
+        return False
+    return fused_linear_attention_available(q, fmap.name, v, dots=not step)
 
 
 def _with_dropped(key_mask, drop):
@@ -106,33 +101,30 @@ def _with_dropped(key_mask, drop):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _elu_feature(x):
-    return F.elu(x) + 1.0
-
-
 def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
     """Non-causal linear attention: every query sees every (real, kept) key. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
     mask (b,m), drop (b,h,m) -> (out (b,h,n,e) fp32, None). `state` must be None: a non-causal op carries no state.
-    On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`)."""
-    _check_op_inputs("linear_attention", q, k, mask, state, drop, feature_map)
+    A stabilised map (exp) is Shen et al.'s efficient attention: a softmax over the features for queries and over the
+    sequence for keys (the denominator is then exactly 1). Fused Triton kernels compute it where `use_triton` says."""
+    fmap = _check_op_inputs("linear_attention", q, k, mask, state, drop, feature_map)
     if state is not None:
         raise ValueError(
             "`linear_attention` is non-causal and carries no state: pass state=None (the causal ops continue one)."
         )
+    fused = use_triton(q, k, v, state, fmap)
     key_mask = _with_dropped(mask, drop)
-    if fused_linear_attention_available(q, feature_map, v):
-        out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=feature_map)
+    if fused:
+        out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=fmap.name)
         if out is not None:  # None: no query or no key
             return out, None
     with _no_autocast(q):
-        return _linear_attention(q.float(), k.float(), v.float(), key_mask, feature_map), None
+        return _linear_attention(q.float(), k.float(), v.float(), key_mask, fmap), None
 
 
-def _linear_attention(q, k, v, key_mask, feature_map):
+def _linear_attention(q, k, v, key_mask, fmap):
     keep = _keep(key_mask)  # (b, 1 or h, m, 1)
-    if feature_map == "elu":
-        phi_q = _elu_feature(q)
-        phi_k = _elu_feature(k)
+    if not fmap.stabilised:
+        phi_q, phi_k = fmap.phi(q), fmap.phi(k)
         if keep is not None:
             phi_k = phi_k * keep
     else:  # Shen et al.: softmax over features for queries, over the sequence for keys
@@ -149,11 +141,11 @@ def _linear_attention(q, k, v, key_mask, feature_map):
     return _ratio(num, den)
 
 
-def _causal_features(q, k, key_mask, feature_map, state):
-    """Feature maps of the causal kernels; for `"exp"` also rescales `state` to the new key maxima."""
+def _causal_features(q, k, key_mask, fmap, state):
+    """Feature maps of the causal kernels; for a stabilised map (exp) also rescales `state` to the new key maxima."""
     keep = _keep(key_mask)  # (b, 1 or h, n, 1)
-    if feature_map == "elu":
-        phi_q, phi_k = _elu_feature(q), _elu_feature(k)
+    if not fmap.stabilised:
+        phi_q, phi_k = fmap.phi(q), fmap.phi(k)
         if keep is not None:
             phi_k = phi_k * keep
         return phi_q, phi_k, state, None
@@ -214,16 +206,22 @@ def causal_linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu"
     q, k (b,h,n,d), v (b,h,n,e), mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
     `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
-    On a GPU with triton installed, fused Triton kernels compute it instead (`linear_triton.py`).
+    A stabilised map (exp) cannot normalise keys over the sequence (that would read the future): it is the ratio
+    phi(q) S / phi(q) z with phi = exp, stabilised by key maxima that never look ahead (`_causal_exp_linear_attention`).
+    Fused Triton kernels compute it where `use_triton` says.
     """
-    _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map)
-    if fused_linear_attention_available(q, feature_map, v):
+    fmap = _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map)
+    return _causal(q, k, v, mask, state, fmap, chunk_size, drop, use_triton(q, k, v, state, fmap))
+
+
+def _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused):
+    """The causal ops' chunks, in the fused kernels or in PyTorch as the op chose (`fused`, from `use_triton`)."""
+    if fused:
         return fused_causal_linear_attention(
-            q, k, v, mask, state, feature_map=feature_map, drop=drop, spread=EXP_CHUNK_SPREAD
+            q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD
         )
     with _no_autocast(q):
-        q, k, v = q.float(), k.float(), v.float()
-        return _causal_linear_attention(q, k, v, mask, feature_map, chunk_size, state, drop)
+        return _causal_linear_attention(q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop)
 
 
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
@@ -330,12 +328,12 @@ def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
     return _ratio(num, den.unsqueeze(-1))
 
 
-def _causal_linear_attention(q, k, v, key_mask, feature_map, chunk_size, state, drop=None):
-    if feature_map == "exp":
+def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None):
+    if fmap.stabilised:
         return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop)
     b, h, n, d = q.shape
     e = v.shape[-1]
-    phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), feature_map, state)
+    phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), fmap, state)
     c = min(chunk_size, n)
     pad = (-n) % c
     if pad:
@@ -382,22 +380,22 @@ def prefix_causal_linear_attention(
 
     The K = m - n + prefix_length leading keys are folded into one state (continuing `state`); the first
     `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
-    `causal_linear_attention`'s chunks: on a GPU with triton, its fused kernels, which take the prefix's state as a
+    `causal_linear_attention`'s chunks: where `use_triton` says, its fused kernels, which take the prefix's state as a
     carried state (and give it its gradients)."""
-    _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map)
+    fmap = _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
         raise ValueError(
             f"`prefix_causal_linear_attention` needs 0 <= prefix_length <= n and one key per query after the prefix "
             f"(m - n + prefix_length >= 0); got n={n} queries, m={m} keys, prefix_length={prefix_length}."
         )
-    fused = fused_linear_attention_available(q, feature_map, v)
+    fused = use_triton(q, k, v, state, fmap)
     with _no_autocast(q):
         lead = m - n + prefix_length
         if lead:
             lead_mask = _with_dropped(None if mask is None else mask[:, :lead], _slice(drop, 0, lead))
             k_lead, v_lead = k[:, :, :lead].float(), v[:, :, :lead].float()
-            _, phi_k, state, k_max = _causal_features(k_lead[:, :, :1], k_lead, lead_mask, feature_map, state)
+            _, phi_k, state, k_max = _causal_features(k_lead[:, :, :1], k_lead, lead_mask, fmap, state)
             kv = torch.matmul(phi_k.transpose(-1, -2), v_lead)  # (b, h, d, e)
             z = phi_k.sum(dim=-2)
             if state is not None:  # rescaled to the new key maxima by _causal_features
@@ -405,24 +403,17 @@ def prefix_causal_linear_attention(
             state = LinearAttentionState(kv=kv, z=z, k_max=k_max)
         outs = []
         if prefix_length:
-            phi_q = _query_features(q[:, :, :prefix_length].float(), feature_map, state.k_max)
+            phi_q = _query_features(q[:, :, :prefix_length].float(), fmap, state.k_max)
             num = torch.matmul(phi_q, state.kv)  # (b, h, prefix, e)
             den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
             outs.append(_ratio(num, den))
         if prefix_length < n:
             rest_mask = None if mask is None else mask[:, lead:]
             q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
-            drop_rest = _slice(drop, lead, m)
-            if fused:  # the causal part in the fused kernels, from the prefix's state (gradients flow into it)
-                out, state = fused_causal_linear_attention(
-                    q_rest, k_rest, v_rest, rest_mask, state, feature_map=feature_map, drop=drop_rest,
-                    spread=EXP_CHUNK_SPREAD,
-                )  # fmt: skip
-            else:
-                q_rest, k_rest, v_rest = q_rest.float(), k_rest.float(), v_rest.float()
-                out, state = _causal_linear_attention(
-                    q_rest, k_rest, v_rest, rest_mask, feature_map, chunk_size, state, drop_rest
-                )
+            # from the prefix's state (in the fused kernels too, whose gradients flow into it)
+            out, state = _causal(
+                q_rest, k_rest, v_rest, rest_mask, state, fmap, chunk_size, _slice(drop, lead, m), fused
+            )
             outs.append(out)
         return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
 
@@ -431,9 +422,9 @@ def _slice(drop, start, stop):
     return None if drop is None else drop[..., start:stop]
 
 
-def _query_features(q, feature_map, k_max):
-    if feature_map == "elu":
-        return _elu_feature(q)
+def _query_features(q, fmap, k_max):
+    if not fmap.stabilised:
+        return fmap.phi(q)
     q_fold = q + k_max[:, :, None, :]  # as in _causal_features
     return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
 
@@ -441,23 +432,23 @@ def _query_features(q, feature_map, k_max):
 def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
     """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e), mask (b,1) -> (out (b,h,1,e), new state).
 
-    Cost and memory are independent of the number of tokens already in `state`. On a GPU with triton installed, and
-    where no gradient is needed (generation), one fused kernel computes it (`linear_triton.fused_linear_attention_step`).
+    Cost and memory are independent of the number of tokens already in `state`. Where `use_triton` says (it needs no
+    gradient: generation), one fused kernel computes it (`linear_triton.fused_linear_attention_step`).
     No branch on values and no host read:
     it compiles to one graph (`torch.compile(fullgraph=True)`), the same at every step; a `RecurrentStateLayer` built
     with `static=True` copies the new state into fixed buffers, which CUDA graphs replay on.
     """
-    _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map)
+    fmap = _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map)
     if q.shape[2] != 1 or k.shape[2] != 1:
         raise ValueError(
             f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "
             "(use causal_linear_attention for several)."
         )
-    if fused_linear_attention_available(q, feature_map, v, dots=False) and not _needs_grad(q, k, v, state):
-        return fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
+    if use_triton(q, k, v, state, fmap, step=True):
+        return fused_linear_attention_step(q, k, v, mask, state, feature_map=fmap.name, drop=drop)
     with _no_autocast(q):
         key_mask = _with_dropped(mask, drop)
-        return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, feature_map)
+        return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, fmap)
 
 
 def _needs_grad(q, k, v, state):
@@ -466,8 +457,8 @@ def _needs_grad(q, k, v, state):
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _linear_attention_step(q, k, v, state, key_mask, feature_map):
-    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, feature_map, state)
+def _linear_attention_step(q, k, v, state, key_mask, fmap):
+    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, fmap, state)
     kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
     z = phi_k.squeeze(-2)  # (b, h, d)
     if state is not None:

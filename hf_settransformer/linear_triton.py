@@ -1,6 +1,6 @@
-"""Fused Triton kernels for linear attention with the elu or the exp feature map: causal (`_FusedCausal`) and
-non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation. They compute what the
-PyTorch ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in the tests.
+"""Fused Triton kernels for linear attention with the feature maps they have code for (`KERNEL_IDS`: elu, exp): causal
+(`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation. They
+compute what the PyTorch ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
 
 Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
 (`BT`). Inputs are read in their own dtype (bf16/fp16 as autocast gives them, fp32 in the tests) and strides; feature
@@ -8,10 +8,10 @@ maps, states and normalisers are fp32; dot products take bf16 operands for bf16 
 for fp16: a long sequence's state overflows fp16's range), accumulating in fp32. Backwards recompute from the inputs.
 Block sizes and warps (`_blocks`) come from the register use of the kernels compiled for an H100, not from timings.
 
-Which implementation runs is decided per call by `fused_linear_attention_available`: bf16/fp16 CUDA tensors, triton
-installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset; `HFST_FORCE_TRITON=1` also sends fp32 and CPU
-tensors here, where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a
-checkpoint.
+Which implementation runs is decided once per call (`linear_ops.use_triton`) by `fused_linear_attention_available`:
+bf16/fp16 CUDA tensors, triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset;
+`HFST_FORCE_TRITON=1` also sends fp32 and CPU tensors here, where triton's interpreter runs the kernels (what the tests
+do). Nothing about it is saved in a checkpoint.
 """
 
 from __future__ import annotations  # the kernels' `tl.constexpr` annotations are read by triton, not evaluated
@@ -22,6 +22,7 @@ import os
 import torch
 
 from .cache import LinearAttentionState
+from .feature_maps import FEATURE_MAPS, get_feature_map
 
 __all__ = [
     "fused_causal_linear_attention",
@@ -31,7 +32,9 @@ __all__ = [
     "fused_linear_attention_step",
 ]
 
-FEATURE_MAPS = ("elu", "exp")
+# the `FeatureMap.triton_id`s the kernels have code for: an elementwise map's in `_phi` and `_phi_slope`, the
+# stabilised map's (exp) in the kernels' `EXP` branches. The linear ops compute any other feature map in PyTorch.
+KERNEL_IDS = (0, 1)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 128
 FLOOR = -1e30  # the exp map's key reference while every key so far is masked, as in linear_ops
@@ -56,13 +59,36 @@ def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
+def _kernel_map(feature_map):
+    """The `FEATURE_MAPS` entry named `feature_map` where the kernels have code for it, else None."""
+    fmap = FEATURE_MAPS.get(feature_map) if isinstance(feature_map, str) else None
+    return fmap if fmap is not None and fmap.triton_id in KERNEL_IDS else None
+
+
+def _kernel_map_of(op, feature_map):
+    """The entry of a feature map the kernels have code for; a ValueError for any other name."""
+    fmap = _kernel_map(feature_map)
+    if fmap is None:
+        get_feature_map(feature_map)  # an unknown name: the config's message
+        raise ValueError(
+            f"`{op}` has no Triton code for feature_map={feature_map!r} (`linear_triton.KERNEL_IDS`); the PyTorch ops "
+            "of linear_ops.py compute it."
+        )
+    return fmap
+
+
+def _map_flags(fmap):
+    """The kernels' feature-map constexprs: `EXP` the stabilised (exp) path, `PHI` the elementwise map of `_phi`."""
+    return {"EXP": fmap.stabilised, "PHI": fmap.triton_id}
+
+
 def fused_linear_attention_available(q, feature_map="elu", v=None, dots=True):
-    """Whether the linear ops run the fused kernels for queries `q` (and values `v`): the elu or exp feature map, head
-    dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under torch.compile
-    (which compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `dots=False` (the one-token step,
-    which has no matrix product) also takes fp32 inputs. `HFST_FORCE_TRITON=1` also takes fp32 inputs, and CPU
-    tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
-    if feature_map not in FEATURE_MAPS or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
+    """Whether the linear ops run the fused kernels for queries `q` (and values `v`): a feature map they have code for
+    (`KERNEL_IDS`), head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under
+    torch.compile (which compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `dots=False` (the
+    one-token step, which has no matrix product) also takes fp32 inputs. `HFST_FORCE_TRITON=1` also takes fp32 inputs,
+    and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
+    if _kernel_map(feature_map) is None or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
         return False
     if v is not None and v.shape[-1] > MAX_HEAD_DIM:
         return False
@@ -89,11 +115,10 @@ def fused_causal_linear_attention(
     the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"` computes a
     chunk whose key maximum rises more than `spread` nats above a real query's running maximum
     (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path."""
-    if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    fmap = _kernel_map_of("fused_causal_linear_attention", feature_map)
     if not _import_triton():
         raise ImportError("fused_causal_linear_attention needs triton (`pip install triton`).")
-    exp = feature_map == "exp"
+    exp = fmap.stabilised
     k, v = k.to(q.dtype), v.to(q.dtype)
     if drop is not None:
         keep = drop if mask is None else drop & mask[:, None, :]  # (b, h, n)
@@ -104,7 +129,7 @@ def fused_causal_linear_attention(
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
         m0 = state.k_max.float() if exp and state.k_max is not None else None
-    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread)
+    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, fmap, chunk_size, spread)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
 
 
@@ -120,8 +145,7 @@ def fused_linear_attention(
     efficient attention (a softmax over the keys per feature). Gradients flow to q, k, v. `chunk_size` (a power of 2,
     >= 16) and `split` (the tokens one program sums over; None: from the length) only set how the work is cut.
     The output is None where there is no query or no key (the PyTorch op handles those)."""
-    if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    fmap = _kernel_map_of("fused_linear_attention", feature_map)
     if state is not None:
         raise ValueError("`fused_linear_attention` is non-causal and carries no state: pass state=None.")
     if not _import_triton():
@@ -131,7 +155,7 @@ def fused_linear_attention(
     keep = None if mask is None else mask[:, None, :] if mask.dim() == 2 else mask  # (b, 1 or h, m)
     if drop is not None:
         keep = drop if keep is None else drop & keep
-    out = _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, feature_map == "exp", chunk_size, split)
+    out = _FusedNonCausal.apply(q, k.to(q.dtype), v.to(q.dtype), keep, fmap, chunk_size, split)
     return out, None
 
 
@@ -144,15 +168,14 @@ def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="
     token and the state, updates the state (exp: rescaled to the new per-feature key maxima) and writes the output and
     the new state: one launch where the PyTorch step makes about a dozen. No autograd: for generation (the PyTorch
     step serves a step whose inputs need gradients)."""
-    if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {feature_map!r}.")
+    fmap = _kernel_map_of("fused_linear_attention_step", feature_map)
     if not _import_triton():
         raise ImportError("fused_linear_attention_step needs triton (`pip install triton`).")
     if q.shape[2] != 1 or k.shape[2] != 1 or v.shape[2] != 1:
         raise ValueError(f"`fused_linear_attention_step` takes one token; got q {tuple(q.shape)}, k {tuple(k.shape)}.")
     b, h, _, d = q.shape
     e = v.shape[-1]
-    exp = feature_map == "exp"
+    exp = fmap.stabilised
     keep = None if mask is None else mask[:, None, :]  # (b, 1, 1)
     if drop is not None:
         keep = drop if keep is None else drop & keep
@@ -169,7 +192,7 @@ def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="
         _step_kernel, (b * h, triton.cdiv(e, be)),
         q, k, v, keep, kv0 if kv0 is not None else kv1, z0 if z0 is not None else z1, m0 if m0 is not None else m1,
         out, kv1, z1, m1, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), s_mb, s_mh,
-        h, d, e, EXP=exp, HAS_KEEP=keep is not q, HAS_STATE=kv0 is not None, HAS_MAX=m0 is not None,
+        h, d, e, **_map_flags(fmap), HAS_KEEP=keep is not q, HAS_STATE=kv0 is not None, HAS_MAX=m0 is not None,
         BK=max(16, triton.next_power_of_2(d)), BE=be,
     )  # fmt: skip
     return out, LinearAttentionState(kv=kv1, z=z1, k_max=m1 if exp else None)
@@ -254,7 +277,7 @@ class _FusedCausal(torch.autograd.Function):
     carried-in state, following that decision."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, exp, chunk_size, spread):
+    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, fmap, chunk_size, spread):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
         b, h, n, d = q.shape
         e = v.shape[-1]
@@ -273,7 +296,8 @@ class _FusedCausal(torch.autograd.Function):
                 q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
                 kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, float(spread),
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                h, n, d, e, EXP=exp, HAS_KEEP=keep is not None, HAS_REAL=real is not None, HAS_STATE=has_state,
+                h, n, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, HAS_REAL=real is not None,
+                HAS_STATE=has_state,
                 **blocks,
             )  # fmt: skip
         else:  # no tokens: the state passes through
@@ -281,7 +305,7 @@ class _FusedCausal(torch.autograd.Function):
             z1.copy_(z0) if has_state else z1.zero_()
             m1.copy_(m0)
         ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0)
-        ctx.exp, ctx.chunk_size, ctx.spread = exp, chunk_size, float(spread)
+        ctx.fmap, ctx.chunk_size, ctx.spread = fmap, chunk_size, float(spread)
         ctx.mark_non_differentiable(m1)
         return out, kv1, z1, m1
 
@@ -302,10 +326,11 @@ class _FusedCausal(torch.autograd.Function):
             den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
             r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
             chunks = triton.cdiv(n, blocks["BT"])
-            refs = torch.empty(b, h, chunks, d, **f32) if ctx.exp else den  # R_c (exp)
-            steeps = torch.empty(b, h, chunks, **f32) if ctx.exp else den  # exp: 1 for a chunk on the exact path
+            exp = ctx.fmap.stabilised
+            refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
+            steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
             strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-            flags = {"EXP": ctx.exp, "HAS_KEEP": keep is not None, **blocks}
+            flags = {**_map_flags(ctx.fmap), "HAS_KEEP": keep is not None, **blocks}
             _run(
                 _backward_dq_kernel, (b * h,),
                 q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs, steeps,
@@ -355,7 +380,7 @@ class _FusedNonCausal(torch.autograd.Function):
     key and value gradients per block of keys. Key padding and key dropout arrive as one (b, m) or (b, h, m) mask."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, exp, chunk_size, split):
+    def forward(ctx, q, k, v, keep, fmap, chunk_size, split):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
         (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
@@ -366,16 +391,16 @@ class _FusedNonCausal(torch.autograd.Function):
         _run(
             _key_sums_kernel, (b * h, splits, triton.cdiv(e, blocks["BE"])),
             k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
-            h, m, d, e, length, EXP=exp, HAS_KEEP=keep is not None, **blocks,
+            h, m, d, e, length, **_map_flags(fmap), HAS_KEEP=keep is not None, **blocks,
         )  # fmt: skip
-        kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, exp)
+        kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, fmap.stabilised)
         out = torch.empty(b, h, n, e, **f32)
         _run(
             _output_kernel, (b * h, triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"])),
-            q, kv, z, out, *q.stride()[:3], h, n, d, e, EXP=exp, **blocks,
+            q, kv, z, out, *q.stride()[:3], h, n, d, e, **_map_flags(fmap), **blocks,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, keep, kv, z, k_ref, k_sum)
-        ctx.exp, ctx.chunk_size, ctx.split = exp, chunk_size, split
+        ctx.fmap, ctx.chunk_size, ctx.split = fmap, chunk_size, split
         return out
 
     @staticmethod
@@ -390,15 +415,16 @@ class _FusedNonCausal(torch.autograd.Function):
         dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
         _run(
             _query_grads_kernel, (b * h, splits),
-            q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length, EXP=ctx.exp,
-            **blocks,
+            q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length,
+            **_map_flags(ctx.fmap), **blocks,
         )  # fmt: skip
         dkv, dz = dkv.sum(2), dz.sum(2)
-        shift = (dkv * kv).sum(-1) + dz * z if ctx.exp else dz  # exp: sum_j B_jf dB_jf
+        exp = ctx.fmap.stabilised
+        shift = (dkv * kv).sum(-1) + dz * z if exp else dz  # exp: sum_j B_jf dB_jf
         _run(
             _key_grads_kernel, (b * h, triton.cdiv(m, blocks["BT"])),
-            k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if ctx.exp else dz, k_sum if ctx.exp else dz, dk, dv,
-            *k.stride()[:3], *v.stride()[:3], h, m, d, e, EXP=ctx.exp, HAS_KEEP=keep is not None, **blocks,
+            k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if exp else dz, k_sum if exp else dz, dk, dv,
+            *k.stride()[:3], *v.stride()[:3], h, m, d, e, **_map_flags(ctx.fmap), HAS_KEEP=keep is not None, **blocks,
         )  # fmt: skip
         return dq, dk, dv, None, None, None, None
 
@@ -426,14 +452,23 @@ class _FusedNonCausal(torch.autograd.Function):
 # Helpers shared by the kernels (made triton functions by `_import_triton`).
 
 
-def _elu1(x):
-    """elu(x) + 1 in its exact form: `elu(x) + 1` in bf16 cancels to 0 for negative x."""
-    return tl.where(x >= 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+def _phi(x, PHI: tl.constexpr):
+    """The elementwise feature map whose `FeatureMap.triton_id` is PHI (feature_maps.py), in fp32. A new map is a
+    branch here and in `_phi_slope`, and its id in `KERNEL_IDS`."""
+    if PHI == 0:  # elu(x) + 1 in its exact form: `elu(x) + 1` in bf16 cancels to 0 for negative x
+        y = tl.where(x >= 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    else:
+        tl.static_assert(False, "`_phi` has no branch for this FeatureMap.triton_id")
+    return y
 
 
-def _elu1_slope(x):
-    """d(elu(x) + 1)/dx."""
-    return tl.where(x >= 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+def _phi_slope(x, PHI: tl.constexpr):
+    """d phi(x) / dx of `_phi`."""
+    if PHI == 0:
+        y = tl.where(x >= 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+    else:
+        tl.static_assert(False, "`_phi_slope` has no branch for this FeatureMap.triton_id")
+    return y
 
 
 def _op(x, RD: tl.constexpr, DT: tl.constexpr):
@@ -497,13 +532,15 @@ def _exp_queries(xq, r, in_k, tile_k):
     return tl.where(tile_k, tl.exp(xq - tl.max(xq, axis=1)[:, None]), 0.0)
 
 
-def _query_features(xq, in_k, tile_k, EXP: tl.constexpr):
+def _query_features(xq, in_k, tile_k, EXP: tl.constexpr, PHI: tl.constexpr):
     """Non-causal query features (c, d) and their derivatives: exp(q - max_f q) (Shen et al.'s softmax over the
-    features but for its per-query normaliser, which cancels in the ratio), or elu(q) + 1; 0 on padding."""
+    features but for its per-query normaliser, which cancels in the ratio), or phi(q); 0 on padding."""
     if EXP:
         a = _exp_queries(xq, tl.zeros_like(in_k).to(tl.float32), in_k, tile_k)
-        return a, a
-    return tl.where(tile_k, _elu1(xq), 0.0), _elu1_slope(xq)
+        da_dx = a
+    else:  # (an `if` that returns would not stop triton from compiling what follows it)
+        a, da_dx = tl.where(tile_k, _phi(xq, PHI), 0.0), _phi_slope(xq, PHI)
+    return a, da_dx
 
 
 def _max(a, b):
@@ -580,7 +617,7 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 
 
 _HELPERS = [
-    "_elu1", "_elu1_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
+    "_phi", "_phi_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
     "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
     "_exact_grads", "_exact_dq",
 ]  # fmt: skip
@@ -591,7 +628,7 @@ def _forward_kernel(
     kv0, z0, m0, out, kv1, z1, m1, spread,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, N, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), value block
@@ -627,8 +664,8 @@ def _forward_kernel(
             bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
             ref = r_c
         else:
-            a = tl.where(tile_k, _elu1(xq), 0.0)  # (c, d)
-            bk = tl.where(tile_key, _elu1(xk), 0.0)  # (c, d)
+            a = tl.where(tile_k, _phi(xq, PHI), 0.0)  # (c, d)
+            bk = tl.where(tile_key, _phi(xk, PHI), 0.0)  # (c, d)
         a, bk = _op(a, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
@@ -654,7 +691,7 @@ def _backward_dq_kernel(
     keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -698,9 +735,9 @@ def _backward_dq_kernel(
             bk = tl.exp(xk - r_c[None, :])
             ref = r_c
         else:
-            a32 = tl.where(tile_k, _elu1(xq), 0.0)
-            da_dx = _elu1_slope(xq)
-            bk = tl.where(tile_key, _elu1(xk), 0.0)
+            a32 = tl.where(tile_k, _phi(xq, PHI), 0.0)
+            da_dx = _phi_slope(xq, PHI)
+            bk = tl.where(tile_key, _phi(xk, PHI), 0.0)
         a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
@@ -730,7 +767,7 @@ def _backward_dkv_kernel(
     q, k, v, dout, den_in, r_in, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -759,9 +796,9 @@ def _backward_dkv_kernel(
             b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
         else:
-            a = tl.where(tile_k, _elu1(xq), 0.0)
-            b32 = tl.where(tile_key, _elu1(xk), 0.0)
-            db_dx = tl.where(tile_key, _elu1_slope(xk), 0.0)
+            a = tl.where(tile_k, _phi(xq, PHI), 0.0)
+            b32 = tl.where(tile_key, _phi(xk, PHI), 0.0)
+            db_dx = tl.where(tile_key, _phi_slope(xk, PHI), 0.0)
         a, bk = _op(a, RD, DT), _op(b32, RD, DT)
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
@@ -820,7 +857,7 @@ def _key_sums_kernel(
     k, v, keep, s_mb, s_mh, s_mn, kv_part, z_part, mx_part,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, M, D, E, L,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_s, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), split, value block
@@ -843,7 +880,7 @@ def _key_sums_kernel(
             bk = tl.exp(xk - r_c[None, :])  # 0 where masked
             ref = r_c
         else:
-            bk = tl.where(tile_key, _elu1(xk), 0.0)
+            bk = tl.where(tile_key, _phi(xk, PHI), 0.0)
         bk = _op(bk, RD, DT)
         vv = _op(_rows(v, pos, s_vn, o_e, key[:, None] & in_e[None, :]), RD, DT)
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
@@ -859,7 +896,7 @@ def _output_kernel(
     q, kv, zs, out,
     s_qb, s_qh, s_qn,
     H, N, D, E,
-    EXP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_t, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # (b, h), queries, value block
@@ -867,7 +904,7 @@ def _output_kernel(
     pos = i_t * BT + o_t
     in_t = pos < N
     tile_k = in_t[:, None] & in_k[None, :]
-    a, _ = _query_features(_rows(q + _head(i_bh, H, s_qb, s_qh), pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+    a, _ = _query_features(_rows(q + _head(i_bh, H, s_qb, s_qh), pos, s_qn, o_k, tile_k), in_k, tile_k, EXP, PHI)
     a = _op(a, RD, DT)
     num = tl.dot(a, _op(_state_tile(kv, i_bh, o_k, o_e, D, E), RD, DT), input_precision=PRECISION)  # (c, e)
     den = tl.sum(a.to(tl.float32) * tl.load(zs + i_bh * D + o_k, in_k, other=0.0)[None, :], axis=1)
@@ -879,7 +916,7 @@ def _query_grads_kernel(
     q, dout, kv, zs, dq, dkv_part, dz_part,
     s_qb, s_qh, s_qn, s_db, s_dh, s_dn,
     H, N, D, E, L,
-    EXP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), split of the queries
@@ -895,7 +932,7 @@ def _query_grads_kernel(
         pos = i_s * L + t * BT + o_t
         in_t = pos < N
         tile_k = in_t[:, None] & in_k[None, :]
-        a, da_dx = _query_features(_rows(q, pos, s_qn, o_k, tile_k), in_k, tile_k, EXP)
+        a, da_dx = _query_features(_rows(q, pos, s_qn, o_k, tile_k), in_k, tile_k, EXP, PHI)
         a = _op(a, RD, DT)
         num = tl.dot(a, kv_op, input_precision=PRECISION)  # (c, e)
         den = tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
@@ -916,7 +953,7 @@ def _key_grads_kernel(
     k, v, keep, s_mb, s_mh, s_mn, dkv, dz, shift, k_ref, k_sum, dk, dv,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, M, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), keys
@@ -933,14 +970,14 @@ def _key_grads_kernel(
         total = tl.load(k_sum + i_bh * D + o_k, in_k, other=1.0)  # 1 where no key
         b32 = tl.exp(tl.where(tile_key, xk, float("-inf")) - ref[None, :]) / total[None, :]
     else:
-        b32 = tl.where(tile_key, _elu1(xk), 0.0)
+        b32 = tl.where(tile_key, _phi(xk, PHI), 0.0)
     vv = _op(_rows(v + _head(i_bh, H, s_vb, s_vh), pos, s_vn, o_e, tile_e), RD, DT)
     ds = _op(_state_tile(dkv, i_bh, o_k, o_e, D, E), RD, DT)  # dS (d, e)
     db = tl.dot(vv, tl.trans(ds), input_precision=PRECISION) + tl.load(dz + i_bh * D + o_k, in_k, other=0.0)[None, :]
     if EXP:  # through the softmax over the keys
         db = b32 * (db - tl.load(shift + i_bh * D + o_k, in_k, other=0.0)[None, :])
     else:
-        db *= tl.where(tile_key, _elu1_slope(xk), 0.0)
+        db *= tl.where(tile_key, _phi_slope(xk, PHI), 0.0)
     tl.store(dk + i_bh * M * D + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
     dvv = tl.dot(_op(b32, RD, DT), ds, input_precision=PRECISION)  # (c, e)
     tl.store(dv + i_bh * M * E + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
@@ -948,7 +985,7 @@ def _key_grads_kernel(
 
 def _step_kernel(
     q, k, v, keep, kv0, z0, m0, out, kv1, z1, m1, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh, H, D, E,
-    EXP: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr, HAS_MAX: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr, HAS_MAX: tl.constexpr,
     BK: tl.constexpr, BE: tl.constexpr,
 ):  # fmt: skip
     """One token of generation for (batch, head) i_bh and value block i_e: the state (b*h, D, E) contiguous fp32
@@ -985,8 +1022,8 @@ def _step_kernel(
         fold = tl.where(in_k, xq + ref, float("-inf"))
         phi_q = tl.where(in_k, tl.exp(fold - tl.max(fold, 0)), 0.0)
     else:
-        phi_k = tl.where(in_k & kept, _elu1(xk), 0.0)
-        phi_q = tl.where(in_k, _elu1(xq), 0.0)
+        phi_k = tl.where(in_k & kept, _phi(xk, PHI), 0.0)
+        phi_q = tl.where(in_k, _phi(xq, PHI), 0.0)
     kv = kv + phi_k[:, None] * xv[None, :]
     z = z + phi_k
     num = tl.sum(phi_q[:, None] * kv, 0)  # (BE,)

@@ -38,6 +38,7 @@ from transformers import (
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
+from hf_settransformer.feature_maps import FEATURE_MAPS
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
     MLM_PROBABILITY,
     CheckedTrainingArguments,
@@ -159,7 +160,7 @@ class ModelArguments:
         default="softmax", metadata={"help": "softmax or linear", "choices": ["softmax", "linear"]}
     )
     feature_map: str = field(
-        default="elu", metadata={"help": "linear attention feature map", "choices": ["elu", "exp"]}
+        default="elu", metadata={"help": "linear attention feature map", "choices": list(FEATURE_MAPS)}
     )
     preset: str = field(
         default="auto",

@@ -20,6 +20,7 @@ import hf_settransformer as hfst
 
 from hf_settransformer import linear_ops
 from hf_settransformer.cache import LinearAttentionState
+from hf_settransformer.feature_maps import FEATURE_MAPS as FEATURE_TABLE
 from hf_settransformer.linear_naive import (
     naive_causal_linear_attention,
     naive_linear_attention,
@@ -380,6 +381,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hf_settransformer import linear_triton as lt
+from hf_settransformer.feature_maps import FEATURE_MAPS
 
 assert lt._import_triton()
 pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
@@ -392,7 +394,7 @@ for feature_map, d in [("elu", 64), ("exp", 128)]:
         fn = triton.runtime.jit.JITFunction(kernel)
         blocks = lt._blocks(q, q, 64, backward=kernel in backward)
         options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
-        flags = {"EXP": feature_map == "exp", "HAS_KEEP": True, "HAS_REAL": True, "HAS_STATE": True}
+        flags = {**lt._map_flags(FEATURE_MAPS[feature_map]), "HAS_KEEP": True, "HAS_REAL": True, "HAS_STATE": True}
         constexprs = {**blocks, **{name: flags[name] for name in flags if name in fn.arg_names}}
         scalar = lambda name: "i32" if len(name) == 1 or name.startswith("s_") else "*fp32"
         signature = {n: "constexpr" if n in constexprs else pointers.get(n, scalar(n)) for n in fn.arg_names}
@@ -712,7 +714,7 @@ def test_fused_step_equals_the_pytorch_step(feature_map, start):
     with pytest.raises(ValueError, match="takes one token"):
         fused_linear_attention_step(*_qkv(2), feature_map=feature_map)
     out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
-    want, want_new = _linear_attention_step(q, k, v, state, _with_dropped(mask, drop), feature_map)
+    want, want_new = _linear_attention_step(q, k, v, state, _with_dropped(mask, drop), FEATURE_TABLE[feature_map])
     _assert_close(out, want, 1e-6, 1e-5, "out")
     for name in ["kv", "z", "k_max"]:
         got, expected = getattr(new, name), getattr(want_new, name)
