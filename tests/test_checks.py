@@ -403,3 +403,14 @@ def test_the_outermost_call_checks_once_and_drops_a_mask_of_ones(family, monkeyp
     assert checked == [model, model] and torch.equal(seen[-1], mask[:, -model.config.context_length:])
     base_output = model.model(input_ids=ids, attention_mask=mask)
     assert checked[-1] is model.model and "key_mask" not in base_output.keys()
+
+
+def test_every_model_forward_is_checked():
+    """Every public model class runs its checks at the outermost call: its forward is `checks.checked`."""
+    from transformers import PreTrainedModel
+
+    classes = [c for c in vars(hfst).values() if isinstance(c, type) and issubclass(c, PreTrainedModel)
+               and not c.__name__.endswith("PreTrainedModel") and not c.__name__.startswith("_")]
+    assert len(classes) >= 14
+    unchecked = [c.__name__ for c in classes if not c.forward.__code__.co_filename.endswith("checks.py")]
+    assert not unchecked, unchecked
