@@ -1,10 +1,9 @@
 """Every check of a model's inputs and config, in one place; the models compute and trust what they are given.
 
-The outermost model call of a forward (a user's, the Trainer's, generate()'s; not a head's call of its base model)
-runs `check_forward` once (the `checked` decorator): shapes and types first, then one read back from the device for
-the values (ids in the vocabulary, positions, a 0/1 mask and the labels together, `check_input_values`). A mask of
-ones only is dropped there, so the kernels take their unmasked paths. Under `torch.compile` nothing is checked (no
-graph break, no host sync). Each refusal is a ValueError naming the input and the fix.
+The outermost model call of a forward (not a head's call of its base model) runs `check_forward` once (`checked`):
+shapes and types, then one read back from the device for the values (ids, positions, a 0/1 mask and the labels,
+`check_input_values`); a mask of ones only is dropped there, so the kernels take their unmasked paths. Under
+`torch.compile` nothing is checked (no graph break, no host sync). Each refusal names the input and the fix.
 
 Also here: a model's config at construction (`check_model_config`), generate()'s arguments
 (`check_generation_config`), and a vocabulary resize (`check_resize`)."""
@@ -64,8 +63,10 @@ def check_forward(model, inputs):
     key_length = past_length + n if slots is None else slots
     mask = inputs.get("attention_mask")
     check_attention_mask(mask, b, key_length)
-    if objective not in ("many_target_windows", "one_target_window"):  # those heads check their window's prefix
-        check_base_prefix(config, inputs.get("prefix_length"), n)
+    prefix = inputs.get("prefix_length")  # a base model's (None: bidirectional); a next-token head checks its own
+    if prefix is not None and objective not in ("many_target_windows", "one_target_window"):
+        check_prefix_length(prefix or 0, n)
+        check_targets_fit_latents(config, n - prefix)
     check_cross_attention(config, inputs, b)
     position_ids = inputs.get("position_ids")
     if position_ids is not None and "position_ids" in forward_names(type(model.base_model)):
@@ -84,60 +85,44 @@ def check_forward(model, inputs):
 
 # ------------------------------------------------------------------------------------------------ inputs by kind
 
+# each input a model embeds: its shape in words, the config field it needs, and its dtype rule (name, test, fix)
+EMBEDDABLE = {
+    "input_ids": ("(batch, length)", "vocab_size", "This model has no token embedding (`vocab_size` is None): pass "
+                  "`input_features`.", "token ids of dtype torch.long (or torch.int32)",
+                  lambda x: x.dtype in (torch.int64, torch.int32), "convert them with `.long()`"),
+    "input_features": ("(batch, set size, input_size)", "input_size", "This model takes no continuous features "
+                       "(`input_size` is None): pass `input_ids`.", "floating-point values",
+                       torch.Tensor.is_floating_point, "pass floats, e.g. `input_features.float()`"),
+    "inputs_embeds": ("(batch, length, hidden_size)", "hidden_size", None, "floating-point vectors",
+                      torch.Tensor.is_floating_point, "pass floats, e.g. `inputs_embeds.float()` (token ids go in "
+                      "`input_ids`)"),
+}
+
+
 def check_embeddable(config, inputs):
     """Exactly one of `input_ids`, `input_features` and `inputs_embeds`, of a type and shape this model embeds ->
-    (b, n)."""
-    sources = {name: inputs.get(name) for name in ("input_ids", "input_features", "inputs_embeds")}
-    given = [name for name, x in sources.items() if x is not None]
+    (b, n). Integer or bool features would be cast without a word; float ids are continuous inputs."""
+    given = [name for name in EMBEDDABLE if inputs.get(name) is not None]
     if len(given) != 1:
         raise ValueError(f"Pass exactly one of `input_ids`, `input_features` or `inputs_embeds`; got {given or 'none'}.")
-    name, x = given[0], sources[given[0]]
-    dims = {"input_ids": "(batch, length)", "input_features": "(batch, set size, input_size)",
-            "inputs_embeds": "(batch, length, hidden_size)"}[name]
+    name, x = given[0], inputs[given[0]]
+    dims, field, missing, kind, dtype_ok, fix = EMBEDDABLE[name]
+    floats = torch.is_tensor(x) and x.is_floating_point()
+    hint = "; pass continuous inputs as `input_features`" if name == "input_ids" and floats else ""
     if not torch.is_tensor(x) or x.dim() != dims.count(",") + 1:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        floats = torch.is_tensor(x) and x.is_floating_point()
-        hint = "; pass continuous inputs as `input_features`" if name == "input_ids" and floats else ""
         raise ValueError(f"`{name}` must have shape {dims}, got {shape} {getattr(x, 'dtype', '')}{hint}.")
     if x.shape[1] == 0:
         raise ValueError(f"`{name}` holds sequences of length 0, shape {tuple(x.shape)}: pass at least one element.")
-    if name == "input_ids":
-        if not config.vocab_size:
-            raise ValueError("This model has no token embedding (`vocab_size` is None): pass `input_features`.")
-        if x.is_floating_point():
-            raise ValueError(
-                f"`input_ids` must be integer token ids of shape (batch, length), got {tuple(x.shape)} {x.dtype}; "
-                "pass continuous inputs as `input_features`."
-            )
-        if x.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"`input_ids` must be token ids of dtype torch.long (or torch.int32), got {x.dtype}: convert them "
-                "with `.long()`."
-            )
-    elif name == "input_features":
-        if not config.input_size:
-            raise ValueError("This model takes no continuous features (`input_size` is None): pass `input_ids`.")
-        if x.shape[-1] != config.input_size:
-            raise ValueError(
-                f"`input_features` must have shape (batch, set size, input_size={config.input_size}), got "
-                f"{tuple(x.shape)}."
-            )
-        if not x.is_floating_point():  # integer or bool coordinates would be cast without a word
-            raise ValueError(
-                f"`input_features` must be floating-point values, got {x.dtype}: pass floats, e.g. "
-                "`input_features.float()`."
-            )
-    else:
-        if x.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"`inputs_embeds` must have shape (batch, length, hidden_size={config.hidden_size}), got "
-                f"{tuple(x.shape)}."
-            )
-        if not x.is_floating_point():
-            raise ValueError(
-                f"`inputs_embeds` must be floating-point vectors, got {x.dtype}: pass floats, e.g. "
-                "`inputs_embeds.float()` (token ids go in `input_ids`)."
-            )
+    if missing and not getattr(config, field):
+        raise ValueError(missing)
+    if name == "input_ids" and floats:
+        raise ValueError(f"`input_ids` must be integer token ids of shape {dims}, got {tuple(x.shape)} {x.dtype}{hint}.")
+    if name != "input_ids" and x.shape[-1] != getattr(config, field):
+        raise ValueError(f"`{name}` must have shape {dims[:-len(field) - 1]}{field}={getattr(config, field)}), got "
+                         f"{tuple(x.shape)}.")
+    if not dtype_ok(x):
+        raise ValueError(f"`{name}` must be {kind}, got {x.dtype}: {fix}.")
     return x.shape[0], x.shape[1]
 
 
@@ -187,20 +172,10 @@ def check_prefix_length(prefix_length, length, what="the inputs hold {length} po
 
 
 def check_targets_fit_latents(config, num_targets):
-    """Perceiver AR: one latent per target."""
-    latents = getattr(config, "num_latents", None)
+    latents = getattr(config, "num_latents", None)  # Perceiver AR: one latent per target
     if latents is not None and num_targets > latents:
-        raise ValueError(
-            f"Perceiver AR needs one latent per target: `num_latents` ({latents}) must be at least the number of "
-            f"targets ({num_targets}, `target_length`)."
-        )
-
-
-def check_base_prefix(config, prefix_length, n):
-    """A base model's `prefix_length` (None: bidirectional)."""
-    if prefix_length is not None:
-        check_prefix_length(prefix_length or 0, n)
-        check_targets_fit_latents(config, n - prefix_length)
+        raise ValueError(f"Perceiver AR needs one latent per target: `num_latents` ({latents}) must be at least the "
+                         f"number of targets ({num_targets}, `target_length`).")
 
 
 def check_cross_attention(config, inputs, b):
@@ -222,19 +197,16 @@ def check_output_hidden_states(value):
     if value is None or isinstance(value, bool):
         return
     selected = [value] if isinstance(value, int) else value
-    if not isinstance(selected, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                          for i in selected):
-        raise ValueError(
-            "`output_hidden_states` must be a bool, or an index or a list of indices of the hidden states to return, "
-            f"got {value!r}."
-        )
+    if not isinstance(selected, (list, tuple)) or not all(type(i) is int for i in selected):
+        raise ValueError("`output_hidden_states` must be a bool, or an index or a list of indices of the hidden states "
+                         f"to return, got {value!r}.")
 
 
 # ------------------------------------------------------------------------------------------------ the cache
 
 def check_cache(model, inputs, b, n):
-    """A decoder's `past_key_values` and the mask that goes with them -> (past length, static cache slots or None).
-    The past length is a tensor where the cache counts on the device (never read back)."""
+    """A decoder's `past_key_values` and its mask -> (past length, a tensor where the cache counts on the device;
+    static cache slots or None)."""
     mask, cache = inputs.get("attention_mask"), inputs.get("past_key_values")
     if mask is not None and mask.dim() == 4:
         # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
@@ -291,8 +263,7 @@ def check_static_cache(kernel, config):
 
 
 def check_no_cache(model, past_key_values):
-    """Refuses a cache handed to a family that keeps none (they take `**kwargs`, so it would be dropped without a
-    word). `use_cache` passes, as in transformers' encoder-only models (BERT without `is_decoder`)."""
+    """A cache handed to a family that keeps none would be dropped without a word (`use_cache` passes, as in BERT)."""
     if past_key_values is not None and not model.keeps_a_cache:
         family = family_for_model_type(model.config.model_type).name
         raise ValueError(
@@ -303,8 +274,7 @@ def check_no_cache(model, past_key_values):
 
 
 def check_implementation(kernel, config):
-    """Refuse an `attn_implementation` the config's kernel does not run under (flash or flex attention with linear
-    attention: they compute softmax, which linear attention replaces)."""
+    """An `attn_implementation` the config's kernel does not run under (flash attention computes softmax)."""
     implementation = config._attn_implementation
     if None not in (kernel.implementations, implementation) and implementation not in kernel.implementations:
         raise ValueError(
@@ -328,9 +298,8 @@ _INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
 
 
 def check_token_labels(config, *labels):
-    """Token `labels`: torch.long, in [0, vocab_size) or -100 (their values are read with the inputs) -> the
-    `ClassLabels` to read. A float, bool or other integer dtype is refused naming it (cross-entropy would say
-    "expected target dtype to be Long"; `labels.long()` is the fix)."""
+    """Token `labels`: torch.long (cross-entropy's "expected target dtype to be Long" otherwise) -> the `ClassLabels`
+    to read, in [0, vocab_size) or -100."""
     given = tuple(x for x in labels if x is not None)
     for x in given:
         if not torch.is_tensor(x) or x.dtype != torch.long:
@@ -356,8 +325,7 @@ def causal_lm_labels(model, inputs, b, n):
 
 
 def many_target_labels(model, inputs, b, n):
-    """The many-target head: causal-LM labels shaped like the inputs; a window of its last `context_length` tokens
-    whose targets follow `prefix_length`."""
+    """Causal-LM labels shaped like the inputs; the targets of the window follow `prefix_length`."""
     name = type(model).__name__
     if inputs.get("input_ids") is None and inputs.get("inputs_embeds") is None:
         raise ValueError(f"{name} needs `input_ids` or `inputs_embeds`.")
@@ -404,10 +372,9 @@ def one_target_labels(model, inputs, b, n):
 
 
 def classification_labels(model, inputs, b, n):
-    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as
-    it does): class indices (integers, (b,)) for single-label classification, read against `num_labels`; (b,
-    num_labels) 0/1 values for multi-label; numbers for regression. transformers would read float class indices as
-    multi-label targets and fail on the shapes, or pass integer regression targets to MSELoss."""
+    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as it
+    does): class indices (b,) for single-label (read against `num_labels`), (b, num_labels) 0/1 values for multi-label,
+    numbers for regression. transformers would read float class ids as multi-label targets, fail on the shapes."""
     labels, config = inputs.get("labels"), model.config
     if labels is None:
         return (), n
@@ -454,14 +421,10 @@ LABEL_CHECKS = {
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
                        labels=()):
-    """The one place a forward reads values back from the device: once per batch, in one read. `input_ids` must lie in
-    the vocabulary and `position_ids` (learned positions, given by the caller) below `max_positions` (a CUDA embedding
-    would fail with a device-side assert); `attention_mask` must hold only 0 and 1 (bool, integer or float; 0.5, -1 or
-    NaN are refused, not cast); `labels` (`ClassLabels`) inside their bounds or -100. Returns whether every element is
-    real.
-
-    A row of padding only is legal (an empty set or sequence): attention over no key gives 0, so its outputs are
-    what the model's positions, biases and learned queries (seeds, inducing points, latents) give alone."""
+    """The one read back from the device per forward: `input_ids` in the vocabulary, `position_ids` (learned, given)
+    below `max_positions` (on CUDA a device-side assert otherwise), `attention_mask` of 0 and 1 only (0.5, -1 or NaN
+    are refused, not cast), `labels` (`ClassLabels`) in their bounds or -100. Returns whether every element is real.
+    A row of padding only is legal (an empty set): attention over no key gives 0."""
     labels = [x for x in labels if x.labels.numel()]
     checks = [torch.stack([labels_outside(*x[:2]).any() for x in labels]).any()] if labels else []
     if position_ids is not None and position_ids.numel():
@@ -587,9 +550,10 @@ GENERATION_TOKEN_IDS = {
     "begin_suppress_tokens": "it is ignored",
 }
 
-# generation parameters whose out-of-range values transformers 5.23 ignores (it adds the logits processor only inside
-# the range): name -> (test, the range in words). NaN fails every test.
+# generation parameters transformers 5.23 does not check: name -> (test, the range in words). NaN fails every test.
 GENERATION_RANGES = {
+    **{name: (lambda v: isinstance(v, int) and v >= 1, "a positive integer")
+       for name in ("num_beams", "num_return_sequences", "num_beam_groups")},  # 0 divides by zero deep inside
     "top_p": (lambda v: 0 <= v <= 1, "in [0, 1] (1 keeps every token)"),
     "typical_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
     "epsilon_cutoff": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
@@ -601,14 +565,8 @@ GENERATION_RANGES = {
 
 
 def check_generation_config(model, generation_config, model_kwargs):
-    """What transformers 5.23 does not check: `num_beams=0` divides by zero deep inside, a negative one fails on a
-    tensor shape, and `num_return_sequences=0` returns one sequence each; a sampling parameter out of its range
-    (`GENERATION_RANGES`) turns its logits processor off without a word; a token id outside the vocabulary
-    (`GENERATION_TOKEN_IDS`); a `past_key_values` for a family without a cache."""
-    for name in ("num_beams", "num_return_sequences", "num_beam_groups"):
-        value = getattr(generation_config, name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    """What transformers 5.23 does not check: counts and ranges (`GENERATION_RANGES`: out of range, a logits
+    processor is turned off without a word), token ids (`GENERATION_TOKEN_IDS`), a cache for a family without one."""
     for name, (inside, allowed) in GENERATION_RANGES.items():
         value = getattr(generation_config, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not inside(value)):
@@ -618,8 +576,7 @@ def check_generation_config(model, generation_config, model_kwargs):
 
 
 def check_generation_token_ids(generation_config, vocab_size):
-    """Every token id `generate()` is given lies in the vocabulary (the config refuses its own; generate()'s
-    arguments and a generation config's are checked here)."""
+    """Every token id `generate()` is given lies in the vocabulary."""
     for name, effect in GENERATION_TOKEN_IDS.items():
         value = getattr(generation_config, name, None)
         ids = value if isinstance(value, (list, tuple)) else [value]
@@ -628,9 +585,8 @@ def check_generation_token_ids(generation_config, vocab_size):
 
 
 def check_resize(model, size):
-    """A vocabulary resize that an adaptive layer (input or output) cannot take: its ids are ordered by frequency, so
-    new tokens have no place (transformers would resize only the input embedding and leave the output layer
-    predicting the old vocabulary)."""
+    """A resize an adaptive layer cannot take: its ids are ordered by frequency, so new tokens have no place
+    (transformers would resize the input embedding only)."""
     adaptive = [f"`{name}`" for name in ("adaptive_input_cutoffs", "adaptive_softmax_cutoffs")
                 if getattr(model.config, name, None)]
     if adaptive and size != model.config.vocab_size:
