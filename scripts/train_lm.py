@@ -39,44 +39,43 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 import hf_settransformer as hfst
 from hf_settransformer.toolkit import (  # importing hf_settransformer registers the models with the Auto classes
-    MLM_PROBABILITY,
     CheckedTrainingArguments,
-    PerplexityLoggingTrainer,
-    auto_class_for_flag,
     build_word_tokenizer,
-    check_checkpoint_matches,
     check_flags,
-    check_output_dir,
-    check_pretrained_name,
-    check_resume_checkpoint,
-    data_file_record,
     evaluate_perplexity,
     evaluation_protocol,
-    example_length,
-    fast_bf16_available,
-    gpu_training_defaults,
-    lm_flops_per_token,
-    lm_objectives,
     lm_training_dataset,
-    load_pretrained,
-    lock_output_dir,
     log_to_stdout,
-    max_steps_for_budget,
-    model_flops_utilization,
     objective_of,
-    parse_flags,
     push_folder_to_hub,
-    replica_checksums,
     resolve_resume,
-    run_environment,
-    sharding_of,
     timed_callbacks,
     token_stream,
-    tokens_per_step,
     train_and_measure,
     write_lm_model_card,
+)
+from hf_settransformer.toolkit.budget import max_steps_for_budget
+from hf_settransformer.toolkit.cards import data_file_record
+from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
+from hf_settransformer.toolkit.measure import (
+    PerplexityLoggingTrainer,
+    fast_bf16_available,
+    gpu_training_defaults,
+    model_flops_utilization,
+    replica_checksums,
+    run_environment,
+    sharding_of,
+    tokens_per_step,
+)
+from hf_settransformer.toolkit.objectives import MLM_PROBABILITY, auto_class_for_flag, example_length, lm_objectives
+from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_matches,
+    check_output_dir,
+    check_resume_checkpoint,
+    lock_output_dir,
     write_text_atomically,
 )
+from hf_settransformer.toolkit.training import check_pretrained_name, load_pretrained, parse_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 logger = transformers.utils.logging.get_logger("hf_settransformer.scripts")

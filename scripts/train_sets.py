@@ -37,25 +37,25 @@ from hf_settransformer import SetTransformerConfig
 from hf_settransformer.toolkit import (
     CheckedTrainingArguments,
     DataCollatorForSets,
-    DeepSetsBaseline,
-    check_checkpoint_matches,
     check_flags,
-    check_output_dir,
-    check_resume_checkpoint,
-    load_pretrained,
-    lock_output_dir,
     log_to_stdout,
-    parse_flags,
     make_set_task,
     resolve_resume,
-    save_model_atomically,
-    set_objective,
-    set_objectives,
     timed_callbacks,
+)
+from hf_settransformer.toolkit.measure import upgrade_results
+from hf_settransformer.toolkit.objectives import set_objective, set_objectives
+from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_matches,
+    check_output_dir,
+    check_resume_checkpoint,
+    lock_output_dir,
+    save_model_atomically,
     train_unless_finished,
-    upgrade_results,
     write_text_atomically,
 )
+from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
+from hf_settransformer.toolkit.training import load_pretrained, parse_flags
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 

@@ -171,7 +171,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
-    flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    flops, formula = toolkit.language_modeling.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
     assert results["train_model_flops_per_wall_second"] == pytest.approx(results["train_tokens_per_wall_second"] * flops)
     # every duration and speed names its clock, alike in all_results.json, the printed table and the card
@@ -795,7 +795,7 @@ def test_training_defaults_on_cuda_and_for_several_processes():
     script = train_lm_module()
     assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
     gpu = script.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**script.PRESETS["gpu"]["training"], **toolkit.gpu_training_defaults(True)}
+    assert gpu == {**script.PRESETS["gpu"]["training"], **toolkit.measure.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
     given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32
