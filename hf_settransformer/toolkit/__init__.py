@@ -3,8 +3,8 @@
 One module a concern: the table of training objectives (`objectives`), language-modelling data and evaluation
 (`language_modeling`), the paper's set tasks (`set_tasks`, `data`), the command line and logging (`training`), the
 output folder, locks and resumable checkpoints (`run_folder`), time budgets (`budget`), measurements (`measure`), Hub
-uploads (`hub`) and model cards (`cards`). This package exports what a script of your own needs; everything else is
-imported from its module.
+uploads (`hub`), model cards (`cards`) and train_lm.py's flags and presets (`lm_arguments`). This package exports what
+a script of your own needs; everything else is imported from its module.
 
 Nothing here travels with a checkpoint: the modeling files in `hf_settransformer/` never import this package. It needs
 torch and transformers (and `tokenizers`, `huggingface_hub`, which transformers brings), not accelerate or datasets.
