@@ -1,39 +1,15 @@
 """Attention kernels alone: forward+backward time and peak memory as the sequence grows, 8 heads of 64.
 
-CPU (the default without CUDA; batch 1, fp32). Contenders, alternated within each length (medians after warm-up, one
-run):
-- softmax (SDPA): `torch.nn.functional.scaled_dot_product_attention`, non-causal and causal;
-- linear elu / linear exp: `hf_settransformer.attention.linear_attention` (Katharopoulos et al. 2020; Shen et al. 2021);
-- causal linear (chunked): `hf_settransformer.attention.causal_linear_attention`, elu, chunk `--chunk_size`;
-- causal linear (naive cumsum): the textbook form, a cumulative sum of the n outer products phi(k_j) v_j^T
-  (an n x d x e tensor), elu; skipped above `--naive_max`;
-- fast-transformers causal_dot_product: the CUDA/C++ kernel of fast-transformers (Katharopoulos et al.) with the same
-  elu + 1 feature map and normalisation, when `pytorch_fast_transformers` can be imported (skipped otherwise).
-A second table sweeps the chunk size of the chunked kernel.
-
-CUDA (`--device cuda`; batch 4, bf16 inputs, lengths 1k ... 64k unless told otherwise):
-- SDPA and SDPA causal (flash attention for bf16/fp16);
-- ours, non-causal and causal, elu and exp, each twice: "(PyTorch)", the reference ops with `HFST_DISABLE_TRITON=1`,
-  and "(Triton)", the fused kernels of `hf_settransformer/linear_triton.py` (skipped where triton is unavailable);
-- fla chunk_linear_attn: flash-linear-attention's (0.6.0) causal Triton kernel, `normalize=True`, scale 1, with the
-  exact elu+1 feature map applied outside it (in fp32, cast back to the inputs' dtype), when `fla` can be imported
-  (`pip install flash-linear-attention==0.6.0`; skipped with the reason otherwise).
-Every linear contender is first checked against the fp32 PyTorch op at a short length. The chunk sweep runs the
-PyTorch kernel. The summary gives the target ratios per length: ours causal elu (Triton) against fla (time and
-memory), causal exp against causal elu, causal exp against SDPA causal.
-
-Peak memory is the most the allocator held above what was allocated before one forward+backward (the inputs are
-allocated before; CUDA: `torch.cuda.max_memory_allocated`; CPU: measured by `torch.profiler` in a separate untimed
-pass).
+On a CPU (the default without CUDA; batch 1, fp32) softmax through SDPA against our linear kernels and, when installed,
+fast-transformers' causal kernel (`cpu_contenders`); on CUDA (batch 4, bf16 inputs, lengths 1k ... 64k) SDPA against
+ours in PyTorch and in Triton and flash-linear-attention's causal kernel (`gpu_contenders`). The contenders alternate
+within each length, medians after warm-up; every linear one is first checked against the fp32 PyTorch op. A second
+table sweeps the chunk size of the chunked PyTorch kernel; the summary gives the targets' ratios (`summarize_gpu`).
+Peak memory is the most held above what was allocated before one forward+backward (`bench_common.peak_memory_bytes`).
 
     python benchmarks/bench_attention.py                 # CPU: lengths 512 ... 16384
     python benchmarks/bench_attention.py --device cuda   # GPU: lengths 1024 ... 65536, bf16
-    python benchmarks/bench_attention.py --device cuda --lengths 1024 4096 --batch_size 2 --dtype float16
     python benchmarks/bench_attention.py --tiny          # seconds (the tests run this)
-
-fast-transformers is not on PyPI as a wheel; to compare with it build it against the installed torch
-(on a machine with no CUDA toolkit, or with CUDA_HOME set):
-    pip install --no-build-isolation pytorch-fast-transformers
 
 Writes `<output_dir>/bench_attention.json` and `.png`, naming the machine (the GPU on CUDA).
 """
@@ -125,6 +101,12 @@ def contenders(args):
 
 
 def cpu_contenders(args):
+    """The CPU's contenders: softmax through SDPA, non-causal and causal; our `linear_attention`, elu and exp
+    (Katharopoulos et al. 2020; Shen et al. 2021); our chunked `causal_linear_attention`, elu, chunk `--chunk_size`;
+    the textbook causal form (`naive_causal_linear`, an n x d x e tensor, skipped above `--naive_max`); and
+    fast-transformers' CUDA/C++ `causal_dot_product` with the same elu + 1 feature map and normalisation when
+    `pytorch_fast_transformers` imports (it has no wheel: `pip install --no-build-isolation pytorch-fast-transformers`
+    builds it against the installed torch, on a machine with no CUDA toolkit or with CUDA_HOME set)."""
     found = optional_peer("fast_transformers.causal_product")
     chunk = args.chunk_size
     table = {
@@ -186,6 +168,11 @@ def fla_causal(chunk_linear_attn):
 
 
 def gpu_contenders(args):
+    """The GPU's contenders: SDPA and SDPA causal (flash attention for bf16/fp16); ours, non-causal and causal, elu and
+    exp, each twice, "(PyTorch)" (the reference ops, `HFST_DISABLE_TRITON=1`) and "(Triton)" (the fused kernels of
+    `hf_settransformer/linear_triton.py`, skipped where triton is unavailable); and flash-linear-attention's (0.6.0)
+    causal Triton kernel `chunk_linear_attn`, `normalize=True`, scale 1, with the exact elu+1 feature map applied
+    outside it (`exact_elu1`), when `fla` imports (`pip install flash-linear-attention==0.6.0`)."""
     probe = torch.empty(1, 1, 1, args.head_dim, device=args.device, dtype=getattr(torch, args.dtype))
     fused = fused_linear_attention_available(probe)
     table = {

@@ -1,14 +1,10 @@
 """From which sequence length linear attention beats softmax on this machine: forward, training step, generation.
 
 Two `TransformerDecoderForCausalLM`s identical but for `attention_type` (softmax through SDPA with a causal mask;
-linear elu, chunked causal kernel) are measured at growing lengths, alternated, medians after warm-up:
-- forward: one no-grad forward over a sequence of n tokens;
-- training step: forward with the loss, backward and an AdamW step over n tokens;
-- generation: one cached decoding step after a context of n tokens (KV cache vs recurrent state).
-Everything but the attention is the same in both models, so the crossover is where linear attention's cost, linear
-in n, falls below softmax attention's, quadratic in n. The crossover printed is the first measured length from which
-linear stays faster at every longer length, with the length where the time ratio crosses 1 interpolated in log-log
-space between the two measured lengths around it.
+linear elu, chunked causal kernel) are measured at growing lengths, alternated, medians after warm-up (`tasks`: a
+no-grad forward, a training step, one cached decoding step after a context of n tokens). Everything but the attention
+is the same, so the crossover is where linear attention's cost, linear in n, falls below softmax's, quadratic in n:
+the first measured length from which linear stays faster, interpolated in log-log space (`crossover`).
 
     python benchmarks/bench_crossover.py                 # lengths 128 ... 8192
     python benchmarks/bench_crossover.py --tiny          # seconds (the tests run this)

@@ -2,30 +2,16 @@
 recurrent state, at growing context lengths, same model size, measured in one run; optionally also the fixed-shape
 steps a GPU can replay as CUDA graphs (transformers' static cache for softmax, the in-place recurrent state for linear).
 
-For every batch size and context length the decoders (identical but for `attention_type`) are prefilled through the
-cache in chunks of `--prefill_chunk` tokens, then single-token steps are timed alternately (softmax step, linear step,
-...); the first `--warmup` steps are dropped and medians reported. A step produces one token for each of the batch's
-sequences, so at batch 1 its time is the per-token latency. Memory is the bytes the cache holds after the context
-(keys and values, or the recurrent states), plus, on CUDA, the peak memory allocated during the timed steps above what
-was allocated before them.
-
-Contenders (the first two always run, in eager mode):
-    softmax                  DynamicCache: keys and values grow by one per step (a new key length every step)
-    linear                   LinearAttentionCache: one recurrent state per layer, the same size at every step
-    softmax_static           --cache static: transformers' StaticCache, keys and values in buffers of the final length
-    softmax_static_compiled  --compile: the StaticCache step under torch.compile (mode --compile_mode: CUDA graphs)
-    linear_compiled          --compile: LinearAttentionCache(static=True), updated in place, under torch.compile
-The compiled steps are compiled afresh for every batch size and context (inside the warm-up steps, untimed).
+The decoders (identical but for `attention_type`) are prefilled in chunks of `--prefill_chunk` tokens, then the
+contenders' single-token steps are timed alternately, medians after `--warmup` (at batch 1: the per-token latency).
+Memory: the bytes the cache holds after the context, plus, on CUDA, the peak allocated during the timed steps.
 
     python benchmarks/bench_generation.py                                  # full run: contexts 128 ... 8192
-    python benchmarks/bench_generation.py --contexts 128 1024 --steps 20   # quicker
     python benchmarks/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
         --profile                                                       # the GPU targets, with a profile
     python benchmarks/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
 
-Writes `<output_dir>/bench_generation.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`); with
-`--profile`, `<output_dir>/bench_generation_profile.txt`: torch.profiler tables (top ops by device and by CPU time) of
-`--profile_steps` steps of every contender, at the longest context of each batch size.
+Writes `<output_dir>/bench_generation.json` and `.png`; `--profile`: `bench_generation_profile.txt` (`profile_steps`).
 """
 
 import argparse
@@ -103,6 +89,11 @@ class Contender:
 
 
 def contenders(args):
+    """name -> Contender. Always, in eager mode: `softmax`, a DynamicCache whose keys and values grow by one per step,
+    and `linear`, a LinearAttentionCache (one recurrent state per layer, the same size at every step). `--cache static`
+    adds `softmax_static`, transformers' StaticCache (buffers of the final length); `--compile` adds
+    `softmax_static_compiled`, that step under torch.compile (`--compile_mode`: CUDA graphs), and `linear_compiled`,
+    `LinearAttentionCache(static=True)` updated in place, compiled afresh per batch size and context (untimed)."""
     models = {name: build(args, name) for name in ("softmax", "linear")}
     chosen = {"softmax": Contender(models["softmax"], "dynamic"), "linear": Contender(models["linear"], "state")}
     if args.cache == "static":

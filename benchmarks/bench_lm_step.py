@@ -3,22 +3,13 @@ step (zero_grad, forward with labels, backward, AdamW) with the full softmax out
 ("adaptive"), or the adaptive softmax and an adaptive input embedding ("adaptive-in-out", Baevski & Auli 2019, same
 clusters), in fp32 or under bf16 autocast, eager or `torch.compile`d, measured in one run.
 
-The contenders alternate step by step (a, b, c, ...) on the same fixed random token ids; the first `--warmup` steps
-(which include compilation) are dropped and medians reported. Tokens/s counts the tokens fed to the model (batch x
-sequence); the decoder predicts every one of them, a many-target head its last `target_length` per window.
-"peak" is the FLOP/s of a 2048 x 2048 matmul in the same precision, measured in the same run; "% of peak" is the
-step's counted FLOPs (`torch.utils.flop_counter`, forward + backward) / step time / that peak.
+The contenders alternate step by step on the same random token ids, medians after `--warmup` (which compiles); "% of
+peak" is the step's FLOPs / its time / a matmul's FLOP/s (`step_flops`, `matmul_peak`). `--baseline DIR` also times
+another checkout's package, imported beside this one (`load_baseline`; "vs baseline" below 1.00x is a slowdown).
 
     python benchmarks/bench_lm_step.py                                      # decoder and encoder, all variants
-    python benchmarks/bench_lm_step.py --families decoder encoder set_transformer perceiver_io --no_compile
-    python benchmarks/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
-
-Against another commit of this project, in the same run (every contender twice: this tree's package and the other's,
-imported side by side as `hfst_baseline`; the column "vs baseline" is the baseline's median step time / this one's,
-so below 1.00x is a slowdown):
-
-    git worktree add /tmp/baseline ece732c
     python benchmarks/bench_lm_step.py --baseline /tmp/baseline --no_compile
+    python benchmarks/bench_lm_step.py --tiny                               # seconds: proves it works (the tests run this)
 
 Writes `<output_dir>/bench_lm_step.json`.
 """
@@ -103,6 +94,8 @@ def build(family, head, args, package=hfst):
 
 
 def make_step(model, ids, device, bf16, compiled):
+    """One training step: zero_grad, the forward with labels, backward, AdamW. Its tokens are those fed to the model
+    (batch x sequence): the decoder predicts every one of them, a many-target head its last `target_length` per window."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     forward = torch.compile(model) if compiled else model
 
@@ -117,6 +110,7 @@ def make_step(model, ids, device, bf16, compiled):
 
 
 def step_flops(model, ids, bf16, device):
+    """The FLOPs of one forward+backward, counted by `torch.utils.flop_counter` (untimed)."""
     with flop_counter.FlopCounterMode(display=False) as counter:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             model(input_ids=ids, labels=ids).loss.backward()
@@ -125,6 +119,7 @@ def step_flops(model, ids, bf16, device):
 
 
 def matmul_peak(device, bf16, size=2048, repeats=5):
+    """The FLOP/s of a `size` x `size` matmul in the step's precision, measured in this run: "% of peak"'s peak."""
     dtype = torch.bfloat16 if bf16 else torch.float32
     a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
     timing = time_alternating({"mm": lambda: a @ b}, device, repeats, 2)

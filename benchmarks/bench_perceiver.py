@@ -2,36 +2,16 @@
 transformers' `PerceiverModel` vs perceiver-pytorch's `PerceiverIO`, same sizes, measured in one run.
 
 Every contender has the same latents (number and width), input width, latent self-attention depth and heads,
-cross-attention heads, feed-forward width, input length and learned output queries; dropout is 0, weights fp32.
-One step is a forward and a backward pass with the loss `mean(decoder_output ** 2)`. Contenders alternate
-(a, b, c, a, b, c, ...), the first `--warmup` steps are dropped and medians reported; the table gives examples/s,
-the ratio to transformers' `PerceiverModel`, the peak memory of one step (a separate, untimed step) and the
-parameter count. `--lengths` adds a second table over input lengths (throughput only).
+cross-attention heads, feed-forward width, input length and learned output queries; dropout is 0, weights fp32; how
+each is matched and where they still differ: `build_hfst`, `build_transformers`, `build_perceiver_pytorch`. A step is
+a forward and a backward of `mean(decoder_output ** 2)`; contenders alternate, the first `--warmup` steps are dropped
+and medians reported: examples/s, the ratio to transformers', the peak memory of one step (untimed) and the parameters.
 
     python benchmarks/bench_perceiver.py                                 # default sizes: ~1.5 min on one free core
     python benchmarks/bench_perceiver.py --lengths 512 1024 4096 8192    # plus a sweep over input lengths
-    python benchmarks/bench_perceiver.py --batch_size 8 --device cuda    # on a GPU
     python benchmarks/bench_perceiver.py --tiny                          # seconds (the tests run this)
 
 Writes `<output_dir>/bench_perceiver.json` and `.png`.
-
-How the models are matched, and where they still differ:
-- hf_settransformer: by default the input width equals the latent width and the inputs go in as `inputs_embeds`, so
-  the keys and values of the encoder cross-attention are projected straight from them, as in transformers' model
-  (the same FLOPs). With `--input_size` different from `--d_latents` they go in as `input_features` and are first
-  projected to the latent width (`feature_projection`), which transformers' model does not do; every block is pre-norm ScaleNorm (one scalar per
-  norm), self-attention uses a fused q/k/v projection and cross-attention a fused k/v one, softmax attention runs
-  through SDPA; the latents get a ScaleNorm after the stack and the decoded queries a final ScaleNorm.
-- transformers `PerceiverModel` (no input preprocessor, a `PerceiverBasicDecoder` with trainable output queries):
-  keys and values of the encoder cross-attention are projected straight from the raw inputs (width `d_model`, no
-  input projection), with `qk_channels = v_channels = d_latents` as ours; LayerNorm everywhere, separate q/k/v
-  projections, eager attention (explicit scores and softmax). Its decoder's `final_project` linear layer is turned
-  off (ours has none); it has no norm after the latent stack and none on the decoded queries. Widening factors are
-  `intermediate_size / d_latents`, so both feed-forwards have the same size.
-- perceiver-pytorch `PerceiverIO` (if installed): `depth = num_blocks * num_self_attends_per_block` untied layers
-  (its weight tying shares one layer, not a block), no biases on q/k/v, and a GEGLU feed-forward of fixed
-  multiplier 4 (1.5x the feed-forward parameters and FLOPs of the others); its decoder cross-attention has no
-  residual, `decoder_ff=True` adds the feed-forward; the learned queries are a parameter of a small wrapper.
 """
 
 import statistics
@@ -85,6 +65,12 @@ def parse_args():
 
 
 def build_hfst(args, attention_type):
+    """Ours. With the input width equal to the latent width the inputs go in as `inputs_embeds`, so the encoder
+    cross-attention projects its keys and values straight from them, as transformers' model does (the same FLOPs);
+    otherwise as `input_features`, first projected to the latent width (`feature_projection`), which transformers'
+    model does not do. Every block is pre-norm ScaleNorm (one scalar per norm), self-attention has a fused q/k/v
+    projection and cross-attention a fused k/v one, softmax attention runs through SDPA; the latents get a ScaleNorm
+    after the stack and the decoded queries a final ScaleNorm."""
     embeds = args.input_size == args.d_latents  # inputs at the latent width: no input projection
     config = PerceiverIOConfig(
         vocab_size=None,
@@ -112,6 +98,11 @@ def build_hfst(args, attention_type):
 
 
 def build_transformers(args):
+    """transformers' `PerceiverModel`, no input preprocessor, a `PerceiverBasicDecoder` with trainable output queries:
+    the encoder cross-attention projects keys and values straight from the raw inputs (width `d_model`, no input
+    projection), `qk_channels = v_channels = d_latents` as ours; LayerNorm everywhere, separate q/k/v projections,
+    eager attention. Its decoder's `final_project` is turned off (ours has none); it has no norm after the latent stack
+    and none on the decoded queries. Widening factors are `intermediate_size / d_latents`: the same feed-forwards."""
     from transformers import PerceiverConfig, PerceiverModel
     from transformers.models.perceiver.modeling_perceiver import PerceiverBasicDecoder
 
@@ -162,6 +153,10 @@ class PerceiverPytorchWithQueries(nn.Module):
 
 
 def build_perceiver_pytorch(args, module):
+    """perceiver-pytorch's `PerceiverIO`: `depth = num_blocks * num_self_attends_per_block` untied layers (its weight
+    tying shares one layer, not a block), no biases on q/k/v, a GEGLU feed-forward of fixed multiplier 4 (1.5x the
+    feed-forward parameters and FLOPs of the others); its decoder cross-attention has no residual, `decoder_ff=True`
+    adds the feed-forward; the learned queries are a parameter of `PerceiverPytorchWithQueries`."""
     d = args.d_latents
     perceiver_io = module.PerceiverIO(
         depth=args.num_blocks * args.num_self_attends_per_block,

@@ -1,35 +1,13 @@
 """Decoder training throughput: tokens/s of one full training step, our decoder against GPT-2 and x-transformers at the
 same width, depth, heads, feed-forward size, vocabulary and sequence length, measured in one run.
 
-A step is what a training loop does per batch: `zero_grad`, a forward that returns the next-token loss, the backward,
-and a `torch.optim.AdamW` step. Every contender has fp32 parameters (with `--dtype bfloat16` its forward runs under
-`torch.autocast(dtype=torch.bfloat16)`, as a mixed-precision training loop does; on a GPU our linear attention then
-takes the fused Triton kernels), tied input/output embeddings and no dropout, and gets its
-own copy of the same fixed random token ids. The contenders alternate step by step (a, b, c, d, a, b, ...); the first
-`--warmup` steps are dropped and medians reported. Each contender runs in its library's default training call
-(`labels=input_ids` for the Hugging Face models, so they also fill the `DynamicCache` their config's `use_cache` asks
-for) and keeps its library's default feed-forward activation:
-
-- "hfst decoder (softmax)": `TransformerDecoderForCausalLM`, ScaleNorm, sinusoidal positions, ReLU, softmax attention
-  through `torch.nn.functional.scaled_dot_product_attention` (`attn_implementation="sdpa"`); transformers' loss.
-- "hfst decoder (softmax, chunked loss)": the same with `lm_loss_chunk_size` (`--lm_loss_chunk_size` positions at a
-  time: output layer and cross-entropy without the full logits; the training forward returns no logits).
-- "hfst decoder (softmax, gelu_new)": the same as the first with GPT-2's activation instead of our default ReLU, to show how much of
-  a difference is the activation's.
-- "hfst decoder (linear elu)": the same as the first with causal linear attention, elu(x)+1 feature map, in chunks of 64 tokens.
-- "hfst decoder (linear exp)": the same with the exp feature map.
-- "transformers GPT2LMHeadModel": LayerNorm, learned positions, gelu_new, `attn_implementation="sdpa"`; the same loss.
-- "x-transformers decoder": `TransformerWrapper` + `Decoder`, LayerNorm, learned positions, GELU, no biases in the
-  attention projections, `attn_flash=True` (scaled_dot_product_attention); cross entropy of the shifted logits.
-  Reported as "skipped (not installed)" when `x_transformers` cannot be imported (`pip install -e ".[bench]"`).
-
-Model FLOPs utilisation: the FLOPs of one forward+backward are counted once per contender with
-`torch.utils.flop_counter.FlopCounterMode` (matmuls and attention; causal attention is counted as full, the CPU
-attention kernels with the same formula as the CUDA ones); achieved FLOP/s = that / median step time, and MFU =
-achieved / the FLOP/s of a large matmul (fp32, or bf16 with `--dtype bfloat16`) measured in the same run.
+A step is `zero_grad`, a forward that returns the next-token loss, the backward and an AdamW step (`make_step`), each
+contender in its library's default training call and activation (`BUILDERS`), fp32 parameters, tied embeddings, no
+dropout, the same fixed random token ids. The contenders alternate step by step; the first `--warmup` steps are
+dropped and medians reported. MFU: the FLOPs of one forward+backward (`count_flops`) / the median step time / the
+FLOP/s of a large matmul in the same precision, measured in the same run.
 
     python benchmarks/bench_training.py                                # hidden 512, 8 layers, sequence 512, batch 4
-    python benchmarks/bench_training.py --repeats 3 --warmup 1 --batch_size 2
     python benchmarks/bench_training.py --tiny                         # seconds: proves it works (the tests run this)
     python benchmarks/bench_training.py --device cuda --dtype bfloat16 --seq_len 4096   # GPU step against GPT-2
 
@@ -112,6 +90,10 @@ def hf_loss(model, ids):
 
 
 def build_hfst(args, **fields):
+    """Our `TransformerDecoderForCausalLM`: ScaleNorm, sinusoidal positions, ReLU, softmax attention through SDPA
+    (`attn_implementation="sdpa"`) unless `fields` say otherwise (linear attention in chunks of 64 tokens, GPT-2's
+    gelu_new, `lm_loss_chunk_size`: the output layer and cross-entropy a chunk of positions at a time, without the
+    full logits); transformers' loss of `labels=input_ids`, which also fills the `DynamicCache` `use_cache` asks for."""
     config = TransformerDecoderConfig(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
@@ -133,6 +115,8 @@ def build_hfst(args, **fields):
 
 
 def build_gpt2(args):
+    """transformers' `GPT2LMHeadModel`: LayerNorm, learned positions, gelu_new, `attn_implementation="sdpa"`; the same
+    loss as ours."""
     transformers = optional_peer("transformers")
     if transformers is None:
         return None
@@ -156,6 +140,9 @@ def build_gpt2(args):
 
 
 def build_x_transformers(args):
+    """x-transformers' `TransformerWrapper` + `Decoder`: LayerNorm, learned positions, GELU, no biases in the attention
+    projections, `attn_flash=True` (scaled_dot_product_attention); cross entropy of the shifted logits. None where
+    `x_transformers` is not installed (`pip install -e ".[bench]"`): reported as skipped."""
     x_transformers = optional_peer("x_transformers")
     if x_transformers is None:
         return None
@@ -186,6 +173,7 @@ def build_x_transformers(args):
 BUILDERS = {
     HFST_SOFTMAX: lambda args: build_hfst(args, attention_type="softmax"),
     HFST_CHUNKED: lambda args: build_hfst(args, attention_type="softmax", lm_loss_chunk_size=args.lm_loss_chunk_size),
+    # GPT-2's activation instead of our ReLU: how much of a difference is the activation's
     HFST_GELU: lambda args: build_hfst(args, attention_type="softmax", hidden_act="gelu_new"),
     HFST_LINEAR: lambda args: build_hfst(args, attention_type="linear", feature_map="elu"),
     HFST_LINEAR_EXP: lambda args: build_hfst(args, attention_type="linear", feature_map="exp"),
@@ -195,6 +183,9 @@ BUILDERS = {
 
 
 def make_step(model, loss_fn, ids, lr, dtype="float32"):
+    """A training step (zero_grad, the loss's forward, backward, `torch.optim.AdamW` step) and its forward+backward
+    alone; with `dtype="bfloat16"` the forward runs under bf16 autocast, as a mixed-precision loop does (on a GPU our
+    linear attention then takes the fused Triton kernels)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     autocast = torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
@@ -212,7 +203,8 @@ def make_step(model, loss_fn, ids, lr, dtype="float32"):
 
 
 def count_flops(forward_backward):
-    """FLOPs of one forward+backward (untimed)."""
+    """FLOPs of one forward+backward (untimed), `torch.utils.flop_counter`: matmuls and attention; causal attention is
+    counted as full, the CPU attention kernels with the same formula as the CUDA ones (`CPU_ATTENTION_FLOPS`)."""
     with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
         forward_backward()
     return counter.get_total_flops()

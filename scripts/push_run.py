@@ -57,7 +57,7 @@ def main(argv=None):
     p.add_argument("--token", default=None, help="a Hub token (default: HF_TOKEN or the stored login)")
     args, unknown = p.parse_known_args(argv)
     if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
-        from hf_settransformer.toolkit import unknown_flags_message
+        from hf_settransformer.toolkit.training import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
@@ -71,13 +71,8 @@ def main(argv=None):
     check_finished_run(args.run_dir)
 
     # torch and transformers: after the cheap checks
-    from hf_settransformer.toolkit import (
-        OutputDirLock,
-        OutputDirLockedError,
-        log_to_stdout,
-        push_folder_to_hub,
-        refresh_model_card,
-    )
+    from hf_settransformer.toolkit import log_to_stdout, push_folder_to_hub, refresh_model_card
+    from hf_settransformer.toolkit.run_folder import OutputDirLock, OutputDirLockedError
 
     logger = log_to_stdout()  # its lines and the toolkit's (what a push leaves out, say) on stdout
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 
-# hf_settransformer.toolkit.RENAMED_RESULT_KEYS, kept here so that the tables need no torch import (a test holds the
+# hf_settransformer.toolkit.measure.RENAMED_RESULT_KEYS, kept here so that the tables need no torch import (a test holds the
 # two equal): all_results.json keys renamed to name their clock; results/ keeps files with the old names
 RENAMED_RESULT_KEYS = {
     "train_seconds": "train_wall_seconds",
@@ -20,7 +20,7 @@ RENAMED_RESULT_KEYS = {
 
 
 def upgrade_results(results):
-    """`results` with today's key names, as `hf_settransformer.toolkit.upgrade_results` gives them (a test compares
+    """`results` with today's key names, as `hf_settransformer.toolkit.measure.upgrade_results` gives them (a test compares
     the two): the old names renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where not recorded),
     `train_tokens_per_cpu_second` computed where a CPU run recorded its CPU-minutes."""
     upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}

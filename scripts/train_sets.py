@@ -1,25 +1,17 @@
 """Train the Set Transformer on the paper's synthetic set tasks with the transformers Trainer (no download needed).
 
-Tasks (Lee et al. 2019; data generated on the fly, sets of different sizes in one batch, padded by
-`DataCollatorForSets` with an attention mask):
-
-- `max_regression`: n ~ U{1..10} numbers from [0, 100], predict the maximum, L1 loss (Table 1: SAB+PMA MAE 0.2085).
-  `--model deepsets_max|deepsets_mean|deepsets_sum` trains the paper's rFF + pooling baselines instead.
-- `mixture_of_gaussians`: amortized clustering of 2-D points from 4 Gaussians, 300-600 points per set; the model
-  outputs the mixture (Table 3: log-likelihood per point, ISAB(16)+PMA -1.5009, SAB+PMA -1.5145, oracle -1.4726).
-- `point_clouds`: 8 synthetic shapes sampled with 1,000-4,000 points each, classification accuracy (ISAB's scale).
+The tasks of Lee et al. 2019, each a row of `OBJECTIVES` (`hf_settransformer/toolkit/set_tasks.py`), generated on the
+fly, sets of different sizes in one batch padded by `DataCollatorForSets`: `max_regression` (the maximum of up to 10
+numbers, L1 loss; `--model deepsets_max|deepsets_mean|deepsets_sum` trains the paper's rFF + pooling baselines
+instead), `mixture_of_gaussians` (amortized clustering of 2-D points from 4 Gaussians) and `point_clouds` (8 synthetic
+shapes, classification). Each runs with `--attention_type softmax|linear` and `--num_inducing_points m` (ISAB) or 0
+(SAB); `--model_name_or_path DIR` continues a saved model. At the end the script evaluates on fresh sets
+(`--eval_sets`), prints the metric next to the paper's and writes all_results.json. Recipes: docs/set_transformer.md.
 
     python scripts/train_sets.py --task max_regression --output_dir outputs/max --max_steps 20000 \\
         --per_device_train_batch_size 128 --learning_rate 1e-3
     python scripts/train_sets.py --task mixture_of_gaussians --num_inducing_points 16 --output_dir outputs/mog \\
         --max_steps 50000 --per_device_train_batch_size 10 --learning_rate 1e-3
-    python scripts/train_sets.py --task point_clouds --attention_type linear --output_dir outputs/pc --max_steps 600 \\
-        --per_device_train_batch_size 8 --learning_rate 1e-4   # lr 1e-3 at batch 8 stays at chance
-
-`--model_name_or_path DIR` continues a model saved by an earlier run (its config fixes the architecture; the results
-record the earlier run's steps and time), e.g. for more steps on a new learning-rate schedule. Each task runs with
-`--attention_type softmax|linear` and `--num_inducing_points m` (ISAB) or 0 (SAB). At the end the
-script evaluates on fresh sets (`--eval_sets`), prints the metric next to the paper's and writes all_results.json.
 """
 
 import json
@@ -37,25 +29,25 @@ from hf_settransformer import SetTransformerConfig
 from hf_settransformer.toolkit import (
     CheckedTrainingArguments,
     DataCollatorForSets,
-    DeepSetsBaseline,
-    check_checkpoint_matches,
     check_flags,
-    check_output_dir,
-    check_resume_checkpoint,
-    load_pretrained,
-    lock_output_dir,
     log_to_stdout,
-    parse_flags,
     make_set_task,
     resolve_resume,
-    save_model_atomically,
-    set_objective,
-    set_objectives,
     timed_callbacks,
+)
+from hf_settransformer.toolkit.measure import upgrade_results
+from hf_settransformer.toolkit.objectives import set_objective, set_objectives
+from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_matches,
+    check_output_dir,
+    check_resume_checkpoint,
+    lock_output_dir,
+    save_model_atomically,
     train_unless_finished,
-    upgrade_results,
     write_text_atomically,
 )
+from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
+from hf_settransformer.toolkit.training import load_pretrained, parse_flags
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 

@@ -16,7 +16,7 @@ RESULTS = dict(family=None, parameters=12345, validation_perplexity=101.234, tes
                wall_time_seconds=90.0, eval_protocol="the protocol", cpu_model="a CPU", threads_per_process=2,
                precision="bf16", train_cpu_minutes=None, train_steps=64, device="cpu x 1")
 WIKITEXT2 = {split: {"path": f"data/wiki.{name}.tokens", "sha256": digest}
-             for (split, digest), name in zip(toolkit.WIKITEXT2_SHA256.items(), ("train", "valid", "test"))}
+             for (split, digest), name in zip(toolkit.cards.WIKITEXT2_SHA256.items(), ("train", "valid", "test"))}
 COMMAND = ("python scripts/train_lm.py --family decoder --do_train --do_eval --do_predict --train_file "
            "data/wiki.train.tokens --validation_file=data/wiki.valid.tokens --test-file data/wiki.test.tokens "
            "--output_dir out")
@@ -60,7 +60,7 @@ def test_the_card_shows_the_config_fields_that_apply_to_the_model(tmp_path, fami
     divisor of an adaptive layer that is off; what does apply stays, with config.json's values."""
     lm = model(family, "masked" if head == "masked" else head, attention, **fields)
     shown = card_json(card(tmp_path, lm))
-    assert shown == toolkit.card_config(lm)
+    assert shown == toolkit.cards.card_config(lm)
     assert not absent & set(shown), absent & set(shown)
     saved = {k: v for k, v in json.loads(lm.config.to_json_string()).items() if k in shown}
     assert shown == saved  # the values config.json holds
@@ -107,14 +107,14 @@ def test_other_local_data_keeps_its_command_and_the_card_says_so(data_files, not
     if data_files:
         command = "python scripts/train_lm.py " + " ".join(
             f"--{'validation' if s == 'validation' else s}_file {r['path']}" for s, r in data_files.items())
-    written, sentence = toolkit.hub_training_command(command, data_files)
+    written, sentence = toolkit.cards.hub_training_command(command, data_files)
     assert written == command
     assert (note in sentence and "not published with this model" in sentence) if note else sentence == ""
 
 
 def test_data_file_record_holds_each_files_sha256(tmp_path):
     (tmp_path / "train.txt").write_text(" the cat \n")
-    record = toolkit.data_file_record({"train": tmp_path / "train.txt"})
+    record = toolkit.cards.data_file_record({"train": tmp_path / "train.txt"})
     import hashlib
 
     assert record == {"train": {"path": str(tmp_path / "train.txt"),

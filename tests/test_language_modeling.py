@@ -197,12 +197,13 @@ def test_lm_training_dataset_is_the_one_each_head_trains_on():
     many = toolkit.lm_training_dataset(head("encoder", "many"), stream)
     assert isinstance(many, TargetWindowDataset) and many[0]["input_ids"].shape == (6,)
     one = toolkit.lm_training_dataset(head("encoder", "window"), stream, num_targets=10, seed=3)
-    assert isinstance(one, toolkit.WindowDataset) and len(one) == 10 and one[0]["labels"].shape == ()
-    assert torch.equal(one.positions, toolkit.WindowDataset(stream, 6, 10, seed=3).positions)
-    assert toolkit.example_length(head("encoder")) == 6 and toolkit.example_length(head("decoder"), 8) == 8
+    assert isinstance(one, toolkit.language_modeling.WindowDataset) and len(one) == 10 and one[0]["labels"].shape == ()
+    assert torch.equal(one.positions, toolkit.language_modeling.WindowDataset(stream, 6, 10, seed=3).positions)
+    example_length = toolkit.objectives.example_length
+    assert example_length(head("encoder")) == 6 and example_length(head("decoder"), 8) == 8
     with pytest.raises(ValueError, match="pass block_size"):
-        toolkit.example_length(head("decoder"))
-    assert toolkit.is_masked_lm(masked_head()) and not toolkit.is_masked_lm(head("encoder"))
+        toolkit.objectives.example_length(head("decoder"))
+    assert toolkit.objectives.is_masked_lm(masked_head()) and not toolkit.objectives.is_masked_lm(head("encoder"))
 
 
 class SplitAccelerator:
@@ -263,9 +264,9 @@ RESULTS = dict(parameters=12345, validation_perplexity=101.234, test_perplexity=
 @pytest.mark.parametrize("kind", ["decoder", "many", "window", "masked"])
 def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind):
     model = masked_head() if kind == "masked" else head("decoder" if kind == "decoder" else "encoder", kind)
-    fields = toolkit.lm_model_card_fields(model, RESULTS, block_size=8)
-    template = toolkit.CARD_TEMPLATES / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
-    card = toolkit.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py",
+    fields = toolkit.cards.lm_model_card_fields(model, RESULTS, block_size=8)
+    template = toolkit.cards.CARD_TEMPLATES / ("mlm_model_card.md" if kind == "masked" else "lm_model_card.md")
+    card = toolkit.cards.write_model_card(tmp_path, template, **fields, repo_id="me/tiny", command="python train.py",
                                     data_note="", model_index="")
     text = card.read_text()
     assert "${" not in text.replace("$${", "")  # every field filled
@@ -285,15 +286,16 @@ def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
     """A resumed run with a best-checkpoint selection: the card names the selected step, the speed over the whole run
     in CPU-seconds (4,096 tokens in 0.5 CPU-minutes) and that the wall time is the last process's."""
     results = dict(RESULTS, train_cpu_minutes=0.5, resumed_from_step=32, selected_step=48, selected_by="best eval_loss")
-    fields = toolkit.lm_model_card_fields(head("decoder"), results, block_size=8)
+    fields = toolkit.cards.lm_model_card_fields(head("decoder"), results, block_size=8)
     assert fields["training_speed"] == "137 tokens per CPU-second; 512 tokens per wall second"
     # the same run recorded with the keys that name their clock (train_lm.py since 2026-11-25): the same card
     today = dict({k: v for k, v in results.items() if k != "train_tokens_per_second"},
                  train_tokens_per_wall_second=512.0, train_tokens_per_cpu_second=4096 / 30)
-    assert toolkit.lm_model_card_fields(head("decoder"), today, block_size=8) == fields
+    assert toolkit.cards.lm_model_card_fields(head("decoder"), today, block_size=8) == fields
     assert fields["weights"].startswith("step 48 of 64: the checkpoint with the lowest validation loss")
     assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
-    fields = toolkit.lm_model_card_fields(head("decoder"), dict(results, selected_by="last step", selected_step=64))
+    last = dict(results, selected_by="last step", selected_step=64)
+    fields = toolkit.cards.lm_model_card_fields(head("decoder"), last)
     assert fields["weights"] == "the last step (64)"
 
 
@@ -308,7 +310,7 @@ def test_lm_flops_per_token_is_six_n_plus_the_attention(tied, attention_type):
     total = sum(p.numel() for p in model.parameters())
     n = total if tied else total - 50 * 16  # tied: the one 50 x 16 matrix is the output layer
     keys = 128 if attention_type == "softmax" else 8
-    flops, words = toolkit.lm_flops_per_token(model, 128)
+    flops, words = toolkit.language_modeling.lm_flops_per_token(model, 128)
     assert flops == 6 * n + 12 * 2 * 16 * keys
     assert f"N={n:,} parameters" in words and "L=2 attention modules" in words and "d=16" in words
 
@@ -318,19 +320,20 @@ def test_the_model_card_reports_model_flops_and_mfu():
     CPU, and the speed in tokens per wall second (CPU-seconds do not measure a GPU run). On a CPU: no MFU, and why."""
     flops = dict(model_flops_per_token=1e9, model_flops_formula="6N + 12LdK: the count")
     gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_second=4e5, **flops,
-               **toolkit.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
-    fields = toolkit.lm_model_card_fields(head("decoder"), gpu, block_size=8)
+               **toolkit.measure.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
+    fields = toolkit.cards.lm_model_card_fields(head("decoder"), gpu, block_size=8)
     assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP per wall "
                                      "second, **MFU "
                                      "40.4%** of NVIDIA H100 80GB HBM3: 989.4 TFLOPS bf16 dense tensor-core peak "
                                      "(NVIDIA datasheet)")
     assert fields["hardware"] == "NVIDIA H100 80GB HBM3, CPU a CPU"
     assert fields["training_speed"] == "400,000 tokens per wall second"
-    cpu = dict(RESULTS, **flops, **toolkit.model_flops_utilization(512.0, 1e9, None, "bf16"))
-    fields = toolkit.lm_model_card_fields(head("decoder"), cpu, block_size=8)
+    cpu = dict(RESULTS, **flops, **toolkit.measure.model_flops_utilization(512.0, 1e9, None, "bf16"))
+    fields = toolkit.cards.lm_model_card_fields(head("decoder"), cpu, block_size=8)
     assert fields["model_flops"].endswith("; 0.512 TFLOP per wall second; MFU not measured: no peak table for CPUs")
     assert fields["hardware"] == "a CPU"
-    assert toolkit.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)["model_flops"].startswith("not recorded")
+    fields = toolkit.cards.lm_model_card_fields(head("decoder"), RESULTS, block_size=8)
+    assert fields["model_flops"].startswith("not recorded")
 
 
 @pytest.mark.parametrize("count,world_size", [(0, 2), (1, 3), (5, 2), (6, 3), (7, 4)])

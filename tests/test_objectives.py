@@ -40,8 +40,8 @@ def test_a_head_without_a_known_objective_is_refused():
 
 
 def test_train_lm_flags_name_one_auto_class_each():
-    assert toolkit.auto_class_for_flag("next_token") is transformers.AutoModelForCausalLM
-    assert toolkit.auto_class_for_flag("mlm") is transformers.AutoModelForMaskedLM
+    assert toolkit.objectives.auto_class_for_flag("next_token") is transformers.AutoModelForCausalLM
+    assert toolkit.objectives.auto_class_for_flag("mlm") is transformers.AutoModelForMaskedLM
 
 
 @pytest.mark.slow

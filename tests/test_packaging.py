@@ -170,27 +170,46 @@ def test_model_side_is_flat_and_imports_only_torch_transformers_and_siblings():
             assert roots <= allowed, (path.name, roots - allowed)
 
 
-def test_every_public_toolkit_name_is_documented_and_exported():
-    """What the toolkit modules define without a leading underscore is exported from `hf_settransformer.toolkit` (in
-    its `__all__`), and every such class and function says what it does. `hf_settransformer` itself exports the model
-    side only: models, configurations, blocks and registries."""
-    import inspect
+def toolkit_modules():
+    """Every module of `hf_settransformer.toolkit`, imported."""
+    import importlib
 
+    folder = ROOT / "hf_settransformer" / "toolkit"
+    return [importlib.import_module(f"hf_settransformer.toolkit.{path.stem}")
+            for path in sorted(folder.glob("*.py")) if path.stem != "__init__"]
+
+
+def test_the_toolkit_exports_at_most_30_names_each_its_modules_own():
+    """`hf_settransformer.toolkit` exports what a script of your own needs (the objectives table, the training and
+    evaluation entry points, what the README and docs/training.md show), at most 30 names, each importable and the very
+    object its module defines; the rest is imported from its module. `hf_settransformer` itself exports the model side
+    only: models, configurations, blocks and registries."""
     import hf_settransformer as hfst
     from hf_settransformer import toolkit
-    from hf_settransformer.toolkit import budget, cards, data, hub, language_modeling, measure, run_folder, set_tasks, training
 
+    assert len(toolkit.__all__) <= 30 and len(set(toolkit.__all__)) == len(toolkit.__all__), toolkit.__all__
     assert not set(hfst.__all__) & set(toolkit.__all__)
+    star = {}
+    exec("from hf_settransformer.toolkit import *", star)
+    assert set(toolkit.__all__) <= set(star)
+    modules = toolkit_modules()
+    for name in toolkit.__all__:
+        obj = star[name]
+        owners = [m for m in modules if getattr(m, name, None) is obj]
+        if hasattr(obj, "__module__"):  # a class or function: the module that defines it
+            owners = [m for m in owners if m.__name__ == obj.__module__]
+        assert owners, f"toolkit.{name} is no toolkit module's own"
 
-    for module in (training, run_folder, budget, measure, hub, language_modeling, set_tasks, data, cards):
+
+def test_every_public_toolkit_name_says_what_it_does():
+    """What a toolkit module defines without a leading underscore, class or function, has a docstring."""
+    import inspect
+
+    for module in toolkit_modules():
         for name, obj in vars(module).items():
-            defined_here = inspect.isclass(obj) or inspect.isfunction(obj)
-            if defined_here:
-                defined_here = obj.__module__ == module.__name__  # not imported from elsewhere
-            if name.startswith("_") or inspect.ismodule(obj) or not (defined_here or name.isupper()):
+            if name.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
                 continue
-            assert name in toolkit.__all__ and getattr(toolkit, name) is obj, f"{module.__name__}.{name} not exported"
-            if inspect.isclass(obj) or inspect.isfunction(obj):
+            if obj.__module__ == module.__name__:  # defined here, not imported
                 assert obj.__doc__ and len(obj.__doc__.split()) >= 5, f"{module.__name__}.{name} has no docstring"
 
 
@@ -294,10 +313,10 @@ def test_the_wheel_carries_the_model_card_templates(tmp_path):
     finds them relative to itself, and the wheel holds them."""
     import zipfile
 
-    from hf_settransformer import toolkit
+    from hf_settransformer.toolkit.cards import CARD_TEMPLATES
 
-    assert toolkit.CARD_TEMPLATES == ROOT / "hf_settransformer" / "toolkit" / "model_cards"
-    templates = sorted(p.name for p in toolkit.CARD_TEMPLATES.glob("*.md"))
+    assert CARD_TEMPLATES == ROOT / "hf_settransformer" / "toolkit" / "model_cards"
+    templates = sorted(p.name for p in CARD_TEMPLATES.glob("*.md"))
     assert templates == ["lm_model_card.md", "mlm_model_card.md"]
     assert not set(templates) & {p.name for p in (ROOT / "model_cards").glob("*.md")}  # one copy of the templates
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",

@@ -163,12 +163,12 @@ def test_the_results_scripts_read_old_keys_as_the_toolkit_does():
         sys.path.remove(str(ROOT / "scripts"))
     from hf_settransformer import toolkit
 
-    assert results_common.RENAMED_RESULT_KEYS == toolkit.RENAMED_RESULT_KEYS
+    assert results_common.RENAMED_RESULT_KEYS == toolkit.measure.RENAMED_RESULT_KEYS
     for results in ({"train_seconds": 1.0, "train_seconds_whole_run": 2.0, "budget_clock": "cpu", "train_tokens": 60,
                      "train_cpu_minutes": 0.5, "test_seconds": 3.0},
                     {"train_seconds_whole_run": 2.0, "train_tokens": 60, "train_cpu_minutes": 0.5, "gpu_name": "x"},
                     {"train_seconds": 9.0, "train_seconds_before": 3.0, "train_seconds_this_process": 4.0}):
-        assert results_common.upgrade_results(results) == toolkit.upgrade_results(results)
+        assert results_common.upgrade_results(results) == toolkit.measure.upgrade_results(results)
 
 
 def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():

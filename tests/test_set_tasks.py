@@ -123,7 +123,7 @@ def test_max_regression_loss_and_mae_are_the_distance_to_the_maximum():
     off = toolkit.evaluate_set_task(Maximum(0.01), "max_regression", data, batch_size=7, value_scale=100.0)
     assert off["mae"] == pytest.approx(1.0, rel=1e-4)  # 0.01 in scaled units is 1 in the data's
     batch = toolkit.DataCollatorForSets()([data[i] for i in range(8)])
-    loss = toolkit.l1_loss(Maximum(0.5)(batch["input_features"], batch["attention_mask"]), batch["labels"])
+    loss = set_tasks.l1_loss(Maximum(0.5)(batch["input_features"], batch["attention_mask"]), batch["labels"])
     assert loss.item() == pytest.approx(0.5, rel=1e-5)
 
 
@@ -133,7 +133,7 @@ def test_point_cloud_accuracy_and_the_oracle_of_the_mixture():
     class Constant(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(2), len(toolkit.SHAPES)).float())
+            self.logits = torch.nn.Parameter(torch.nn.functional.one_hot(torch.tensor(2), len(set_tasks.SHAPES)).float())
 
         def forward(self, input_features, attention_mask):
             return {"logits": self.logits.expand(len(input_features), -1)}
@@ -148,7 +148,7 @@ def test_point_cloud_accuracy_and_the_oracle_of_the_mixture():
     metrics = toolkit.evaluate_set_task(model, "mixture_of_gaussians", mixtures, batch_size=4)
     assert -3.0 < metrics["oracle_log_likelihood_per_point"] < -0.5
     assert metrics["log_likelihood_per_point"] < metrics["oracle_log_likelihood_per_point"]  # untrained
-    assert set(toolkit.TASK_HEADS) == set(toolkit.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
+    assert set(set_tasks.TASK_HEADS) == set(set_tasks.SET_TASKS) == {"max_regression", "mixture_of_gaussians", "point_clouds"}
 
 
 @pytest.mark.slow

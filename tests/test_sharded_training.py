@@ -151,12 +151,12 @@ from test_training import decoder_trainer
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
 assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
-same = toolkit.replica_checksums(trainer)
+same = toolkit.measure.replica_checksums(trainer)
 with torch.no_grad():
     if rank == 1:
         next(trainer.model.parameters()).add_(1e-3)  # one replica drifts
 try:
-    toolkit.replica_checksums(trainer)
+    toolkit.measure.replica_checksums(trainer)
     caught = None
 except RuntimeError as err:
     caught = str(err)

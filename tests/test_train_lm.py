@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 import hf_settransformer  # noqa: E402
 from hf_settransformer import toolkit  # noqa: E402
+from hf_settransformer.toolkit import lm_arguments  # noqa: E402
 from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
@@ -171,7 +172,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
-    flops, formula = toolkit.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
+    flops, formula = toolkit.language_modeling.lm_flops_per_token(AutoModelForCausalLM.from_pretrained(out), 16)
     assert results["model_flops_per_token"] == flops > 0 and results["model_flops_formula"] == formula
     assert results["train_model_flops_per_wall_second"] == pytest.approx(results["train_tokens_per_wall_second"] * flops)
     # every duration and speed names its clock, alike in all_results.json, the printed table and the card
@@ -469,7 +470,7 @@ def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path, corpus, monkeypatch):
+def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path, corpus):
     """What the README says: like the Trainer's `create_model_card`, every run that trains (or pushes) writes a card
     with what it measured, a perplexity for each split it evaluated and none without evaluation; a run that only
     evaluates writes all_results.json and no card."""
@@ -478,7 +479,6 @@ def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path
             "split it evaluated (`--do_eval`, which a periodic evaluation implies as in transformers, and "
             "`--do_predict`), none without them; a run that only evaluates writes `all_results.json`") in readme
     script = train_lm_module()
-    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
 
     def main(out, *drop, extra=()):
         args = [str(a) for a in common_args(corpus, out, "decoder", steps=4, extra=extra)]
@@ -513,13 +513,12 @@ print("loaded", tokenizer("the of and")["input_ids"])
 
 
 @pytest.mark.slow
-def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warning(tmp_path, corpus, monkeypatch):
+def test_autotokenizer_loads_a_run_folders_tokenizer_without_a_prompt_or_a_warning(tmp_path, corpus):
     """The README's `AutoTokenizer.from_pretrained(run_folder)`, no trust_remote_code: a plain tokenizer (a transformers
     class, no auto_map) that loads with stdin closed (a "Do you wish to run the custom code? [y/N]" prompt would read
     no and be followed by transformers' "model of type ``" warning) and nothing on stderr; its files alone need no
     package at all. The model still loads as remote code."""
     script = train_lm_module()
-    monkeypatch.setitem(sys.modules, script.__name__, script)  # the Trainer pickles its arguments by module name
     out = tmp_path / "run"
     script.main([str(a) for a in common_args(corpus, out, "decoder", steps=2) if a not in ("--do_eval", "--do_predict")])
     config = json.loads((out / "tokenizer_config.json").read_text())
@@ -666,10 +665,9 @@ def train_lm_module():
 def test_best_checkpoint_default_follows_the_save_and_eval_steps(tmp_path):
     """On by default where every checkpoint has a validation; off where it could not be (an explicit request that
     cannot hold is transformers' error, naming the flag)."""
-    script = train_lm_module()
 
     def parsed(*flags):
-        return script.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true", *flags])[2]
+        return lm_arguments.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true", *flags])[2]
 
     assert parsed().load_best_model_at_end  # save and validate every 250 steps
     assert parsed("--save_steps", "500").load_best_model_at_end
@@ -748,10 +746,9 @@ def test_the_preset_follows_the_device_and_a_given_flag_beats_the_preset(tmp_pat
     """--preset auto is `small` on a CPU, with today's tuned hyper-parameters and no GPU settings; a GPU preset by
     name brings its own hyper-parameters (not the GPU's Trainer settings on a CPU), and a flag the command gives wins
     over it, in every spelling argparse accepts."""
-    script = train_lm_module()
 
     def parsed(*flags):
-        model_args, _, args, _ = script.parse_arguments(["--output_dir", str(tmp_path), *flags])
+        model_args, _, args, _ = lm_arguments.parse_arguments(["--output_dir", str(tmp_path), *flags])
         return (model_args.preset, args.learning_rate, args.per_device_train_batch_size, args.warmup_steps,
                 args.weight_decay, args.torch_compile, args.dataloader_num_workers, args.per_device_eval_batch_size)
 
@@ -759,8 +756,9 @@ def test_the_preset_follows_the_device_and_a_given_flag_beats_the_preset(tmp_pat
     assert parsed("--preset", "gpu") == ("gpu", 1e-3, 32, 0.05, 0.1, False, 0, 32)
     assert parsed("--preset", "gpu", "--learning_rate", "5e-4") == ("gpu", 5e-4, 32, 0.05, 0.1, False, 0, 32)
     assert parsed("--preset=gpu-small", "--learning-rate=5e-4", "--per_device_train", "8")[:3] == ("gpu-small", 5e-4, 8)
-    assert script.resolve_preset("auto", is_cuda=True) == "gpu" and script.resolve_preset("auto", False) == "small"
-    assert script.resolve_preset("tiny", is_cuda=True) == "tiny"
+    assert lm_arguments.resolve_preset("auto", is_cuda=True) == "gpu"
+    assert lm_arguments.resolve_preset("auto", is_cuda=False) == "small"
+    assert lm_arguments.resolve_preset("tiny", is_cuda=True) == "tiny"
 
 
 def test_a_json_command_gets_the_preset_and_keeps_its_values(tmp_path, monkeypatch):
@@ -768,7 +766,7 @@ def test_a_json_command_gets_the_preset_and_keeps_its_values(tmp_path, monkeypat
     values = {"output_dir": str(tmp_path), "preset": "gpu", "learning_rate": 5e-4, "use_cpu": True}
     (tmp_path / "args.json").write_text(json.dumps(values))
     monkeypatch.setattr(sys, "argv", ["train_lm.py", str(tmp_path / "args.json")])
-    model_args, _, args, command = train_lm_module().parse_arguments(None)
+    model_args, _, args, command = lm_arguments.parse_arguments(None)
     assert (model_args.preset, args.learning_rate, args.per_device_train_batch_size) == ("gpu", 5e-4, 32)
     assert command == str(tmp_path / "args.json")
 
@@ -792,20 +790,19 @@ def test_a_misspelt_flag_is_named_with_the_nearest_one(tmp_path, monkeypatch):
 def test_training_defaults_on_cuda_and_for_several_processes():
     """What a run takes where the command is silent: the preset's hyper-parameters, the GPU's Trainer settings on
     CUDA only, and beyond 4 processes the learning rate times sqrt(processes / 4); nothing the command gave."""
-    script = train_lm_module()
-    assert script.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
-    gpu = script.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**script.PRESETS["gpu"]["training"], **toolkit.gpu_training_defaults(True)}
+    assert lm_arguments.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
+    gpu = lm_arguments.training_defaults("gpu", is_cuda=True)
+    assert gpu == {**lm_arguments.PRESETS["gpu"]["training"], **toolkit.measure.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
-    given = script.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
+    given = lm_arguments.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32
-    assert script.training_defaults("gpu", True, processes=4)["learning_rate"] == 1e-3  # kept up to 4
-    assert script.training_defaults("gpu", True, processes=16)["learning_rate"] == pytest.approx(2e-3)
-    assert script.training_defaults("small", False, processes=9, learning_rate=2e-3) == {"learning_rate": 3e-3}
-    assert script.scaled_learning_rate(1e-3, 1) == 1e-3
-    assert script.scaled_learning_rate(1e-3, 8) == pytest.approx(1e-3 * 2**0.5)
+    assert lm_arguments.training_defaults("gpu", True, processes=4)["learning_rate"] == 1e-3  # kept up to 4
+    assert lm_arguments.training_defaults("gpu", True, processes=16)["learning_rate"] == pytest.approx(2e-3)
+    assert lm_arguments.training_defaults("small", False, processes=9, learning_rate=2e-3) == {"learning_rate": 3e-3}
+    assert lm_arguments.scaled_learning_rate(1e-3, 1) == 1e-3
+    assert lm_arguments.scaled_learning_rate(1e-3, 8) == pytest.approx(1e-3 * 2**0.5)
     # every field is one LMTrainingArguments has, with a value it accepts
-    args = script.LMTrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **gpu)
+    args = lm_arguments.LMTrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **gpu)
     assert args.optim == "adamw_torch_fused" and args.weight_decay == 0.1
 
 
@@ -815,24 +812,23 @@ def test_gpu_presets_use_a_dense_output_layer_and_more_dropout(preset):
     dropout of the preset; --config_overrides still wins."""
     from types import SimpleNamespace
 
-    script = train_lm_module()
     model_args = SimpleNamespace(preset=preset, family="decoder", attention_type="softmax", feature_map="elu",
                                  next_token_mode="many", config_overrides=None)
     data_args = SimpleNamespace(block_size=512, context_length=512, target_length=None)
-    config = script.new_config(model_args, data_args, vocab_size=33279, eos_id=0)
+    config = lm_arguments.new_config(model_args, data_args, vocab_size=33279, eos_id=0)
     assert config.adaptive_softmax_cutoffs is None and config.adaptive_input_cutoffs is None
-    assert config.tie_word_embeddings and config.hidden_dropout_prob == script.PRESETS[preset]["hidden_dropout_prob"]
-    assert config.hidden_size == script.PRESETS[preset]["hidden_size"] and preset in script.UNTUNED_PRESETS
+    sizes = lm_arguments.PRESETS[preset]
+    assert config.tie_word_embeddings and config.hidden_dropout_prob == sizes["hidden_dropout_prob"]
+    assert config.hidden_size == sizes["hidden_size"] and preset in lm_arguments.UNTUNED_PRESETS
     model_args.config_overrides = "hidden_dropout_prob=0.1"
-    assert script.new_config(model_args, data_args, vocab_size=33279, eos_id=0).hidden_dropout_prob == 0.1
+    assert lm_arguments.new_config(model_args, data_args, vocab_size=33279, eos_id=0).hidden_dropout_prob == 0.1
 
 
 def test_config_overrides_take_list_values():
     """A list value keeps its commas (`adaptive_input_cutoffs=[2000,10000]`); the other items split as before."""
     import hf_settransformer as hfst
 
-    script = train_lm_module()
-    parsed = script.parse_overrides(
+    parsed = lm_arguments.parse_overrides(
         "adaptive_input_cutoffs=[20, 100],hidden_dropout_prob=0.2,pooling=mean", hfst.TransformerEncoderConfig
     )
     assert parsed == {"adaptive_input_cutoffs": [20, 100], "hidden_dropout_prob": 0.2, "pooling": "mean"}
@@ -844,19 +840,18 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
     vocabulary keeps the dense layers; `adaptive_input_cutoffs=null` turns the adaptive input off."""
     from types import SimpleNamespace
 
-    script = train_lm_module()
     model_args = SimpleNamespace(preset="small", family=family, attention_type="softmax", feature_map="elu",
                                  next_token_mode="many", config_overrides=None)
     data_args = SimpleNamespace(block_size=128, context_length=128, target_length=None)
-    config = script.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
+    config = lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert config.adaptive_input_cutoffs == config.adaptive_softmax_cutoffs == [2000, 10000]
     assert not config.tie_word_embeddings
 
-    tiny_vocab = script.new_config(model_args, data_args, vocab_size=5000, eos_id=0)
+    tiny_vocab = lm_arguments.new_config(model_args, data_args, vocab_size=5000, eos_id=0)
     assert tiny_vocab.adaptive_input_cutoffs is None and tiny_vocab.adaptive_softmax_cutoffs is None
 
     model_args.config_overrides = "adaptive_input_cutoffs=null"
-    dense_input = script.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
+    dense_input = lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert dense_input.adaptive_input_cutoffs is None and dense_input.adaptive_softmax_cutoffs == [2000, 10000]
 
 

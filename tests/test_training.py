@@ -20,6 +20,8 @@ from transformers import Trainer
 import hf_settransformer as hfst
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit.budget import BUDGET_FILE
+from hf_settransformer.toolkit.language_modeling import BlockDataset
+from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +34,7 @@ def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
     stream = torch.arange(400) % 11
     args = quiet_training_args(output_dir, max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
                                **fields)
-    return Trainer(model=model, args=args, train_dataset=toolkit.BlockDataset(stream, 8), eval_dataset=eval_dataset)
+    return Trainer(model=model, args=args, train_dataset=BlockDataset(stream, 8), eval_dataset=eval_dataset)
 
 
 # ------------------------------------------------------------------------------------------------ lock, atomic saves
@@ -117,16 +119,16 @@ def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_pat
     def args(**fields):
         return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **fields)
 
-    toolkit.check_output_dir(args())  # empty: a new run
+    toolkit.run_folder.check_output_dir(args())  # empty: a new run
     (tmp_path / "notes.txt").write_text("mine")
-    toolkit.check_output_dir(args())  # files that are no run's: untouched, not refused
+    toolkit.run_folder.check_output_dir(args())  # files that are no run's: untouched, not refused
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "all_results.json").write_text("{}")
     with pytest.raises(SystemExit, match="holds a finished run .all_results.json, checkpoint-4.*--overwrite_output_dir"):
-        toolkit.check_output_dir(args(), script="mine")
-    toolkit.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
+        toolkit.run_folder.check_output_dir(args(), script="mine")
+    toolkit.run_folder.check_output_dir(args(resume_from_checkpoint="true"))  # resuming it: fine, nothing removed
     assert (tmp_path / "checkpoint-4").is_dir()
-    toolkit.check_output_dir(args(), overwrite=True, script="mine")
+    toolkit.run_folder.check_output_dir(args(), overwrite=True, script="mine")
     assert "[mine] --overwrite_output_dir: removing the earlier run" in caplog.text  # a warning of the toolkit's logger
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
@@ -143,7 +145,7 @@ torch.manual_seed(0)
 config = hfst.TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
 model = hfst.TransformerDecoderForCausalLM(config)
 trainer = Trainer(model=model, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True))
-toolkit.save_model_atomically(trainer)  # a complete first save
+toolkit.run_folder.save_model_atomically(trainer)  # a complete first save
 with torch.no_grad():
     for p in model.parameters():
         p.add_(1.0)
@@ -158,7 +160,7 @@ def dying(tensors, filename, metadata=None):  # the kill lands in the middle of 
 
 
 modeling_utils.safe_save_file = dying
-toolkit.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
+toolkit.run_folder.save_model_atomically(trainer) if mode == "atomic" else trainer.save_model()
 """
 
 
@@ -189,7 +191,7 @@ def test_the_final_save_gives_use_cache_back(tmp_path, family):
     model = (hfst.TransformerDecoderForCausalLM if family == "decoder" else hfst.TransformerEncoderModel)(config)
     trainer = Trainer(model=model, args=quiet_training_args(tmp_path))
     assert model.config.use_cache is False  # what the Trainer did
-    toolkit.save_model_atomically(trainer)
+    toolkit.run_folder.save_model_atomically(trainer)
     saved = json.loads((tmp_path / "config.json").read_text())
     if family == "decoder":
         assert saved["use_cache"] is True and model.config.use_cache is True
@@ -226,29 +228,30 @@ def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_
 
 
 def test_checkpoint_step_reads_the_name_then_the_marker(tmp_path):
-    assert toolkit.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
+    assert toolkit.run_folder.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
     renamed = tmp_path / "best"
     renamed.mkdir()
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": 7}))
-    assert toolkit.checkpoint_step(renamed) == 7
+    assert toolkit.run_folder.checkpoint_step(renamed) == 7
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": True}))
     with pytest.raises(ValueError, match="cannot tell the checkpoint's step"):
-        toolkit.checkpoint_step(renamed)
+        toolkit.run_folder.checkpoint_step(renamed)
 
 
 def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
     history = [{"loss": 4.0, "step": 2}, {"loss": 2.0, "step": 6}, {"loss": 9.0, "step": 9}]
     # resumed at step 6: the logs up to it cover 2 and 4 steps, then this process ran 3 steps at mean loss 1.0
-    assert toolkit.whole_run_train_loss(history, 6, 1.0, 3) == pytest.approx((4 * 2 + 2 * 4 + 1 * 3) / 9)
-    assert toolkit.whole_run_train_loss([], 0, 1.5, 4) == 1.5
+    assert toolkit.measure.whole_run_train_loss(history, 6, 1.0, 3) == pytest.approx((4 * 2 + 2 * 4 + 1 * 3) / 9)
+    assert toolkit.measure.whole_run_train_loss([], 0, 1.5, 4) == 1.5
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
     hfst.TransformerDecoderForCausalLM(tiny_config("decoder")).save_pretrained(tmp_path)
-    toolkit.check_checkpoint_matches(tmp_path, hfst.TransformerDecoderForCausalLM(tiny_config("decoder")))  # fits
+    fits = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
+    toolkit.run_folder.check_checkpoint_matches(tmp_path, fits)
     wider = hfst.TransformerDecoderForCausalLM(tiny_config("decoder", hidden_size=64))
     with pytest.raises(SystemExit, match="hidden_size: checkpoint 32, this run 64"):
-        toolkit.check_checkpoint_matches(tmp_path, wider)
+        toolkit.run_folder.check_checkpoint_matches(tmp_path, wider)
 
 
 # ------------------------------------------------------------------------------------------------ timer and budget
@@ -257,8 +260,8 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
 def test_time_budget_stops_training_and_records_the_steps():
     """Once the training time passes the budget the callback stops training, asks for a checkpoint and records the
     step reached."""
-    timer = toolkit.TimedEvalCallback()
-    budget = toolkit.TimeBudgetCallback(0.5 / 60, timer)  # half a second
+    timer = toolkit.budget.TimedEvalCallback()
+    budget = toolkit.budget.TimeBudgetCallback(0.5 / 60, timer)  # half a second
 
     class State:
         global_step = 7
@@ -272,13 +275,13 @@ def test_time_budget_stops_training_and_records_the_steps():
     assert control.should_training_stop and control.should_save and budget.stopped_at_step == 7
     assert budget.minutes == 0.5 / 60
     with pytest.raises(ValueError, match="positive number of minutes"):
-        toolkit.TimeBudgetCallback(0, timer)
+        toolkit.budget.TimeBudgetCallback(0, timer)
 
 
 def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
     """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
     programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
-    timer = toolkit.TimedEvalCallback(clock="cpu")
+    timer = toolkit.budget.TimedEvalCallback(clock="cpu")
     timer.on_train_begin(None, None, None)
     time.sleep(0.4)
     assert timer.elapsed() < 0.2
@@ -289,17 +292,17 @@ def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
     folder = tmp_path / "checkpoint-5"
     folder.mkdir()
     (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": 5, "train_seconds": 12.0, "clock": "cpu"}))
-    assert toolkit.TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
+    assert toolkit.budget.TimedEvalCallback(resume_from=folder, clock="cpu").elapsed() == 12.0
     with pytest.raises(ValueError, match="'cpu' clock"):
-        toolkit.TimedEvalCallback(resume_from=folder, clock="wall")
+        toolkit.budget.TimedEvalCallback(resume_from=folder, clock="wall")
     with pytest.raises(ValueError, match="clock must be one of"):
-        toolkit.TimedEvalCallback(clock="gpu")
+        toolkit.budget.TimedEvalCallback(clock="gpu")
 
 
 def test_timed_callbacks_resolve_the_clock_and_add_the_budget_when_asked(tmp_path):
     timer, budget, callbacks = toolkit.timed_callbacks(clock="auto", device=torch.device("cpu"))
     assert timer.clock == "cpu" and budget is None and len(callbacks) == 2
-    assert isinstance(callbacks[0], toolkit.CompleteCheckpointCallback) and callbacks[1] is timer
+    assert isinstance(callbacks[0], toolkit.run_folder.CompleteCheckpointCallback) and callbacks[1] is timer
     assert toolkit.timed_callbacks(clock="auto", device="cuda")[0].clock == "wall"
     folder = checkpoint(tmp_path, 3, train_seconds=20.0, clock="wall", validation_curve=[{"step": 2}])
     timer, budget, callbacks = toolkit.timed_callbacks(folder, max_minutes=5)
@@ -310,21 +313,21 @@ def test_timed_callbacks_resolve_the_clock_and_add_the_budget_when_asked(tmp_pat
 def test_max_steps_for_budget_probes_once_and_a_resumed_run_keeps_the_steps(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="hf_settransformer")  # the plan is an INFO line of the toolkit's logger
     trainer = decoder_trainer(tmp_path)
-    timer = toolkit.TimedEvalCallback(clock="cpu")
+    timer = toolkit.budget.TimedEvalCallback(clock="cpu")
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    seconds = toolkit.probe_seconds_per_step(trainer, timer.now, steps=6)
+    seconds = toolkit.budget.probe_seconds_per_step(trainer, timer.now, steps=6)
     assert 0 < seconds < 10
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())  # probed on a copy
     monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 0.5)
-    assert toolkit.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
+    assert toolkit.budget.max_steps_for_budget(trainer, 2, timer, script="mine") == int(2 * 60 / (0.5 * 1.02)) == 235
     assert "[mine] time budget 2 cpu minutes: 0.500 s/step -> max_steps=235" in caplog.text
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     assert record == {"minutes": 2, "clock": "cpu", "seconds_per_step": 0.5, "seconds_per_evaluation": 0.0,
                       "evaluation_every": 0, "max_steps": 235}  # this Trainer does not evaluate while training
     monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 1 / 0)
-    assert toolkit.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
+    assert toolkit.budget.max_steps_for_budget(trainer, 2, timer) == 235  # from the record, no new probe
     monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 1.0)
-    assert toolkit.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
+    assert toolkit.budget.max_steps_for_budget(trainer, 3, timer) == int(3 * 60 / 1.02)  # another budget: probed again
 
 
 RANKS_PLAN = """
@@ -340,10 +343,10 @@ rank = trainer.args.process_index
 assert trainer.args.world_size == 2 and torch.distributed.is_initialized()
 # ranks that time their steps differently (they always do, a little): 0.5 s on rank 0, 0.7 s on rank 1
 toolkit.budget.probe_seconds_per_step = lambda trainer, clock: 0.5 + 0.2 * rank
-timer = toolkit.TimedEvalCallback(clock="cpu")
-first = toolkit.max_steps_for_budget(trainer, 2, timer)
+timer = toolkit.budget.TimedEvalCallback(clock="cpu")
+first = toolkit.budget.max_steps_for_budget(trainer, 2, timer)
 toolkit.budget.probe_seconds_per_step = lambda trainer, clock: 1 / 0
-again = toolkit.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
+again = toolkit.budget.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 # one file per rank: two processes printing to one pipe can interleave their lines
 (Path(sys.argv[1]) / f"plan-{rank}.json").write_text(json.dumps({"rank": rank, "first": first, "again": again}))
 trainer.accelerator.wait_for_everyone()
@@ -374,7 +377,7 @@ def test_every_rank_takes_the_main_process_time_budget(tmp_path):
 
 
 def _evaluating_trainer(output_dir, **fields):
-    return decoder_trainer(output_dir, eval_dataset=toolkit.BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
+    return decoder_trainer(output_dir, eval_dataset=BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -390,11 +393,11 @@ def test_the_evaluation_probe_times_one_pass_over_the_eval_data_and_leaves_the_m
                                                   torch.is_autocast_enabled("cpu"), module.training)),
         with_kwargs=True)
     trainer.model.train()
-    assert toolkit.probe_seconds_per_evaluation(trainer, time.process_time) > 0
+    assert toolkit.budget.probe_seconds_per_evaluation(trainer, time.process_time) > 0
     assert seen == [(8, False, bf16, False)] * 3 + [(1, False, bf16, False)]
     assert trainer.model.training and all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in weights.items())
     trainer.args.eval_strategy = "no"
-    assert toolkit.probe_seconds_per_evaluation(trainer) == 0.0 and len(seen) == 4
+    assert toolkit.budget.probe_seconds_per_evaluation(trainer) == 0.0 and len(seen) == 4
 
 
 @pytest.mark.parametrize(
@@ -415,7 +418,7 @@ def test_the_budget_sets_aside_the_periodic_evaluations(tmp_path, monkeypatch, f
     trainer = _evaluating_trainer(tmp_path, **fields)
     monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_step", lambda trainer, clock: 0.5)
     monkeypatch.setattr("hf_settransformer.toolkit.budget.probe_seconds_per_evaluation", lambda trainer, clock: 3.0)
-    assert toolkit.max_steps_for_budget(trainer, 2, toolkit.TimedEvalCallback(clock="cpu")) == expected
+    assert toolkit.budget.max_steps_for_budget(trainer, 2, toolkit.budget.TimedEvalCallback(clock="cpu")) == expected
     record = json.loads((tmp_path / BUDGET_FILE).read_text())
     evaluations = fields["eval_strategy"] != "no"
     assert record["seconds_per_evaluation"] == (3.0 if evaluations else 0.0)
@@ -429,7 +432,7 @@ def test_the_probe_times_steps_in_the_training_precision(tmp_path, bf16):
     trainer = decoder_trainer(tmp_path, bf16=bf16, use_cpu=True)
     seen = []
     trainer.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
-    toolkit.probe_seconds_per_step(trainer, steps=5)  # the hook travels with the probed copy
+    toolkit.budget.probe_seconds_per_step(trainer, steps=5)  # the hook travels with the probed copy
     assert seen == [bf16] * 5
 
 
@@ -470,15 +473,15 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
 
 def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     trainer = decoder_trainer(tmp_path)
-    environment = toolkit.run_environment(trainer)
+    environment = toolkit.measure.run_environment(trainer)
     assert environment["precision"] == "fp32" and environment["torch_compile"] is False
     assert environment["threads_per_process"] == torch.get_num_threads()
-    assert environment["cpu_model"] == toolkit.cpu_model_name() and environment["cpu_model"]
+    assert environment["cpu_model"] == toolkit.measure.cpu_model_name() and environment["cpu_model"]
     assert environment["gpu_name"] is None  # trained on the CPU
-    assert isinstance(toolkit.fast_bf16_available(use_cpu=True), bool)
+    assert isinstance(toolkit.measure.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
-    assert toolkit.replica_checksums(trainer) == [pytest.approx(total)]
-    assert toolkit.tokens_per_step(trainer.args, 8) == 4 * 8
+    assert toolkit.measure.replica_checksums(trainer) == [pytest.approx(total)]
+    assert toolkit.measure.tokens_per_step(trainer.args, 8) == 4 * 8
 
 
 def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tmp_path):
@@ -487,13 +490,13 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     The fields are real TrainingArguments fields with values it accepts."""
     from transformers import TrainingArguments
 
-    assert toolkit.gpu_training_defaults(False) == {} == toolkit.gpu_training_defaults(False, {"optim"})
-    on_cuda = toolkit.gpu_training_defaults(True)
+    assert toolkit.measure.gpu_training_defaults(False) == {} == toolkit.measure.gpu_training_defaults(False, {"optim"})
+    on_cuda = toolkit.measure.gpu_training_defaults(True)
     assert on_cuda == {"optim": "adamw_torch_fused", "dataloader_num_workers": 4,
                        "dataloader_persistent_workers": True, "torch_compile": True, "per_device_eval_batch_size": 64}
-    given = toolkit.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
+    given = toolkit.measure.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
     assert "torch_compile" not in given and "per_device_eval_batch_size" not in given and given["optim"]
-    workers = toolkit.gpu_training_defaults(True, {"dataloader_num_workers"})
+    workers = toolkit.measure.gpu_training_defaults(True, {"dataloader_num_workers"})
     assert "dataloader_num_workers" not in workers and "dataloader_persistent_workers" not in workers
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **on_cuda)
     assert args.torch_compile and args.dataloader_persistent_workers and args.per_device_eval_batch_size == 64
@@ -517,7 +520,7 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     ],
 )
 def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precision, tflops):
-    peak, note = toolkit.peak_flops(name, precision)
+    peak, note = toolkit.measure.peak_flops(name, precision)
     if tflops is None:
         assert peak is None and note.startswith("no ")
     else:
@@ -527,16 +530,16 @@ def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precisio
 def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
     """MFU = tokens/s x FLOPs per token / (peak x devices); None with the reason on a CPU, an unknown GPU, or without a
     timed step."""
-    h100 = toolkit.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
+    h100 = toolkit.measure.model_flops_utilization(1e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16", devices=2)
     assert h100["train_model_flops_per_wall_second"] == pytest.approx(1e14)
     assert h100["mfu"] == pytest.approx(1e14 / (2 * 989.4e12)) and h100["mfu_peak_flops_per_device"] == 989.4e12
     assert h100["mfu_note"].endswith("x 2 devices")
-    cpu = toolkit.model_flops_utilization(1e5, 1e9, None, "bf16")
+    cpu = toolkit.measure.model_flops_utilization(1e5, 1e9, None, "bf16")
     assert cpu["train_model_flops_per_wall_second"] == pytest.approx(1e14)
     assert cpu["mfu"] is None and cpu["mfu_note"] == "no peak table for CPUs"
-    unknown = toolkit.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
+    unknown = toolkit.measure.model_flops_utilization(1e5, 1e9, "Tesla T4", "fp32")
     assert unknown["mfu"] is None and "'Tesla T4'" in unknown["mfu_note"]
-    untimed = toolkit.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
+    untimed = toolkit.measure.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
     assert untimed["mfu"] is None and untimed["train_model_flops_per_wall_second"] is None
     assert untimed["mfu_note"] == "no training steps timed in this process"
 
@@ -547,26 +550,26 @@ def test_results_of_any_date_read_with_the_keys_that_name_their_clock():
     old = {"train_seconds": 100.0, "train_tokens_per_second": 40.0, "train_seconds_whole_run": 180.0,
            "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_seconds": 5.0,
            "test_seconds": 6.0, "train_model_flops_per_second": 1e9, "validation_cpu_seconds": 4.0}
-    assert toolkit.upgrade_results(old) == {
+    assert upgrade_results(old) == {
         "train_wall_seconds": 100.0, "train_tokens_per_wall_second": 40.0, "train_cpu_seconds_whole_run": 180.0,
         "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_wall_seconds": 5.0,
         "test_wall_seconds": 6.0, "train_model_flops_per_wall_second": 1e9, "validation_cpu_seconds": 4.0,
         "train_tokens_per_cpu_second": 20.0}
     # a run from before the budget clock was recorded counted wall time; on a GPU there is no per-CPU-second speed
-    earliest = toolkit.upgrade_results({"train_seconds_whole_run": 60.0, "train_tokens": 10, "train_cpu_minutes": 2.0,
+    earliest = upgrade_results({"train_seconds_whole_run": 60.0, "train_tokens": 10, "train_cpu_minutes": 2.0,
                                         "gpu_name": "NVIDIA H100 80GB HBM3"})
     assert earliest["train_wall_seconds_whole_run"] == 60.0 and earliest["train_tokens_per_cpu_second"] is None
-    sets = toolkit.upgrade_results({"train_seconds": 9.0, "train_seconds_this_process": 4.0, "train_seconds_before": 2.0})
+    sets = upgrade_results({"train_seconds": 9.0, "train_seconds_this_process": 4.0, "train_seconds_before": 2.0})
     assert sets == {"train_wall_seconds": 9.0, "train_wall_seconds_this_process": 4.0, "train_wall_seconds_before": 2.0}
-    today = toolkit.upgrade_results(old)
-    assert toolkit.upgrade_results(today) == today
+    today = upgrade_results(old)
+    assert upgrade_results(today) == today
 
 
 def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
     template = tmp_path / "card.md"
     template.write_text("# ${repo_id}\nperplexity ${ppl}, kept: ${unknown}, $$5\n")
     (tmp_path / "out").mkdir()
-    path = toolkit.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
+    path = toolkit.cards.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
     assert path == tmp_path / "out" / "README.md"
     assert path.read_text() == "# me/model\nperplexity 12.34, kept: ${unknown}, $5\n"
 

@@ -1,29 +1,16 @@
 """Language-modelling data and evaluation for your own Trainer scripts: a word-level tokenizer, the training datasets
 of every head, and the perplexity protocol over a token stream.
 
-Needs `tokenizers` (installed with transformers) for the tokenizer; the rest needs torch only. The modeling files never
-import this module, so a pushed checkpoint does not carry it.
+The protocol: a split is one token stream, `[eos] + stream` (the leading `<eos>` is the context of the first word),
+and every token after it is predicted exactly once and scored: in sliding windows for causal LMs (`decoder_windows`),
+by the last positions of each window for the many-target heads (`target_windows`), from one window of the preceding
+tokens each for the one-target head (`evaluate_positions`), and for masked LMs as a fixed share of each block's
+positions, masked and predicted from the rest (`evaluate_masked_stream`: not comparable with a causal perplexity).
+Perplexity = exp(mean negative log-likelihood per scored token); accuracy = the share of scored tokens whose most
+likely token is the reference.
 
-The protocol: a split is one token stream, `[eos] + stream` (the leading `<eos>` is the context of the first word);
-every token after it is predicted exactly once and scored.
-- causal LMs (`TransformerDecoderForCausalLM`, `decoder_windows`): sliding windows of `block_size` tokens moved by
-  `stride`; the tokens a window adds are scored, so each has at least `block_size - stride` tokens of context (fewer
-  at the start);
-- many-target heads (`*ForNextTokenPrediction`, `next_token_mode="many"`, `target_windows`): windows of
-  `context_length` tokens moved by `target_length`; the last `target_length` positions of each window predict the next
-  `target_length` tokens, so each has at least `context_length - target_length` tokens of context (fewer at the
-  start, where the windows are shorter);
-- the literal one-target head (`next_token_mode="window"`, `evaluate_positions`): one window of the up to
-  `context_length` preceding tokens per scored token.
-Perplexity = exp(mean negative log-likelihood per scored token); accuracy = fraction of scored tokens whose most likely
-token is the reference.
-
-Masked LMs (`*ForMaskedLM`, `evaluate_masked_stream`): non-overlapping blocks, a fixed 15% of each block's positions
-replaced by the mask token and predicted from the rest; the perplexity is over those masked tokens (not comparable to
-a causal perplexity: the model sees both sides).
-
-Which of these a head trains on and is scored by is its objective's row (`objectives.OBJECTIVES`); the functions
-for any head (`lm_training_dataset`, `evaluate_perplexity`, `evaluation_protocol`) are there; the model card's fields are `cards`'.
+Which of these a head trains on and is scored by is its objective's row (`objectives.OBJECTIVES`). The tokenizer needs
+`tokenizers` (installed with transformers), the rest torch only; the modeling files never import this module.
 """
 
 import math
@@ -141,8 +128,9 @@ class WindowDataset(torch.utils.data.Dataset):
 
 
 def decoder_windows(stream_length, block_size, stride):
-    """Sliding windows over `[eos] + stream`: [(start, end, tokens scored at the end of the window)], each token of the
-    stream scored once (see the module docstring)."""
+    """Sliding windows of a causal LM over `[eos] + stream`: [(start, end, tokens scored at the end of the window)],
+    windows of `block_size` tokens moved by `stride`, so that each token of the stream is scored once, with at least
+    `block_size - stride` tokens of context (fewer at the start)."""
     # a window predicts its positions 1..n-1 from the ones before: it can add at most block_size - 1 scored tokens
     _check_stride(block_size - 1, stride, "block_size - 1")
     total = stream_length + 1
@@ -157,8 +145,10 @@ def decoder_windows(stream_length, block_size, stride):
 
 
 def target_windows(stream_length, context_length, target_length):
-    """Windows of a many-target head over `[eos] + stream`: [(start, end, tokens scored)]; window [start, end)
-    predicts the tokens end - scored + 1 .. end, with its last `scored` positions."""
+    """Windows of a many-target head over `[eos] + stream`: [(start, end, tokens scored)]; windows of `context_length`
+    tokens moved by `target_length`, window [start, end) predicting the tokens end - scored + 1 .. end with its last
+    `scored` positions, so that each has at least `context_length - target_length` tokens of context (fewer at the
+    start, where the windows are shorter)."""
     _check_stride(context_length, target_length, "context_length")
     last = stream_length  # index of the last token of [eos] + stream
     windows, prev = [], 0
