@@ -194,7 +194,8 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
         **kwargs,
     ):
         r"""labels (`torch.LongTensor` (batch, length)): usually `input_ids`; -100 positions are ignored.
-        logits_to_keep (`int`): compute logits for the last `logits_to_keep` positions only (0: all)."""
+        logits_to_keep (`int` or `torch.Tensor`): an int computes logits for the last `logits_to_keep` positions only
+            (0: all); a 1-D tensor of indices, for those positions (as Llama)."""
         if use_cache is None and labels is not None and self.training and past_key_values is None:
             use_cache = False  # a training step has no use for a cache: do not fill one
         outputs = self.model(
@@ -211,10 +212,12 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+        if torch.is_tensor(logits_to_keep):
+            hidden_states = hidden_states[:, logits_to_keep]
+        elif logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
         chunk = self.config.lm_loss_chunk_size
-        keep_all = isinstance(logits_to_keep, int) and logits_to_keep == 0
+        keep_all = not torch.is_tensor(logits_to_keep) and logits_to_keep == 0
         training_loss = labels is not None and self.training and torch.is_grad_enabled() and keep_all
         if training_loss and self.adaptive_output:
             # adaptive softmax: only the clusters the targets fall in are computed; no full log-probabilities

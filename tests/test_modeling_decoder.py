@@ -3,7 +3,7 @@ chunked), the cache a training forward fills, the tied LM head under resizing.""
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, batch_of_tokens, make_model, tiny_config
+from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
 
@@ -117,3 +117,13 @@ def test_resize_token_embeddings_keeps_the_tie():
     assert model.config.vocab_size == VOCAB + 5
     assert model.lm_head.weight is model.get_input_embeddings().weight
     assert model(input_ids=torch.tensor([[VOCAB + 4, 1]])).logits.shape == (1, 2, VOCAB + 5)
+
+
+def test_logits_to_keep_as_an_index_tensor_selects_those_positions():
+    """As Llama: an int keeps the last positions, a 1-D index tensor the positions it names."""
+    model = decoder("softmax", "elu")
+    ids = torch.randint(1, VOCAB, (2, 6))
+    full = model(ids).logits
+    torch.testing.assert_close(model(ids, logits_to_keep=torch.tensor([5])).logits, full[:, [5]])
+    torch.testing.assert_close(model(ids, logits_to_keep=torch.tensor([1, 3])).logits, full[:, [1, 3]])
+    torch.testing.assert_close(model(ids, logits_to_keep=2).logits, full[:, -2:])
