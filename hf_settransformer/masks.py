@@ -4,7 +4,7 @@ causal pattern it is made from.
 Shape legend: b batch, n queries, m keys.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,7 @@ class AttentionMask:
     num_queries: int | None = None
     num_keys: int | None = None
     query_positions: torch.Tensor | None = None
+    _forms: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # the forms made, by use
 
     @classmethod
     def build(cls, key_mask, causal=False, num_queries=None, num_keys=None, prefix_length=0, query_positions=None):
@@ -96,10 +97,9 @@ class AttentionMask:
         return create_block_mask(mask_mod, batch, None, n, m, device=device)
 
     def _memo(self, key, make):
-        forms = self.__dict__.setdefault("_forms", {})
-        if key not in forms:
-            forms[key] = make()
-        return forms[key]
+        if key not in self._forms:
+            self._forms[key] = make()
+        return self._forms[key]
 
     def _make_dense(self, device):
         key_mask = None if self.key_mask is None else self.key_mask.to(device)
