@@ -109,6 +109,22 @@ def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64
     return out, None
 
 
+def _no_layer_options(config):
+    return {}
+
+
+def _describe_by_type(config):
+    return config.attention_type, config.attention_type
+
+
+def _linear_layer_options(config):
+    return {"feature_map": config.feature_map, "chunk_size": config.linear_attention_chunk_size}
+
+
+def _describe_linear(config):
+    return f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"
+
+
 @dataclass(frozen=True)
 class AttentionKernel:
     """One attention type.
@@ -137,10 +153,10 @@ class AttentionKernel:
     cache_class: type
     cache_layer_class: type
     static_cache_layer_class: type | None = None
-    layer_options: Callable = lambda config: {}
+    layer_options: Callable = _no_layer_options
     config_fields: tuple = ()
     returns_weights: bool = False
-    describe: Callable = lambda config: (config.attention_type, config.attention_type)
+    describe: Callable = _describe_by_type
     implementations: tuple | None = None
 
 
@@ -156,12 +172,9 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
         forward=linear_kernel,
         cache_class=LinearAttentionCache,
         cache_layer_class=RecurrentStateLayer,
-        layer_options=lambda config: {
-            "feature_map": config.feature_map,
-            "chunk_size": config.linear_attention_chunk_size,
-        },
+        layer_options=_linear_layer_options,
         config_fields=("feature_map", "linear_attention_chunk_size"),
-        describe=lambda config: (f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"),
+        describe=_describe_linear,
         implementations=("sdpa", "eager"),  # the default, and the one asked for attention weights
     ),
 }
@@ -217,6 +230,21 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(self.hidden_size, self.hidden_size)
             self.kv_proj = nn.Linear(self.hidden_size, 2 * self.hidden_size)
         self.o_proj = nn.Linear(self.hidden_size, self.hidden_size)
+
+    def __getstate__(self):
+        # pickled (and deep-copied) by name: a registered kernel may hold lambdas, which pickle cannot store
+        return dict(super().__getstate__(), kernel=self.config.attention_type)
+
+    def __setstate__(self, state):
+        name = state["kernel"]
+        if isinstance(name, str):
+            if name not in ATTENTION_KERNELS:
+                raise ValueError(
+                    f"This model uses attention_type={name!r}, which is not registered in this process: call "
+                    f"`register_attention_kernel({name!r}, ...)` before unpickling it."
+                )
+            state = dict(state, kernel=ATTENTION_KERNELS[name])
+        super().__setstate__(state)
 
     def _split_heads(self, x):
         b, n, _ = x.shape

@@ -13,6 +13,7 @@ without --do_predict has no test perplexity in it.
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 # a finished run has these (train_lm.py writes the results last, after the model, tokenizer and card)
@@ -71,20 +72,35 @@ def main(argv=None):
     check_finished_run(args.run_dir)
 
     # torch and transformers: after the cheap checks
-    from hf_settransformer.toolkit import log_to_stdout, push_folder_to_hub, refresh_model_card
-    from hf_settransformer.toolkit.run_folder import OutputDirLock, OutputDirLockedError
+    from hf_settransformer.toolkit import log_to_stdout, refresh_model_card
+    from hf_settransformer.toolkit.hub import HubUnreachableError, push_folder_to_hub, reach_hub
+    from hf_settransformer.toolkit.run_folder import OutputDirLock, OutputDirLockedError, write_text_atomically
 
     logger = log_to_stdout()  # its lines and the toolkit's (what a push leaves out, say) on stdout
 
+    card = args.run_dir / "README.md"
     try:
-        with OutputDirLock(args.run_dir, " ".join(sys.argv)):
-            card = refresh_model_card(args.run_dir, repo_id=args.repo_id)
+        with OutputDirLock(args.run_dir, " ".join(sys.argv)), tempfile.TemporaryDirectory() as scratch:
+            # the card is made aside and the Hub reached first: a refused push leaves the folder as it was
+            fresh = refresh_model_card(args.run_dir, repo_id=args.repo_id, card_path=Path(scratch) / "README.md")
+            api = reach_hub(args.repo_id, token=args.token, private=args.private)
+            before = card.read_bytes() if card.is_file() else None
+            write_text_atomically(card, fresh.read_text(encoding="utf-8"))
             logger.info(f"[push_run] model card for {args.repo_id}: {card}")
-            info = push_folder_to_hub(args.run_dir, args.repo_id, token=args.token, private=args.private)
+            try:
+                info = push_folder_to_hub(args.run_dir, args.repo_id, api=api)
+            except HubUnreachableError:
+                if before is None:  # the folder as it was
+                    card.unlink()
+                else:
+                    card.write_bytes(before)
+                raise
     except (OutputDirLockedError, ValueError) as err:  # a live run holds it; a card cannot be made from it
         raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
+    except HubUnreachableError as err:
+        raise SystemExit(f"Not published, and {args.run_dir} is as it was: {err}. Check the network, HF_HUB_OFFLINE, "
+                         "the token (--token, HF_TOKEN or `hf auth login`) and your rights to the repository.") from None
     logger.info(f"[push_run] pushed {args.run_dir} to {args.repo_id}: {getattr(info, 'commit_url', info)}")
-
 
 if __name__ == "__main__":
     main()

@@ -38,6 +38,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 )
 from hf_settransformer.toolkit.budget import max_steps_for_budget
 from hf_settransformer.toolkit.cards import data_file_record
+from hf_settransformer.toolkit.hub import HubUnreachableError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
 from hf_settransformer.toolkit.measure import (
@@ -330,7 +331,11 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
     write_text_atomically(out / "training_args.json", trainer.args.to_json_string())
     if push_requested:
         repo_id = trainer.args.hub_model_id or out.name
-        info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
+        try:
+            info = push_folder_to_hub(out, repo_id, trainer.args.hub_token, trainer.args.hub_private_repo)
+        except HubUnreachableError as err:
+            raise SystemExit(f"[train_lm] the run is saved in {out}, but not pushed: {err}. Push it later with "
+                             f"`python scripts/push_run.py {out} {repo_id}`.") from None
         logger.info(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 

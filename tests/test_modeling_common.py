@@ -1,7 +1,9 @@
 """Mirrors `hf_settransformer/modeling_common.py`: what every family promises through the shared base class
 (permutation symmetry, padding independence, output formats, initialisation, dtypes, inputs_embeds)."""
 
+import dataclasses
 import math
+import pickle
 
 import pytest
 import torch
@@ -229,6 +231,36 @@ def test_inputs_embeds_reproduce_input_ids(family, cls, attention_type, feature_
     from_ids = main_output(model(input_ids=ids))
     from_embeds = main_output(model(inputs_embeds=model.get_input_embeddings()(ids)))
     assert torch.allclose(from_ids, from_embeds, atol=ATOL)
+
+
+@pytest.mark.parametrize("family,cls", TOKEN_MODELS, ids=[c.__name__ for _, c in TOKEN_MODELS])
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_models_pickle_and_torch_save_whole(family, cls, attention_type, feature_map, tmp_path):
+    """`pickle` and `torch.save(model)` store the whole model, as Llama's (multiprocessing and deep copies need it);
+    the kernel registry's entries held lambdas, which pickle refused."""
+    model = make_model(cls, tiny_config(family, attention_type, feature_map)).eval()
+    ids = batch_of_tokens(2, 6)
+    expected = main_output(model(input_ids=ids))
+    torch.save(model, tmp_path / "model.pt")
+    for copy in (pickle.loads(pickle.dumps(model)), torch.load(tmp_path / "model.pt", weights_only=False)):
+        assert type(copy) is cls
+        assert torch.equal(main_output(copy(input_ids=ids)), expected)
+
+
+def test_a_registered_kernel_pickles_by_name():
+    """A kernel registered with lambdas pickles (by its name); unpickled where it is not registered, the message says
+    to register it first."""
+    linear = hfst.ATTENTION_KERNELS["linear"]
+    hfst.register_attention_kernel("linear_copy", dataclasses.replace(linear, layer_options=lambda c: {"feature_map": "exp"}))
+    try:
+        model = make_model(hfst.TransformerDecoderForCausalLM, tiny_config("decoder", "linear_copy")).eval()
+        ids = batch_of_tokens(1, 5)
+        data = pickle.dumps(model)
+        assert torch.equal(pickle.loads(data)(input_ids=ids).logits, model(input_ids=ids).logits)
+    finally:
+        del hfst.ATTENTION_KERNELS["linear_copy"]
+    with pytest.raises(ValueError, match=r"attention_type='linear_copy'.*register_attention_kernel\('linear_copy'"):
+        pickle.loads(data)
 
 
 def test_main_input_name_follows_the_inputs(tmp_path):

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -573,6 +574,39 @@ def test_push_run_refuses_unfinished_and_locked_folders(tmp_path):
         holder.kill()
         holder.wait()
     assert f"Not publishing {folder}" in message and "a live run" in message
+
+
+@pytest.mark.slow
+def test_a_push_that_cannot_reach_the_hub_leaves_the_folder_as_it_was(tmp_path, corpus, monkeypatch):
+    """push_run.py offline, with the Hub unreachable, or with an upload that breaks: a message naming the cause, no
+    traceback, and the folder's card as it was (the card used to be rewritten first)."""
+    out = tmp_path / "run"
+    run(common_args(corpus, out, steps=2))
+    card = out / "README.md"
+    card.write_text("the card as it was")
+    script = [sys.executable, str(ROOT / "scripts" / "push_run.py"), str(out), "user/x"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once the socket is closed
+    for variables in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": closed, "HF_TOKEN": "hf_test"}):
+        env = {**os.environ, **variables}
+        result = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert f"Not published, and {out} is as it was: could not create or reach the Hub" in result.stderr
+        assert card.read_text() == "the card as it was"
+
+    # the repository is there, then the upload breaks: the card written for the push is taken back
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import push_run
+
+    class BrokenUpload:
+        def upload_folder(self, **_):
+            raise ConnectionError("connection reset")
+
+    monkeypatch.setattr(toolkit.hub, "reach_hub", lambda *a, **k: BrokenUpload())
+    with pytest.raises(SystemExit, match="is as it was: the upload of .* failed: connection reset"):
+        push_run.main([str(out), "user/x"])
+    assert card.read_text() == "the card as it was"
 
 
 def readme_training_command(marker="--max_train_minutes 90"):

@@ -2,6 +2,7 @@
 that leads out of the folder."""
 
 
+import importlib
 import os
 from pathlib import Path
 
@@ -18,21 +19,52 @@ PUSH_IGNORE_PATTERNS = ["checkpoint-*", "incomplete-*", "runs/*", "*.bin", "*.pt
                         LOCK_FILE, ".tmp-*", ".*.tmp-*"]
 
 
-def push_folder_to_hub(folder, repo_id, token=None, private=False,
-                       commit_message="hf_settransformer: trained model, tokenizer and model card"):
-    """Uploads a finished run's folder (weights, config with auto_map, modeling code, tokenizer, model card, results
-    as JSON) to the Hub repository `repo_id`, created if needed, leaving out `PUSH_IGNORE_PATTERNS`: unlike the
-    Trainer's own push, no pickle is uploaded. Returns the commit information of `huggingface_hub`."""
+class HubUnreachableError(RuntimeError):
+    """The Hub could not be reached, or refused the repository (offline, no network, a bad token, no rights)."""
+
+
+def network_errors():
+    """The exceptions a Hub call raises when the Hub cannot be reached or refuses: OSError (huggingface_hub's HTTP
+    errors and offline mode are OSErrors) and the HTTP client's own errors (connection refused, time-outs)."""
+    found = [OSError]
+    for name in ("httpx2", "httpx"):  # the client huggingface_hub uses (httpx2 from huggingface_hub 2)
+        try:
+            found.append(importlib.import_module(name).HTTPError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+def reach_hub(repo_id, token=None, private=False):
+    """Creates the Hub repository `repo_id` if needed and returns the `HfApi` to push with; raises
+    HubUnreachableError naming the cause when the Hub cannot be reached or refuses (call it before changing
+    anything that a push should leave as it was)."""
     from huggingface_hub import HfApi
 
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=bool(private), exist_ok=True)
+    except network_errors() as err:
+        raise HubUnreachableError(f"could not create or reach the Hub repository {repo_id}: {err}") from None
+    return api
+
+
+def push_folder_to_hub(folder, repo_id, token=None, private=False,
+                       commit_message="hf_settransformer: trained model, tokenizer and model card", api=None):
+    """Uploads a finished run's folder (weights, config with auto_map, modeling code, tokenizer, model card, results
+    as JSON) to the Hub repository `repo_id`, created if needed (`reach_hub`, unless `api` is its result), leaving out
+    `PUSH_IGNORE_PATTERNS`: unlike the Trainer's own push, no pickle is uploaded. Returns the commit information of
+    `huggingface_hub`; an upload the Hub refuses or that the network breaks raises HubUnreachableError."""
     links = linked_paths(folder)
     if links:
         logger.warning(f"[push] left out (links: only the folder's own regular files are uploaded): {', '.join(links)}")
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=bool(private), exist_ok=True)
+    api = api or reach_hub(repo_id, token=token, private=private)
     ignore = PUSH_IGNORE_PATTERNS + [_fnmatch_literal(p) for p in links] + [_fnmatch_literal(p) + "/*" for p in links]
-    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                             ignore_patterns=ignore)
+    try:
+        return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                                 ignore_patterns=ignore)
+    except network_errors() as err:
+        raise HubUnreachableError(f"the upload of {folder} to {repo_id} failed: {err}") from None
 
 
 def linked_paths(folder):
