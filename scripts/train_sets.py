@@ -35,10 +35,12 @@ from hf_settransformer.toolkit import (
     resolve_resume,
     timed_callbacks,
 )
+from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights
 from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
     check_checkpoint_matches,
+    check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
@@ -170,7 +172,9 @@ def load_model(args):
             f"{args.model_name_or_path} holds a {', '.join(config.architectures or ['model'])} with {wrong or needs}; "
             f"the {args.task} task needs a {model_class.__name__} with {needs}."
         )
+    shapes = check_model_weights("--model_name_or_path", args.model_name_or_path)
     model = load_pretrained("--model_name_or_path", args.model_name_or_path, model_class.from_pretrained)
+    check_loaded_weights("--model_name_or_path", args.model_name_or_path, shapes, model)
     for key in ARCHITECTURE:
         setattr(args, key, getattr(config, key))
     return model
@@ -246,6 +250,9 @@ def main(argv=None):
     check_arguments(args)
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
     check_resume_checkpoint(training_args)
+    # the model continued must not lie in the folder the run writes (an --overwrite_output_dir would delete it)
+    check_inputs_outside(training_args.output_dir, {"--model_name_or_path": args.model_name_or_path},
+                         script="train_sets")
     model = load_model(args) if args.model_name_or_path else None
     # held while main runs, released however it ends (main can run again in one process after an error); the release
     # removes the lock file, and the folder if the run made it and wrote nothing into it
