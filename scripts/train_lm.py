@@ -51,6 +51,7 @@ from hf_settransformer.toolkit.measure import (
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
 from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_files,
     check_checkpoint_matches,
     check_inputs_outside,
     check_output_dir,
@@ -374,7 +375,8 @@ def run(model_args, data_args, training_args, command):
         training_args.max_steps = max(1, data_args.train_token_budget // tokens_per_step(training_args, length))
 
     resume = resolve_resume(training_args, script="train_lm") if training_args.do_train else None
-    if resume:
+    if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
+        check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
                                                training_args.device)

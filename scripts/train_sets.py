@@ -39,6 +39,7 @@ from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, che
 from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_files,
     check_checkpoint_matches,
     check_inputs_outside,
     check_output_dir,
@@ -281,7 +282,8 @@ def run(args, training_args, model=None):
     # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
     # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
     resume = resolve_resume(training_args, script="train_sets")
-    if resume:
+    if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
+        check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
     timed, _, callbacks = timed_callbacks(resume)
     trainer = Trainer(

@@ -171,13 +171,18 @@ def check_loaded_weights(flag, folder, shapes, model):
 
 
 def check_checkpoint_matches(folder, model):
-    """Raises SystemExit when the checkpoint cannot be resumed into `model`: a damaged or missing file
-    (`check_checkpoint_files`), weights that do not fit it (another family, size or output layer: the checkpoint's
+    """Raises SystemExit when the checkpoint cannot be resumed into `model`: a damaged weights or config file, weights
+    that do not fit it (another family, size or output layer: the checkpoint's
     model type and the config fields that differ are named, instead of the optimizer's "parameter group doesn't
     match" later), or weights that fit but a config that differs in any field describing the model (`--attention_type
     linear` on a softmax run's checkpoint has the same shapes and would resume as a model it is not). Missing weights
-    with a matching config are a damaged file."""
-    saved = check_checkpoint_files(folder)
+    with a matching config are a damaged file. The other files: `check_checkpoint_files`."""
+    saved = None
+    if (Path(folder) / WEIGHTS).is_file():
+        try:
+            saved = read_safetensors_shapes(Path(folder) / WEIGHTS)
+        except (OSError, ValueError) as err:
+            raise damaged_checkpoint(folder, f"{WEIGHTS} is damaged: {err}") from None
     try:
         theirs = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import TrainerCallback, TrainerState
 from transformers.utils import logging as hf_logging
 
-from .checkpoint_files import check_checkpoint_matches  # noqa: F401 (the scripts import it from here)
+from .checkpoint_files import check_checkpoint_files, check_checkpoint_matches  # noqa: F401 (the scripts' import)
 from .training import from_main_process
 
 logger = hf_logging.get_logger(__name__)
@@ -417,7 +417,9 @@ def _resume_requested(value):
 
 
 def resolve_resume(training_args, script="train"):
-    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
+    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. Nothing to
+    resume in a finished run is refused (`check_something_to_resume`). Check what it returns with
+    `check_checkpoint_files` and `check_checkpoint_matches` before resuming. `script`
     names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
     writing a checkpoint there, so one without a marker was left by a killed run."""
     value = training_args.resume_from_checkpoint
@@ -489,6 +491,7 @@ def check_resume_checkpoint(training_args):
         checkpoint_step(value)
     except ValueError as err:
         raise SystemExit(f"--resume_from_checkpoint {err}") from None
+    check_checkpoint_files(value)
     return value
 
 
