@@ -196,6 +196,8 @@ def check_inputs_outside(output_dir, inputs, script="train"):
     it is about to load. Paths are compared resolved (symbolic links, relative paths, trailing slashes); paths that
     do not exist (Hub ids) read nothing from the folder. Call it before anything in the folder is changed."""
     out = Path(output_dir).expanduser().resolve()
+    if out.is_file():  # refused as such by lock_output_dir
+        return
     for flag, value in inputs.items():
         if not value or not Path(value).expanduser().exists():
             continue
