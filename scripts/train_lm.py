@@ -113,12 +113,15 @@ def check_inputs(model_args, data_args, training_args):
     check_resume_checkpoint(training_args)
 
 
-def read_paths(model_args, data_args, argv):
+def read_paths(model_args, data_args, training_args, argv):
     """{flag: path} of everything the run reads, which must not lie in its --output_dir (`check_inputs_outside`)."""
     import sys
 
     paths = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-             **{f"--{split}_file": path for split, path in data_files(data_args).items()}}
+             **{f"--{split}_file": path for split, path in data_files(data_args).items()},
+             # a local dataset folder, which `datasets.load_dataset` reads where no files are given
+             "--dataset_name": None if data_files(data_args) else data_args.dataset_name,
+             "--deepspeed": training_args.deepspeed if isinstance(training_args.deepspeed, str) else None}
     if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):  # the flags file (parse_arguments)
         paths["the flags file"] = sys.argv[1]
     return paths
@@ -431,7 +434,8 @@ def main(argv=None):
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(model_args, data_args, training_args)
     check_inputs(model_args, data_args, training_args)  # before anything is made: a bad input leaves nothing behind
-    check_inputs_outside(training_args.output_dir, read_paths(model_args, data_args, argv), script="train_lm")
+    check_inputs_outside(training_args.output_dir, read_paths(model_args, data_args, training_args, argv),
+                         script="train_lm")
     # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
     # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
     # release removes the lock file, and the folder if the run made it and wrote nothing into it

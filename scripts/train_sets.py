@@ -252,8 +252,9 @@ def main(argv=None):
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
     check_resume_checkpoint(training_args)
     # the model continued must not lie in the folder the run writes (an --overwrite_output_dir would delete it)
-    check_inputs_outside(training_args.output_dir, {"--model_name_or_path": args.model_name_or_path},
-                         script="train_sets")
+    deepspeed = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
+    check_inputs_outside(training_args.output_dir, {"--model_name_or_path": args.model_name_or_path,
+                                                    "--deepspeed": deepspeed}, script="train_sets")
     model = load_model(args) if args.model_name_or_path else None
     # held while main runs, released however it ends (main can run again in one process after an error); the release
     # removes the lock file, and the folder if the run made it and wrote nothing into it

@@ -87,6 +87,44 @@ def test_a_run_never_writes_into_the_folder_it_reads_from(tmp_path, texts, train
     assert digests(run) == before
 
 
+def test_a_dataset_folder_or_flags_file_in_the_output_folder_is_refused(tmp_path, texts, train_lm, lm_run,  # noqa: F811
+                                                                         monkeypatch):
+    run = copy_of(lm_run, tmp_path)
+    (run / "wikitext").mkdir()
+    before = digests(run)
+    argv = tiny_run_args(texts, run, "--max_steps", "1", "--overwrite_output_dir")
+    argv = argv[:1] + argv[3:] + ["--dataset_name", str(run / "wikitext")]  # no --train_file: the dataset is read
+    message = refused(train_lm.main, argv)
+    assert f"--dataset_name {run / 'wikitext'}, which this run reads" in message, message
+    flags = run / "flags.json"  # `python train_lm.py flags.json`
+    flags.write_text(json.dumps({"do_train": True, "train_file": str(texts / "train.txt"), "preset": "tiny",
+                                 "output_dir": str(run), "overwrite_output_dir": True, "max_steps": 1,
+                                 "report_to": "none"}))
+    monkeypatch.setattr("sys.argv", ["train_lm.py", str(flags)])
+    message = refused(train_lm.main, None)
+    assert f"the flags file {flags}, which this run reads" in message, message
+    flags.unlink()
+    assert digests(run) == before
+
+
+def test_resuming_another_head_of_the_same_config_is_refused():
+    """The same config and weight shapes under another head (an encoder's masked-LM checkpoint resumed as its causal
+    LM) would resume silently: the checkpoint's architectures name its head."""
+    import tempfile
+
+    import hf_settransformer as hfst
+    from conftest import tiny_config
+
+    from hf_settransformer.toolkit.run_folder import check_checkpoint_matches
+
+    with tempfile.TemporaryDirectory() as folder:
+        hfst.TransformerEncoderForMaskedLM(tiny_config("encoder")).save_pretrained(folder)
+        with pytest.raises(SystemExit, match="architectures: .*TransformerEncoderForMaskedLM.*TransformerEncoderFor"
+                                             "NextTokenPrediction"):
+            check_checkpoint_matches(folder, hfst.families.FAMILIES["encoder"].model_classes()["AutoModelForCausalLM"](tiny_config("encoder")))
+        check_checkpoint_matches(folder, hfst.TransformerEncoderForMaskedLM(tiny_config("encoder")))
+
+
 def test_train_sets_never_writes_into_the_model_folder_it_continues(tmp_path, train_sets, sets_run):
     run = copy_of(sets_run, tmp_path)
     before = digests(run)

@@ -188,10 +188,14 @@ def check_checkpoint_matches(folder, model):
     except (OSError, ValueError):
         theirs = None
     config = getattr(model, "config", None)  # None: a plain nn.Module (the rFF baselines)
-    if config is not None and theirs is None:
+    if config is not None and not isinstance(theirs, dict):
         raise damaged_checkpoint(folder, "config.json is missing or not JSON (the model's configuration)")
     ours = config.to_dict() if config is not None else {}
     differ = config_differences(saved_config(type(config), theirs), ours) if config is not None else []
+    head = type(model).__name__
+    if config is not None and theirs.get("architectures") and head not in theirs["architectures"]:
+        # the same config and weight shapes under another head (a masked-LM head for a causal one, say)
+        differ.insert(0, f"architectures: the checkpoint has {theirs['architectures']}, the flags build {head}")
     if saved is None:
         wanted = {}
         missing = unexpected = reshaped = []
