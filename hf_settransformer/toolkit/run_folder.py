@@ -183,9 +183,7 @@ def _is_checkpoint_name(name):
 def files_a_run_writes():
     """The names a run may write at the top of its output folder: RUN_FILES, SAVED_FILES and the model's code files
     (`save_pretrained` copies the package's flat modules beside the weights for remote code)."""
-    import hf_settransformer
-
-    code = {path.name for path in Path(hf_settransformer.__file__).parent.glob("*.py")}
+    code = {path.name for path in Path(__file__).resolve().parents[1].glob("*.py")}  # the model side's modules
     return set(RUN_FILES) | set(SAVED_FILES) | code
 
 
