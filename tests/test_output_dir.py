@@ -201,6 +201,11 @@ def test_a_folder_of_the_users_files_is_neither_taken_over_nor_written_over(tmp_
     # a run of ours with the user's note in it: replaced with --overwrite_output_dir, the note kept
     train_lm.main(tiny_run_args(texts, out, "--max_steps", "1", "--overwrite_output_dir"))
     assert (out / "notes.txt").read_text() == "the user's notes.txt"
+    # a folder of the user's named like a checkpoint: transformers' rotation (save_total_limit) would delete it
+    (out / "checkpoint-notes").mkdir()
+    message = refused(train_lm.main, tiny_run_args(texts, out, "--max_steps", "1", "--overwrite_output_dir"))
+    assert "holds checkpoint-notes, a folder the Trainer would take for one of its checkpoints" in message, message
+    assert (out / "checkpoint-notes").is_dir()
 
 
 def test_hidden_files_and_the_runs_own_lock_do_not_make_a_folder_the_users(tmp_path, texts, train_lm):  # noqa: F811

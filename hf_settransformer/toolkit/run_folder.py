@@ -177,7 +177,9 @@ SAVED_FILES = ("README.md", "config.json", "generation_config.json", "training_a
 
 
 def _is_checkpoint_name(name):
-    return name.startswith(("checkpoint-", "incomplete-checkpoint-"))
+    """checkpoint-<step> (the Trainer's) or incomplete-checkpoint-<step> (`resolve_resume`'s): a user's
+    "checkpoint-notes" is not a run's, and is never removed."""
+    return name.removeprefix("incomplete-").removeprefix("checkpoint-").isdigit() and "checkpoint-" in name
 
 
 def files_a_run_writes():
@@ -217,6 +219,7 @@ def check_output_dir(training_args, overwrite=False, script="train"):
     - a folder holding a run of ours (a checkpoint, or one of RUN_FILES but the weights), unless the run resumes it
       (`--resume_from_checkpoint true` or one of its checkpoints) or replaces it (`overwrite`: the old run's
       checkpoints and RUN_FILES are removed first, by the main process; nothing else is);
+    - a folder of the user's named checkpoint-<not a step>, which the Trainer's rotation would delete;
     - a folder holding no run but other files (not hidden ones: `.gitignore`, the lock file): the user's. Refused
       unless `overwrite`, and then too if the run would write over one of them (README.md, config.json, ... :
       `files_a_run_writes`), naming them. With `overwrite` the run is written beside the others; none is removed.
@@ -228,6 +231,14 @@ def check_output_dir(training_args, overwrite=False, script="train"):
     if not out.is_dir():
         return
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    # the Trainer's checkpoint rotation (save_total_limit, by modification time) deletes every checkpoint-* folder
+    doomed = [name for name in entries if name.startswith("checkpoint-") and not _is_checkpoint_name(name)
+              and (out / name).is_dir()]
+    if doomed:
+        raise SystemExit(
+            f"[{script}] --output_dir {out} holds {', '.join(doomed)}, a folder the Trainer would take for one of its "
+            "checkpoints and delete (save_total_limit). Rename or move it, or pass another --output_dir."
+        )
     found = [name for name in entries if name in RUN_FILES or _is_checkpoint_name(name)]
     value = training_args.resume_from_checkpoint
     if any(name != "model.safetensors" for name in found):  # a run of ours
