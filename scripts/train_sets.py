@@ -233,13 +233,18 @@ def continued_run(args):
     hand."""
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
-    # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
-    parent = upgrade_results(json.loads((Path(args.model_name_or_path) / "all_results.json").read_text()))
-    seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
-    return {
-        "steps_before": parent["steps"] + parent.get("steps_before", 0),
-        "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
-    }
+    path = Path(args.model_name_or_path) / "all_results.json"
+    try:  # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
+        parent = upgrade_results(json.loads(path.read_text()))
+        seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
+        return {
+            "steps_before": parent["steps"] + parent.get("steps_before", 0),
+            "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # damaged: the model itself loaded
+        logger.warning(f"[train_sets] {path} is unreadable or not a run's results ({type(err).__name__}: {err}): "
+                       "this run's results do not count the steps before it")
+        return {"steps_before": None, "train_wall_seconds_before": None}
 
 
 def main(argv=None):
@@ -295,12 +300,12 @@ def run(args, training_args, model=None):
         compute_loss_func=task.loss if args.model == "set_transformer" else None,  # the rFF baselines: their own
         callbacks=callbacks,
     )
+    before = continued_run(args)  # the run this one continued (--model_name_or_path), read before training
     start = time.time()
     train_unless_finished(trainer, resume, script="train_sets")
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
     wall_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
-    before = continued_run(args)  # the run this one continued (--model_name_or_path)
     save_model_atomically(trainer)
     trainer.save_state()
     results = {

@@ -305,6 +305,17 @@ def test_train_sets_names_a_damaged_checkpoint(tmp_path, train_sets, sets_run):
     assert "optimizer.pt is damaged" in message and str(run / "checkpoint-1") in message, message
 
 
+def test_train_sets_continuing_a_model_with_damaged_results_still_saves_its_run(tmp_path, train_sets, sets_run,
+                                                                                caplog):
+    """The parent's all_results.json was read after training and before saving: a damaged one lost the trained model
+    to a JSONDecodeError. It is read first, and only its step count is lost."""
+    model = copy_of(sets_run, tmp_path, "parent")
+    (model / "all_results.json").write_text("{not json")
+    results = train_sets.main(["--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(model), *SETS])
+    assert results["steps_before"] is None and (tmp_path / "out" / "model.safetensors").is_file()
+    assert "all_results.json is unreadable" in caplog.text
+
+
 MODEL_DAMAGES = {
     "truncated weights": (DAMAGES["truncated weights"][0], "model.safetensors is damaged"),
     "no weights": (DAMAGES["no weights"][0], "holds no weights (model.safetensors is missing)"),
@@ -337,6 +348,12 @@ def test_an_output_dir_below_a_file_is_named(tmp_path, texts, train_lm, train_se
     assert f"--output_dir {out}: cannot make it, {tmp_path / 'file.txt'} is a file" in message, message
     message = refused(train_sets.main, ["--output_dir", str(out), *SETS])
     assert f"--output_dir {out}: cannot make it, {tmp_path / 'file.txt'} is a file" in message, message
+
+
+def test_an_output_dir_that_is_a_dangling_link_is_named(tmp_path, texts, train_lm):  # noqa: F811
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    message = refused(train_lm.main, tiny_run_args(texts, tmp_path / "link", "--max_steps", "1"))
+    assert f"--output_dir {tmp_path / 'link'} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in message
 
 
 def test_a_read_only_output_dir_is_named(tmp_path, texts, train_lm, train_sets, monkeypatch):  # noqa: F811

@@ -158,6 +158,8 @@ def lock_output_dir(training_args, command="", script="train"):
 
 def unwritable_message(out, err):
     """Why the folder `out` cannot be made or written (`err`, the OSError that said so), and what to do."""
+    if out.is_symlink() and not out.exists():
+        return f"--output_dir {out} is a symbolic link to {os.readlink(out)}, which does not exist. Pass a folder."
     blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         return (f"--output_dir {out}: cannot make it, {blocking} is a file (not a folder). Pass a folder path that is "
