@@ -111,8 +111,10 @@ def check_checkpoint_files(folder):
     names = {p.name for p in folder.iterdir()}
     if any(name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_")) for name in names):
         return None
-    for name in TORCH_FILES:
-        if name in names and not _is_whole_archive(folder / name):
+    saved_by_torch = [name for name in sorted(names)
+                      if name in TORCH_FILES or (name.startswith("rng_state_") and name.endswith(".pth"))]
+    for name in saved_by_torch:  # rng_state_<rank>.pth: one per process of a multi-process run
+        if not _is_whole_archive(folder / name):
             raise damaged_checkpoint(folder, f"{name} is damaged (not a whole torch.save archive: truncated or "
                                              "overwritten)")
     if "scheduler.pt" in names and "optimizer.pt" not in names:
