@@ -38,6 +38,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 )
 from hf_settransformer.toolkit.budget import max_steps_for_budget
 from hf_settransformer.toolkit.cards import data_file_record
+from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights
 from hf_settransformer.toolkit.hub import HubUnreachableError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
@@ -51,7 +52,9 @@ from hf_settransformer.toolkit.measure import (
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
 from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_files,
     check_checkpoint_matches,
+    check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
@@ -105,9 +108,24 @@ def check_inputs(model_args, data_args, training_args):
     if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
         load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
                         trust_remote_code=model_args.trust_remote_code)
+        check_model_weights("--model_name_or_path", model_args.model_name_or_path)  # a local folder's: there, whole
     if model_args.tokenizer_name:
         check_pretrained_name("--tokenizer_name", model_args.tokenizer_name)
     check_resume_checkpoint(training_args)
+
+
+def read_paths(model_args, data_args, training_args, argv):
+    """{flag: path} of everything the run reads, which must not lie in its --output_dir (`check_inputs_outside`)."""
+    import sys
+
+    paths = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+             **{f"--{split}_file": path for split, path in data_files(data_args).items()},
+             # a local dataset folder, which `datasets.load_dataset` reads where no files are given
+             "--dataset_name": None if data_files(data_args) else data_args.dataset_name,
+             "--deepspeed": training_args.deepspeed if isinstance(training_args.deepspeed, str) else None}
+    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):  # the flags file (parse_arguments)
+        paths["the flags file"] = sys.argv[1]
+    return paths
 
 
 def load_splits(data_args):
@@ -200,8 +218,10 @@ def build_model(model_args, data_args, vocab_size, eos_id):
     if model_args.model_name_or_path:
         if model_args.config_overrides:
             raise SystemExit("--config_overrides applies to new models, not to --model_name_or_path.")
+        shapes = check_model_weights("--model_name_or_path", model_args.model_name_or_path)
         model = load_pretrained("--model_name_or_path", model_args.model_name_or_path, auto.from_pretrained,
                                 trust_remote_code=model_args.trust_remote_code)
+        check_loaded_weights("--model_name_or_path", model_args.model_name_or_path, shapes, model)
     else:
         model = auto.from_config(new_config(model_args, data_args, vocab_size, eos_id))
     if model.config.vocab_size < vocab_size:
@@ -363,7 +383,8 @@ def run(model_args, data_args, training_args, command):
         training_args.max_steps = max(1, data_args.train_token_budget // tokens_per_step(training_args, length))
 
     resume = resolve_resume(training_args, script="train_lm") if training_args.do_train else None
-    if resume:
+    if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
+        check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
                                                training_args.device)
@@ -418,6 +439,8 @@ def main(argv=None):
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(model_args, data_args, training_args)
     check_inputs(model_args, data_args, training_args)  # before anything is made: a bad input leaves nothing behind
+    check_inputs_outside(training_args.output_dir, read_paths(model_args, data_args, training_args, argv),
+                         script="train_lm")
     # this run owns --output_dir until it ends: a second run on the folder stops here, naming this one. Released when
     # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
     # release removes the lock file, and the folder if the run made it and wrote nothing into it

@@ -35,10 +35,13 @@ from hf_settransformer.toolkit import (
     resolve_resume,
     timed_callbacks,
 )
+from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights
 from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
+    check_checkpoint_files,
     check_checkpoint_matches,
+    check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
@@ -170,7 +173,9 @@ def load_model(args):
             f"{args.model_name_or_path} holds a {', '.join(config.architectures or ['model'])} with {wrong or needs}; "
             f"the {args.task} task needs a {model_class.__name__} with {needs}."
         )
+    shapes = check_model_weights("--model_name_or_path", args.model_name_or_path)
     model = load_pretrained("--model_name_or_path", args.model_name_or_path, model_class.from_pretrained)
+    check_loaded_weights("--model_name_or_path", args.model_name_or_path, shapes, model)
     for key in ARCHITECTURE:
         setattr(args, key, getattr(config, key))
     return model
@@ -228,13 +233,18 @@ def continued_run(args):
     hand."""
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
-    # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
-    parent = upgrade_results(json.loads((Path(args.model_name_or_path) / "all_results.json").read_text()))
-    seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
-    return {
-        "steps_before": parent["steps"] + parent.get("steps_before", 0),
-        "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
-    }
+    path = Path(args.model_name_or_path) / "all_results.json"
+    try:  # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
+        parent = upgrade_results(json.loads(path.read_text()))
+        seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
+        return {
+            "steps_before": parent["steps"] + parent.get("steps_before", 0),
+            "train_wall_seconds_before": None if seconds is None or earlier is None else seconds + earlier,
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # damaged: the model itself loaded
+        logger.warning(f"[train_sets] {path} is unreadable or not a run's results ({type(err).__name__}: {err}): "
+                       "this run's results do not count the steps before it")
+        return {"steps_before": None, "train_wall_seconds_before": None}
 
 
 def main(argv=None):
@@ -246,6 +256,10 @@ def main(argv=None):
     check_arguments(args)
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
     check_resume_checkpoint(training_args)
+    # the model continued must not lie in the folder the run writes (an --overwrite_output_dir would delete it)
+    deepspeed = training_args.deepspeed if isinstance(training_args.deepspeed, str) else None
+    check_inputs_outside(training_args.output_dir, {"--model_name_or_path": args.model_name_or_path,
+                                                    "--deepspeed": deepspeed}, script="train_sets")
     model = load_model(args) if args.model_name_or_path else None
     # held while main runs, released however it ends (main can run again in one process after an error); the release
     # removes the lock file, and the folder if the run made it and wrote nothing into it
@@ -274,7 +288,8 @@ def run(args, training_args, model=None):
     # `--resume_from_checkpoint true`: the newest complete checkpoint in --output_dir, or a fresh start if none;
     # checkpoints carry a completion marker with the training time so far, so a resumed run reports the whole run's
     resume = resolve_resume(training_args, script="train_sets")
-    if resume:
+    if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
+        check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
     timed, _, callbacks = timed_callbacks(resume)
     trainer = Trainer(
@@ -285,12 +300,12 @@ def run(args, training_args, model=None):
         compute_loss_func=task.loss if args.model == "set_transformer" else None,  # the rFF baselines: their own
         callbacks=callbacks,
     )
+    before = continued_run(args)  # the run this one continued (--model_name_or_path), read before training
     start = time.time()
     train_unless_finished(trainer, resume, script="train_sets")
     process_seconds = time.time() - start
     # None where a resumed checkpoint did not record the time before it
     wall_seconds = None if resume and timed.before is None else (timed.before or 0.0) + process_seconds
-    before = continued_run(args)  # the run this one continued (--model_name_or_path)
     save_model_atomically(trainer)
     trainer.save_state()
     results = {

@@ -121,7 +121,9 @@ def test_a_folder_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_pat
 
     toolkit.run_folder.check_output_dir(args())  # empty: a new run
     (tmp_path / "notes.txt").write_text("mine")
-    toolkit.run_folder.check_output_dir(args())  # files that are no run's: untouched, not refused
+    with pytest.raises(SystemExit, match="is not empty and holds no run .notes.txt"):  # the user's files: refused
+        toolkit.run_folder.check_output_dir(args())
+    toolkit.run_folder.check_output_dir(args(), overwrite=True)  # unless told: the run is written beside them
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "all_results.json").write_text("{}")
     with pytest.raises(SystemExit, match="holds a finished run .all_results.json, checkpoint-4.*--overwrite_output_dir"):

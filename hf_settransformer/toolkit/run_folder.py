@@ -17,6 +17,7 @@ from pathlib import Path
 from transformers import TrainerCallback, TrainerState
 from transformers.utils import logging as hf_logging
 
+from .checkpoint_files import check_checkpoint_files, check_checkpoint_matches  # noqa: F401 (the scripts' import)
 from .training import from_main_process
 
 logger = hf_logging.get_logger(__name__)
@@ -99,6 +100,8 @@ class OutputDirLock:
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as err:
+            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # the folder is not writable
+                raise
             raise OutputDirLockedError(f"{self.path} cannot be opened as a lock file: {err}") from None
         return os.fdopen(fd, "r+")
 
@@ -133,7 +136,8 @@ class OutputDirLock:
 
 def lock_output_dir(training_args, command="", script="train"):
     """Takes the `OutputDirLock` of `training_args.output_dir` on the main process and returns it; under several
-    processes every rank learns whether it was taken, and all exit with the holder named if it was not."""
+    processes every rank learns whether it was taken, and all exit with the holder named if it was not. A folder that
+    cannot be made or written (below a file, read-only, no permission) ends the run naming it and the cause."""
     out = Path(training_args.output_dir)
     if out.exists() and not out.is_dir():
         raise SystemExit(f"[{script}] --output_dir {out} is a file, not a folder: pass a folder (new or one of a run).")
@@ -144,42 +148,139 @@ def lock_output_dir(training_args, command="", script="train"):
             lock.acquire()
         except OutputDirLockedError as err:
             error = str(err)
+        except OSError as err:  # making the folder: below a file, read-only file system, no permission
+            error = unwritable_message(out, err)
     error = from_main_process(error)
     if error:
         raise SystemExit(f"[{script}] {error}")
     return lock
 
 
-# what a run leaves in its output folder, besides its checkpoints: a folder holding any of them holds a run
+def unwritable_message(out, err):
+    """Why the folder `out` cannot be made or written (`err`, the OSError that said so), and what to do."""
+    if out.is_symlink() and not out.exists():
+        return f"--output_dir {out} is a symbolic link to {os.readlink(out)}, which does not exist. Pass a folder."
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return (f"--output_dir {out}: cannot make it, {blocking} is a file (not a folder). Pass a folder path that is "
+                "not below a file.")
+    cause = err.strerror or type(err).__name__
+    return f"--output_dir {out}: cannot make or write it ({cause}: {err.filename or out}). Pass a folder you can write."
+
+
+# what a run leaves in its output folder, besides its checkpoints: a folder holding any of them but the weights (which
+# a folder of the user's own model has too) holds a run of ours
 RUN_FILES = ("all_results.json", "model.safetensors", "trainer_state.json", "time_budget.json", "training_args.json")
+
+# what else a run writes at the top of its output folder: the model with its code, its tokenizer, its card
+SAVED_FILES = ("README.md", "config.json", "generation_config.json", "training_args.bin", "model.safetensors.index.json",
+               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+               "chat_template.jinja", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model")
+
+
+def _is_checkpoint_name(name):
+    """checkpoint-<step> (the Trainer's) or incomplete-checkpoint-<step> (`resolve_resume`'s): a user's
+    "checkpoint-notes" is not a run's, and is never removed."""
+    return name.removeprefix("incomplete-").removeprefix("checkpoint-").isdigit() and "checkpoint-" in name
+
+
+def files_a_run_writes():
+    """The names a run may write at the top of its output folder: RUN_FILES, SAVED_FILES and the model's code files
+    (`save_pretrained` copies the package's flat modules beside the weights for remote code)."""
+    code = {path.name for path in Path(__file__).resolve().parents[1].glob("*.py")}  # the model side's modules
+    return set(RUN_FILES) | set(SAVED_FILES) | code
+
+
+def check_inputs_outside(output_dir, inputs, script="train"):
+    """Refuses (SystemExit) an `--output_dir` that is, or holds, a path the run reads (`inputs`, {flag: path}: the
+    model, tokenizer, data files, a flags file): the run writes its model, tokenizer and results there, and
+    --overwrite_output_dir removes the earlier run's, so continuing a model in its own folder would destroy the model
+    it is about to load. Paths are compared resolved (symbolic links, relative paths, trailing slashes); paths that
+    do not exist (Hub ids) read nothing from the folder. Call it before anything in the folder is changed."""
+    out = Path(output_dir).expanduser().resolve()
+    if out.is_file():  # refused as such by lock_output_dir
+        return
+    for flag, value in inputs.items():
+        if not value or not Path(value).expanduser().exists():
+            continue
+        path = Path(value).expanduser().resolve()
+        if path != out and out not in path.parents:
+            continue
+        where = "is" if path == out else "holds"
+        raise SystemExit(
+            f"[{script}] --output_dir {output_dir} {where} {flag} {value}, which this run reads: writing the run "
+            "there would replace it (--overwrite_output_dir would first delete it). To train further from a saved "
+            "model, pass another --output_dir (e.g. a new folder beside it); to continue an interrupted run in its "
+            "own folder, pass --resume_from_checkpoint true with the flags that started it (no --model_name_or_path)."
+        )
 
 
 def check_output_dir(training_args, overwrite=False, script="train"):
-    """Refuses (SystemExit naming what is there) an `--output_dir` that holds a finished or partial run, unless the
-    run resumes it (`--resume_from_checkpoint`) or replaces it (`overwrite`: the old run's checkpoints and files are
-    removed first, by the main process). transformers 5 has no
-    `overwrite_output_dir`: without this a second command on the same folder silently replaced the first run's
-    checkpoints, weights, results and card. Call it while holding the folder's lock (`lock_output_dir`)."""
+    """Refuses (SystemExit naming what is there) an `--output_dir` it would lose files in:
+
+    - a folder holding a run of ours (a checkpoint, or one of RUN_FILES but the weights), unless the run resumes it
+      (`--resume_from_checkpoint true` or one of its checkpoints) or replaces it (`overwrite`: the old run's
+      checkpoints and RUN_FILES are removed first, by the main process; nothing else is);
+    - a folder of the user's named checkpoint-<not a step>, which the Trainer's rotation would delete;
+    - a folder holding no run but other files (not hidden ones: `.gitignore`, the lock file): the user's. Refused
+      unless `overwrite`, and then too if the run would write over one of them (README.md, config.json, ... :
+      `files_a_run_writes`), naming them. With `overwrite` the run is written beside the others; none is removed.
+
+    transformers 5 has no `overwrite_output_dir`: without this a second command on the same folder silently replaced
+    the first run's checkpoints, weights, results and card. Call it while holding the folder's lock
+    (`lock_output_dir`)."""
     out = Path(training_args.output_dir)
     if not out.is_dir():
         return
-    found = sorted(p.name for p in out.iterdir()
-                   if p.name in RUN_FILES or p.name.startswith(("checkpoint-", "incomplete-checkpoint-")))
-    if not found or _resume_requested(training_args.resume_from_checkpoint):
+    entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    # the Trainer's checkpoint rotation (save_total_limit, by modification time) deletes every checkpoint-* folder
+    doomed = [name for name in entries if name.startswith("checkpoint-") and not _is_checkpoint_name(name)
+              and (out / name).is_dir()]
+    if doomed:
+        raise SystemExit(
+            f"[{script}] --output_dir {out} holds {', '.join(doomed)}, a folder the Trainer would take for one of its "
+            "checkpoints and delete (save_total_limit). Rename or move it, or pass another --output_dir."
+        )
+    found = [name for name in entries if name in RUN_FILES or _is_checkpoint_name(name)]
+    value = training_args.resume_from_checkpoint
+    if any(name != "model.safetensors" for name in found):  # a run of ours
+        if _resume_requested(value) and (_resume_newest(value) or out.resolve() in Path(value).resolve().parents):
+            return  # continuing this run: resolve_resume refuses a run with nothing to resume
+        if overwrite:
+            if training_args.process_index == 0:
+                logger.warning(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} "
+                               f"({', '.join(found)})")
+                for name in found:
+                    path = out / name
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            return
+        state = "a finished run" if "all_results.json" in found else "a partial run"
+        listed = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        newest = newest_complete_checkpoint(out)
+        resume = (f"--resume_from_checkpoint true to continue it from {newest.name}, " if newest is not None
+                  else "")
+        other = (f" (--resume_from_checkpoint {value} is no checkpoint of it)" if _resume_requested(value) else "")
+        raise SystemExit(
+            f"[{script}] --output_dir {out} holds {state} ({listed}){other}. Pass {resume}--overwrite_output_dir to "
+            "replace it, or another --output_dir."
+        )
+    if not entries:
         return
-    if overwrite:
-        if training_args.process_index == 0:
-            logger.warning(f"[{script}] --overwrite_output_dir: removing the earlier run in {out} ({', '.join(found)})")
-            for name in found:
-                path = out / name
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        return
-    state = "a finished run" if "all_results.json" in found else "a partial run"
-    listed = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
-    raise SystemExit(
-        f"[{script}] --output_dir {out} holds {state} ({listed}). Pass --resume_from_checkpoint true to continue it, "
-        "--overwrite_output_dir to replace it, or another --output_dir."
-    )
+    listed = ", ".join(entries[:6]) + (f" and {len(entries) - 6} more" if len(entries) > 6 else "")
+    clash = sorted(set(entries) & files_a_run_writes())
+    if not overwrite:
+        raise SystemExit(
+            f"[{script}] --output_dir {out} is not empty and holds no run ({listed}). Pass a new or empty folder"
+            + (f" (this run would write over {', '.join(clash)})." if clash else ", or --overwrite_output_dir to write "
+               "the run beside these files (none of them is removed or written over).")
+        )
+    if clash:
+        raise SystemExit(
+            f"[{script}] --output_dir {out} holds files that no run of ours wrote and that this run would write over: "
+            f"{', '.join(clash)}. Move them elsewhere, or pass another --output_dir (a run never replaces files it "
+            "did not write, even with --overwrite_output_dir)."
+        )
+    logger.warning(f"[{script}] --overwrite_output_dir: writing the run beside the files already in {out} ({listed})")
 
 
 def replace_atomically(source_dir, target_dir, last=("model.safetensors",)):
@@ -329,7 +430,9 @@ def _resume_requested(value):
 
 
 def resolve_resume(training_args, script="train"):
-    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. `script`
+    """`--resume_from_checkpoint true` -> the newest *complete* checkpoint; incomplete ones are set aside. Nothing to
+    resume in a finished run is refused (`check_something_to_resume`). Check what it returns with
+    `check_checkpoint_files` and `check_checkpoint_matches` before resuming. `script`
     names the caller in what it prints. Call it while holding the folder's `OutputDirLock`: no other live run can be
     writing a checkpoint there, so one without a marker was left by a killed run."""
     value = training_args.resume_from_checkpoint
@@ -341,6 +444,8 @@ def resolve_resume(training_args, script="train"):
             key=checkpoint_step,
         )
         complete = [p for p in folders if read_marker(p) is not None]  # oldest first
+        if not complete:  # before anything is moved
+            check_something_to_resume(training_args.output_dir, script)
         for p in folders:
             if p not in complete and training_args.process_index == 0:
                 aside = p.with_name(f"incomplete-{p.name}")
@@ -352,6 +457,21 @@ def resolve_resume(training_args, script="train"):
             return None
         return str(complete[-1])
     return check_resume_checkpoint(training_args)
+
+
+def check_something_to_resume(output_dir, script="train"):
+    """Refuses `--resume_from_checkpoint true` on a folder whose run wrote its results or model (every file of
+    RUN_FILES but time_budget.json is written at the end) and left no complete checkpoint (deleted, or
+    --save_strategy no): starting at step 0 would train over the finished model."""
+    out = Path(output_dir)
+    left = [name for name in RUN_FILES if name != "time_budget.json" and (out / name).exists()]
+    if left:
+        raise SystemExit(
+            f"[{script}] --resume_from_checkpoint true: nothing to resume in {out}, it holds a finished run "
+            f"({', '.join(left)}) and no complete checkpoint-<step> folder (deleted, or trained with --save_strategy "
+            "no). To train its model further pass --model_name_or_path " f"{out} with another --output_dir; to train "
+            "again from scratch over it, --overwrite_output_dir without --resume_from_checkpoint."
+        )
 
 
 def _resume_newest(value):
@@ -371,7 +491,10 @@ def check_resume_checkpoint(training_args):
         raise SystemExit(f"--resume_from_checkpoint {value}: no such folder (a checkpoint-<step> folder of a run, or "
                          "true for the newest complete one in --output_dir).")
     if not (Path(value) / COMPLETE_MARKER).is_file():
-        raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {COMPLETE_MARKER}).")
+        inside = newest_complete_checkpoint(value)
+        hint = (f" It is a run's folder: pass its checkpoint ({inside}) or, with --output_dir {value}, true."
+                if inside is not None else "")
+        raise SystemExit(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {COMPLETE_MARKER}).{hint}")
     if read_marker(value) is None:
         raise SystemExit(
             f"--resume_from_checkpoint {value}: its {COMPLETE_MARKER} is not a JSON object (corrupted?); resume from "
@@ -381,51 +504,8 @@ def check_resume_checkpoint(training_args):
         checkpoint_step(value)
     except ValueError as err:
         raise SystemExit(f"--resume_from_checkpoint {err}") from None
+    check_checkpoint_files(value)
     return value
-
-
-def check_checkpoint_matches(folder, model):
-    """Raises SystemExit when the checkpoint's weights do not fit `model` (another family, size or output layer),
-    naming the checkpoint's model type and the config fields that differ, instead of the optimizer's "parameter group
-    doesn't match" later."""
-    weights = Path(folder) / "model.safetensors"
-    if not weights.is_file():
-        return
-    try:  # the safetensors header: 8 bytes of length, then JSON {name: {"dtype", "shape", "data_offsets"}}
-        with open(weights, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        saved = {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError):
-        raise SystemExit(f"--resume_from_checkpoint {folder}: {weights.name} is not a readable safetensors file.")
-    state = model.state_dict()
-    wanted = {name: tuple(t.shape) for name, t in state.items()}
-    # tied weights are saved once: a name sharing its storage with a saved one is not missing
-    saved_storage = {state[name].data_ptr() for name in saved if name in state}
-    missing = sorted(name for name in set(wanted) - set(saved) if state[name].data_ptr() not in saved_storage)
-    unexpected = sorted(set(saved) - set(wanted))
-    reshaped = sorted(name for name in set(saved) & set(wanted) if saved[name] != wanted[name])
-    if not (missing or unexpected or reshaped):
-        return
-    try:
-        theirs = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        theirs = {}
-    ours = model.config.to_dict()
-    ignore = {"_name_or_path", "transformers_version", "architectures", "auto_map", "dtype", "torch_dtype"}
-    differ = [
-        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
-        for key in sorted(set(theirs) | set(ours))
-        if key not in ignore and theirs.get(key) != ours.get(key)
-    ]
-    first = (missing + unexpected + reshaped)[0]
-    raise SystemExit(
-        f"--resume_from_checkpoint {folder}: its weights do not fit this run's model. The checkpoint is a "
-        f"{theirs.get('model_type', '?')} model ({', '.join(theirs.get('architectures') or ['?'])}), this run builds "
-        f"a {ours.get('model_type')} model ({type(model).__name__}). Config fields that differ: "
-        f"{'; '.join(differ[:12]) or 'none'}. First mismatched weight: {first} "
-        f"(checkpoint {saved.get(first)}, this run {wanted.get(first)}). Resume with the flags that made the "
-        "checkpoint, or start a fresh --output_dir."
-    )
 
 
 def newest_complete_checkpoint(output_dir):
