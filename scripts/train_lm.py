@@ -135,7 +135,8 @@ def load_data(model_args, data_args, training_args, command, say):
         raise SystemExit("The tokenizer has no eos token: it is needed to end every line.")
     streams = {split: token_stream(lines, tokenizer, eos_id) for split, lines in splits.items()}
     if "validation" not in streams and training_args.do_eval:
-        if "--do_eval" in command.split():
+        given = getattr(model_args, "flags_given", None) or {word.lstrip("-") for word in command.split()}
+        if "do_eval" in given:  # --do_eval, --do-eval true, or in a JSON file of flags
             raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
         # do_eval was only implied by the periodic evaluation (TrainingArguments sets it from eval_strategy)
         say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")

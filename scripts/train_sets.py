@@ -47,7 +47,14 @@ from hf_settransformer.toolkit.run_folder import (
     write_text_atomically,
 )
 from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
-from hf_settransformer.toolkit.training import explicit_flags, load_pretrained, parse_flags
+from hf_settransformer.toolkit.training import (
+    explicit_flags,
+    flags_file,
+    load_pretrained,
+    parse_flags,
+    read_flags_file,
+    typed_flag_values,
+)
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 
@@ -293,9 +300,16 @@ def continued_run(args):
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, CheckedTrainingArguments))
     argv = sys.argv[1:] if argv is None else argv
-    parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
-    args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
-    args.flags_given = frozenset(explicit_flags(parser, argv))  # a flag the task cannot use is refused if given
+    if flags_file(argv):  # one JSON file of flags, its values typed as the command line's text is
+        values = read_flags_file(argv[0])
+        parse_flags(check_flags, parser, values)
+        args, training_args = parse_flags(parser.parse_dict, typed_flag_values(parser, values, argv[0]))
+        given = set(values)
+    else:
+        parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
+        args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
+        given = explicit_flags(parser, argv)
+    args.flags_given = frozenset(given)  # a flag the task cannot use is refused if given
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind

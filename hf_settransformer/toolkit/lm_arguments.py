@@ -24,6 +24,7 @@ from .training import (  # explicit_flags: imported from here before it moved
     CheckedTrainingArguments,
     check_flags,
     explicit_flags,
+    flags_file,
     parse_flags,
     read_flags_file,
     typed_flag_values,
@@ -270,7 +271,7 @@ def parse_arguments(argv=None):
     parser = HfArgumentParser((ModelArguments, DataArguments, LMTrainingArguments))
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):  # one JSON file of flags
+    if flags_file(argv):  # one JSON file of flags
         values = read_flags_file(argv[0])
         command, explicit = " ".join(argv), set(values)
         parse_flags(check_flags, parser, values)  # a misspelt key: named, with the nearest flag

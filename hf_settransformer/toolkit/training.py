@@ -48,7 +48,8 @@ TRAINING_VALUE_RANGES = {
     "logging_steps": (lambda v: _finite(v) and v > 0, "a positive number (steps, or a fraction of the run if < 1)"),
     "save_total_limit": (lambda v: v is None or v >= 1, "a positive integer; omit it to keep every checkpoint"),
     "max_steps": (lambda v: v == -1 or v >= 1, "a positive integer, or -1 to train for --num_train_epochs"),
-    "warmup_steps": (_finite, "a finite number (steps, or a fraction of the run if < 1)"),
+    "warmup_steps": (lambda v: _finite(v) and v >= 0, "a finite number, not negative (steps, or a fraction of the "
+                     "run if < 1)"),
     "weight_decay": (lambda v: _finite(v) and v >= 0, "a non-negative finite number"),
     "max_grad_norm": (lambda v: _finite(v) and v >= 0, "a non-negative finite number (0 turns clipping off)"),
     "adam_beta1": (lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
@@ -188,6 +189,15 @@ def typed_flag_values(parser, values, source):
         many = action.nargs in ("+", "*") and isinstance(value, list)
         typed[name] = [convert(item) for item in value] if many else convert(value)
     return typed
+
+
+def flags_file(argv):
+    """The JSON file of flags `argv` is (one argument ending in .json, as transformers' example scripts take), or
+    None; a YAML file is refused (`HfArgumentParser` reads one, these scripts do not)."""
+    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        raise SystemExit(f"{argv[0]}: the scripts read their flags from the command line or one JSON file "
+                         "(flags.json), not YAML: convert it to JSON.")
+    return argv[0] if len(argv) == 1 and argv[0].endswith(".json") else None
 
 
 def read_flags_file(path):
