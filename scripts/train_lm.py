@@ -60,7 +60,12 @@ from hf_settransformer.toolkit.run_folder import (
     lock_output_dir,
     write_text_atomically,
 )
-from hf_settransformer.toolkit.training import check_pretrained_name, load_pretrained
+from hf_settransformer.toolkit.training import (
+    check_data_file,
+    check_pretrained_name,
+    check_tokenizer_folder,
+    load_pretrained,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -70,29 +75,10 @@ logger = transformers.utils.logging.get_logger("hf_settransformer.scripts")
 # ----------------------------------------------------------------------------------------------------------- data
 
 
-def check_text_file(flag, path):
-    """Refuses a file that is empty, binary (NUL bytes) or not UTF-8, naming `flag`, the file and the first bad byte
-    (`datasets` fails on the last two with a `DatasetGenerationError` that names neither)."""
-    data = Path(path).read_bytes()
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise SystemExit(f"{flag}: {path} is a binary file (a NUL byte at offset {nul:,}), not text.")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise SystemExit(
-            f"{flag}: {path} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start:,} (line {line}) "
-            "cannot be decoded. Convert it first, e.g. `iconv -f latin1 -t utf-8`."
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"{flag}: {path} is empty (no text on any line).")
-
-
 def data_files(data_args):
     """{split: path} of the local text files given (--train_file, --validation_file, --test_file)."""
     files = (("train", data_args.train_file), ("validation", data_args.validation_file), ("test", data_args.test_file))
-    return {split: path for split, path in files if path}
+    return {split: path for split, path in files if path is not None}
 
 
 def check_inputs(model_args, data_args, training_args):
@@ -100,17 +86,16 @@ def check_inputs(model_args, data_args, training_args):
     text; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
     folder (nor Hub id). Called before the output folder is made, so that such a run leaves nothing behind."""
     for split, path in data_files(data_args).items():
-        if Path(path).is_dir():
-            raise SystemExit(f"--{split}_file: {path} is a folder; pass a text file.")
-        if not Path(path).is_file():
-            raise SystemExit(f"--{split}_file: no such file: {path}")
-        check_text_file(f"--{split}_file", path)
+        check_data_file(f"--{split}_file", path)
     if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
         load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
                         trust_remote_code=model_args.trust_remote_code)
         check_model_weights("--model_name_or_path", model_args.model_name_or_path)  # a local folder's: there, whole
     if model_args.tokenizer_name:
         check_pretrained_name("--tokenizer_name", model_args.tokenizer_name)
+        check_tokenizer_folder("--tokenizer_name", model_args.tokenizer_name)
+    elif model_args.model_name_or_path:
+        check_tokenizer_folder("--model_name_or_path", model_args.model_name_or_path, model=True)
     check_resume_checkpoint(training_args)
 
 
@@ -135,7 +120,8 @@ def load_splits(data_args):
 
     files = data_files(data_args)
     if files:
-        raw = datasets.load_dataset("text", data_files=files)
+        # utf-8-sig: a byte-order mark is not the first word's (check_data_file refuses what is not UTF-8)
+        raw = datasets.load_dataset("text", data_files=files, encoding="utf-8-sig")
     else:
         try:
             raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
@@ -168,7 +154,8 @@ def load_data(model_args, data_args, training_args, command, say):
         raise SystemExit("The tokenizer has no eos token: it is needed to end every line.")
     streams = {split: token_stream(lines, tokenizer, eos_id) for split, lines in splits.items()}
     if "validation" not in streams and training_args.do_eval:
-        if "--do_eval" in command.split():
+        given = getattr(model_args, "flags_given", None) or {word.lstrip("-") for word in command.split()}
+        if "do_eval" in given:  # --do_eval, --do-eval true, or in a JSON file of flags
             raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
         # do_eval was only implied by the periodic evaluation (TrainingArguments sets it from eval_strategy)
         say("[train_lm] no validation split: no periodic or final evaluation (pass --validation_file for them)")

@@ -50,7 +50,14 @@ from hf_settransformer.toolkit.run_folder import (
     write_text_atomically,
 )
 from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
-from hf_settransformer.toolkit.training import load_pretrained, parse_flags
+from hf_settransformer.toolkit.training import (
+    explicit_flags,
+    flags_file,
+    load_pretrained,
+    parse_flags,
+    read_flags_file,
+    typed_flag_values,
+)
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 
@@ -182,30 +189,83 @@ def load_model(args):
 
 
 def check_arguments(args):
-    """Refuses values that would train or evaluate something meaningless, naming the flag."""
+    """Refuses values that would train or evaluate something meaningless, and flags the run would ignore, naming the
+    flag (`check_set_flags` has the ranges)."""
+    if args.model_name_or_path == "":
+        raise SystemExit("--model_name_or_path is an empty string: pass a saved model's folder (or leave it out).")
     if args.model != "set_transformer" and not set_objective(args.task).baselines:
         able = [name for name, row in set_objectives().items() if row.baselines]
         raise SystemExit(f"The rFF+pooling baselines are implemented for {' and '.join(able)}.")
     if args.model != "set_transformer":  # an rFF + pooling: no attention, no blocks to set
         given = [name for name in ("attention_type", "feature_map", "norm_type", "num_inducing_points",
-                                   "num_attention_heads", "num_hidden_layers", "num_decoder_layers")
+                                   "num_attention_heads", "num_hidden_layers", "num_decoder_layers",
+                                   "initializer_range")
                  if getattr(args, name) is not None]
         if given:
             raise SystemExit(
                 f"--model {args.model} is the paper's rFF + pooling baseline: it has no attention or Set Transformer "
                 f"blocks, so {', '.join('--' + g for g in given)} cannot apply (use --model set_transformer)."
             )
+    if args.feature_map not in (None, "elu") and (args.attention_type or "softmax") == "softmax":
+        raise SystemExit("--feature_map cannot apply here: it selects linear attention's feature map; --attention_type "
+                         "softmax has none (pass --attention_type linear).")
+    task = set_objective(args.task)
+    others = {flag for row in set_objectives().values() for flag in row.dataset_flags.values()}
+    given = getattr(args, "flags_given", None)  # main's; else (arguments made in code) the non-default values
+    if given is None:
+        given = {f for f in others if getattr(args, f) != SetArguments.__dataclass_fields__[f].default}
+    ignored = sorted(flag for flag in others - set(task.dataset_flags.values()) if flag in given)
+    if ignored:
+        raise SystemExit(f"{', '.join('--' + flag for flag in ignored)} cannot apply to --task {args.task}: its sets "
+                         "do not read them (they are max_regression's).")
+    check_set_flags(args)
+
+
+# the largest set (points) and index range train_sets.py makes: a set is generated whole in memory, and item i of the
+# index range is drawn from a generator seeded with seed * 1,000,003 + i, which must stay below 2**64
+MAX_SET_SIZE = 10_000_000
+MAX_SETS = 2**60
+
+
+def check_set_flags(args):
+    """Refuses a numeric flag outside its range, naming the flag and the range."""
     if not (math.isfinite(args.value_scale) and args.value_scale > 0):
         raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
     for name in ("eval_sets", "train_sets"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be a positive integer, got {getattr(args, name)}.")
-    for name in ("min_size", "max_size", "hidden_size", "num_attention_heads", "num_hidden_layers"):
+        if not 1 <= getattr(args, name) <= MAX_SETS:
+            raise SystemExit(f"--{name} must be a positive integer up to 2**60, got {getattr(args, name)}.")
+    for name in ("min_size", "max_size"):
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= MAX_SET_SIZE:
+            raise SystemExit(f"--{name} must be a positive integer up to {MAX_SET_SIZE:,} points a set, got {value}.")
+    for name in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
     if args.min_size is not None and args.max_size is not None and args.min_size > args.max_size:
         raise SystemExit(f"--min_size ({args.min_size}) must not exceed --max_size ({args.max_size}).")
+    check_model_fits(args)
+
+
+def check_model_fits(args):
+    """Refuses sizes whose model would not fit in this machine's memory (weights, gradients and AdamW's two moments,
+    4 bytes each), naming the size flags: torch would fail inside the model's construction, or take hours to build a
+    hundred million layers first."""
+    import os
+
+    task = set_objective(args.task)
+    value = {key: getattr(args, key) if getattr(args, key) is not None else default
+             for key, default in {**MODEL_DEFAULTS, **task.defaults}.items()}
+    width, inducing = value["hidden_size"], value["num_inducing_points"] or 0
+    blocks = value["num_hidden_layers"] * (2 if inducing else 1) + 1 + max(value["num_decoder_layers"], 0)
+    parameters = 6 * width * width * blocks + max(inducing, 0) * width * value["num_hidden_layers"]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if parameters * 16 > memory:
+        given = [f"--{key} {getattr(args, key)}" for key in ("hidden_size", "num_hidden_layers", "num_inducing_points",
+                                                             "num_decoder_layers") if getattr(args, key) is not None]
+        raise SystemExit(f"{', '.join(given) or 'These sizes'}: a model of about {parameters:,} parameters needs "
+                         f"{parameters * 16 / 2**30:,.0f} GiB to train (weights, gradients, AdamW), more than this "
+                         f"machine's {memory / 2**30:,.0f} GiB: pass smaller sizes.")
 
 
 def datasets(args, seed):
@@ -250,8 +310,16 @@ def continued_run(args):
 def main(argv=None):
     parser = HfArgumentParser((SetArguments, CheckedTrainingArguments))
     argv = sys.argv[1:] if argv is None else argv
-    parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
-    args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
+    if flags_file(argv):  # one JSON file of flags, its values typed as the command line's text is
+        values = read_flags_file(argv[0])
+        parse_flags(check_flags, parser, values)
+        args, training_args = parse_flags(parser.parse_dict, typed_flag_values(parser, values, argv[0]))
+        given = set(values)
+    else:
+        parse_flags(check_flags, parser, argv)  # a misspelt flag: named, with the nearest one
+        args, training_args = parse_flags(parser.parse_args_into_dataclasses, args=argv)
+        given = explicit_flags(parser, argv)
+    args.flags_given = frozenset(given)  # a flag the task cannot use is refused if given
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind

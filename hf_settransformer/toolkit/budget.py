@@ -105,7 +105,9 @@ def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
     16 steps: fewer overestimate a step (the first ones are slow), and a run planned on them stops short."""
     model = copy.deepcopy(trainer.model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    batches = iter(trainer.get_train_dataloader())
+    loader = trainer.get_train_dataloader()
+    # its batches again from the start where one epoch has fewer than `steps` (small data: it ran out, StopIteration)
+    batches = (batch for _ in range(steps) for batch in loader)
     device = trainer.args.device
     times = []
     for _ in range(steps):

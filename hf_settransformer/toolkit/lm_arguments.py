@@ -11,7 +11,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, HfArgumentParser
@@ -21,7 +20,15 @@ from ..families import FAMILIES
 from ..feature_maps import FEATURE_MAPS
 from .measure import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
-from .training import CheckedTrainingArguments, check_flags, parse_flags
+from .training import (  # explicit_flags: imported from here before it moved
+    CheckedTrainingArguments,
+    check_flags,
+    explicit_flags,
+    flags_file,
+    parse_flags,
+    read_flags_file,
+    typed_flag_values,
+)
 
 # Named sizes. `small` is the size tuned for a 2-core CPU (docs/tuning.md); on a GPU `base` overfits WikiText-2 and
 # the `gpu` presets take its place. `context` is the decoder's block and the heads' window; the heads predict the last
@@ -263,15 +270,16 @@ def parse_arguments(argv=None):
     afterwards would not do."""
     parser = HfArgumentParser((ModelArguments, DataArguments, LMTrainingArguments))
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        values = json.loads(Path(sys.argv[1]).read_text())
-        command, explicit = " ".join(sys.argv[1:]), set(values)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if flags_file(argv):  # one JSON file of flags
+        values = read_flags_file(argv[0])
+        command, explicit = " ".join(argv), set(values)
+        parse_flags(check_flags, parser, values)  # a misspelt key: named, with the nearest flag
+        values = typed_flag_values(parser, values, argv[0])  # "2" for --max_steps is 2, as on the command line
 
         def parse(extra):
-            check_flags(parser, values)  # a misspelt key: named, with the nearest flag
             return parser.parse_dict({**values, **extra})
     else:
-        argv = list(sys.argv[1:] if argv is None else argv)
         command = "python scripts/train_lm.py " + " ".join(argv)
         if processes > 1:
             command = f"accelerate launch --multi_gpu --num_processes {processes} " + command[7:]
@@ -296,22 +304,8 @@ def parse_arguments(argv=None):
     if extra:
         model_args, data_args, training_args = parse_flags(parse, extra)
     model_args.preset = preset
+    model_args.flags_given = frozenset(explicit)  # check_arguments refuses a flag the run cannot use if it was given
     return model_args, data_args, training_args, command
-
-
-def explicit_flags(parser, argv):
-    """The fields `argv` sets: {dest} of every `--name`, `--name=value`, `--name-with-dashes`, `--no_name` and unique
-    prefix (argparse's abbreviations), so that no preset or device default overrides a flag the command gave."""
-    options = parser._option_string_actions  # option string -> argparse action
-    given = set()
-    for arg in argv:
-        if not arg.startswith("--"):
-            continue
-        flag = arg.split("=", 1)[0]
-        dests = {options[flag].dest} if flag in options else {a.dest for o, a in options.items() if o.startswith(flag)}
-        if len(dests) == 1:
-            given |= dests
-    return given
 
 
 def resolve_preset(name, is_cuda):
@@ -380,6 +374,7 @@ def check_arguments(model_args, data_args, training_args):
                 f"{', '.join(given)} cannot apply to --family decoder (a causal LM over --block_size tokens; the "
                 "next-token windows are the other families' heads)."
             )
+    check_flags_apply(model_args, data_args, training_args)
     if training_args.gradient_accumulation_steps < 1:
         raise SystemExit(
             f"--gradient_accumulation_steps must be a positive integer, got {training_args.gradient_accumulation_steps}."
@@ -410,6 +405,77 @@ def check_arguments(model_args, data_args, training_args):
             "window predicts its tokens after the first from the ones before them, so it can add at most "
             "block_size - 1 scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
         )
+
+
+def flag_given(args, name):
+    """Whether the command gave the flag `name` of the argument dataclass `args`: the flags `parse_arguments` recorded
+    (`model_args.flags_given`), else (dataclasses made in code) a value other than the field's default."""
+    given = getattr(args, "flags_given", None)
+    if given is not None:
+        return name in given
+    default = args.__dataclass_fields__[name].default
+    return getattr(args, name) != default
+
+
+def check_flags_apply(model_args, data_args, training_args):
+    """Refuses, naming them, the flags the command gave that the run would ignore: each of train_lm.py's own flags
+    applies to some families, objectives, modes or kinds of run only (docs/training.md; the table of issue 44)."""
+    given = getattr(model_args, "flags_given", None)
+
+    def gave(name):
+        if given is not None:
+            return name in given
+        args = model_args if name in model_args.__dataclass_fields__ else data_args
+        return name in args.__dataclass_fields__ and flag_given(args, name)
+
+    for name in ("model_name_or_path", "tokenizer_name"):
+        if getattr(model_args, name) == "":
+            raise SystemExit(f"--{name} is an empty string: pass a folder or Hub id (or leave the flag out).")
+    refusals = []  # (flags, why)
+    family, objective = model_args.family, model_args.objective
+    window_mode = model_args.next_token_mode == "window"
+    if model_args.model_name_or_path:  # the checkpoint's config fixes the model and its windows
+        fixed = [name for name in ("attention_type", "feature_map", "next_token_mode", "config_overrides",
+                                   "context_length", "target_length") if gave(name)]
+        refusals.append((fixed, "the model comes from --model_name_or_path, whose config sets these (new models only)"))
+    else:
+        if family != "decoder":
+            refusals.append(([n for n in ("block_size", "eval_stride") if gave(n)],
+                             f"--family {family} reads windows of --context_length tokens; --block_size and "
+                             "--eval_stride are the decoder's (a causal LM)"))
+        if model_args.attention_type == "softmax" and model_args.feature_map != "elu":
+            refusals.append((["feature_map"], "it selects linear attention's feature map; --attention_type softmax "
+                                              "has none (pass --attention_type linear)"))
+        if objective == "mlm" and family != "decoder":
+            refusals.append(([n for n in ("next_token_mode", "targets_per_epoch") if gave(n)],
+                             "--objective mlm trains on masked blocks, not next-token windows"))
+        if family not in ("decoder", "perceiver_io") and (objective == "mlm" or window_mode) and gave("target_length"):
+            refusals.append((["target_length"], "only the many-target next-token head predicts several tokens a "
+                                                "window (--objective next_token --next_token_mode many)"))
+        if (family == "decoder" or objective == "mlm" or not window_mode) and gave("targets_per_epoch"):
+            refusals.append((["targets_per_epoch"], "it samples the windows of the one-target head "
+                                                    "(--next_token_mode window) only"))
+    if objective != "mlm" and gave("mlm_probability"):
+        refusals.append((["mlm_probability"], "it is the masking rate of --objective mlm"))
+    if data_args.max_train_minutes is None and gave("budget_clock"):
+        refusals.append((["budget_clock"], "it says what --max_train_minutes counts"))
+    if not training_args.do_train:
+        refusals.append(([n for n in ("train_token_budget", "max_train_minutes", "max_train_tokens", "targets_per_epoch")
+                          if gave(n) and getattr(data_args, n) is not None],
+                         "they set the training, and the command has no --do_train"))
+    if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) == "no" and gave(
+            "periodic_eval_targets"):
+        refusals.append((["periodic_eval_targets"], "it sizes the periodic evaluation, and --eval_strategy is no"))
+    if any((data_args.train_file, data_args.validation_file, data_args.test_file)):
+        refusals.append(([n for n in ("dataset_name", "dataset_config_name") if gave(n)],
+                         "the local files (--train_file ...) replace the dataset"))
+    if not model_args.model_name_or_path and model_args.trust_remote_code:
+        refusals.append((["trust_remote_code"], "it is passed to --model_name_or_path's from_pretrained"))
+    if given is not None and "precision" in given and ({"bf16", "fp16"} & given):
+        refusals.append((["precision"], "--bf16 / --fp16 set the precision already: pass one of them"))
+    for flags, why in refusals:
+        if flags:
+            raise SystemExit(f"{', '.join('--' + f for f in flags)} cannot apply here: {why}.")
 
 
 def parse_overrides(text, config_class):

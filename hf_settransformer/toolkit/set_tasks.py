@@ -76,7 +76,9 @@ class MixtureOfGaussians(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         weights, means, stds, g = self.parameters(i)
-        n = int(torch.randint(self.min_size, self.max_size, (1,), generator=g))
+        # sizes in [min_size, max_size) as the official code draws them; min_size == max_size: that size
+        n = int(torch.randint(self.min_size, self.max_size, (1,), generator=g)) if self.max_size > self.min_size \
+            else self.min_size
         z = torch.multinomial(weights, n, replacement=True, generator=g)
         x = means[z] + stds[z] * torch.randn(n, self.dims, generator=g)
         return {"input_features": x}
