@@ -87,6 +87,11 @@ def check_activation(value):
         raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {value!r}.")
 
 
+def check_labels(id2label):
+    if id2label is not None and (not isinstance(id2label, dict) or not id2label):
+        raise ValueError(f"`id2label` must map at least one class id to its name (it sets `num_labels`), got {id2label!r}.")
+
+
 def check_positive(name, value, allow_none=False, allow_zero=False):
     if value is None and allow_none:
         return
@@ -293,6 +298,7 @@ class HfstConfig(PreTrainedConfig):
         if "num_labels" in kwargs and kwargs.get("id2label") is None:
             check_positive("num_labels", kwargs["num_labels"])
         check_choice("problem_type", kwargs.get("problem_type"), PROBLEM_TYPES)
+        check_labels(kwargs.get("id2label"))  # transformers' __init__ reads it as a dict
         self.vocab_size = vocab_size
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -358,6 +364,7 @@ class HfstConfig(PreTrainedConfig):
         "initializer_range": lambda v: check_finite_range("initializer_range", v, 0, 1),
         **{name: functools.partial(check_bool, name, allow_none=True) for name in BOOL_FIELDS},
         "problem_type": lambda v: check_choice("problem_type", v, PROBLEM_TYPES),
+        "id2label": check_labels,  # sets `num_labels`: an empty map makes a head of no classes
     }
 
     def __setattr__(self, key, value):

@@ -341,6 +341,7 @@ BASE_BAD = {
                      "output_attentions", "is_encoder_decoder"), FLAG),
     "problem_type": ["regress", 1],
     "num_labels": [0, -1, 1.5, True, "2"],
+    "id2label": [{}, ["a", "b"]],
 }
 FAMILY_BAD = {
     "encoder": {},
