@@ -59,8 +59,9 @@ class RecurrentStateLayer(CacheLayerMixin):
     is_sliding = False
     supports_early_init = False
 
-    def __init__(self, static=False, **kwargs):
+    def __init__(self, static=False, feature_map=None, **kwargs):
         super().__init__()
+        self.feature_map = feature_map  # the config's that made this layer (None: unknown); a cache continues only it
         self.state: LinearAttentionState | None = None
         self.seen_tokens = 0
         self.static = static
@@ -149,9 +150,13 @@ class LinearAttentionCache(Cache):
 
     def __init__(self, config=None, num_layers=None, static=False):
         """`static=True`: states updated in place at fixed addresses and tokens counted in a tensor, for a compiled
-        or CUDA-graphed decoding step (see `RecurrentStateLayer`)."""
+        or CUDA-graphed decoding step (see `RecurrentStateLayer`). Each layer records `config.feature_map`: a model of
+        another feature map refuses to continue it (`cache_checks.check_cache_fits`)."""
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
-        super().__init__(layers=[RecurrentStateLayer(static=static) for _ in range(num_layers)])
+        feature_map = getattr(config, "feature_map", None)
+        super().__init__(
+            layers=[RecurrentStateLayer(static=static, feature_map=feature_map) for _ in range(num_layers)]
+        )
 
     def get_seq_length(self, layer_idx: int = 0):
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0

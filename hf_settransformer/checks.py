@@ -15,11 +15,10 @@ import threading
 from typing import NamedTuple
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache
 
 from .attention import attention_kernel
-from .cache import cache_batch_size, cache_holds, static_cache_length, static_cache_layouts
-from .families import family_for_model_type
+from .cache_checks import check_cache, check_no_cache
+from .cache_checks import check_static_cache as check_static_cache  # modeling_decoder's import
 from .losses import problem_type_of
 
 _call = threading.local()  # whether a checked forward is running in this thread
@@ -52,6 +51,7 @@ def check_forward(model, inputs):
     """Every check of one forward of `model` on `inputs` (a dict by name) -> the inputs, `attention_mask` dropped
     where every element is real."""
     config = model.config
+    config.check_fields()  # a field assigned after construction passed its own check only (configuration_base)
     check_keyword_names(type(model), inputs)
     check_no_cache(model, inputs.get("past_key_values"))
     check_implementation(attention_kernel(config), config)
@@ -68,6 +68,7 @@ def check_forward(model, inputs):
         check_prefix_length(prefix or 0, n)
         check_targets_fit_latents(config, n - prefix)
     check_cross_attention(config, inputs, b)
+    check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device)
     position_ids = inputs.get("position_ids")
     if position_ids is not None and "position_ids" in forward_names(type(model.base_model)):
         check_position_ids(position_ids, b, n_base)
@@ -192,6 +193,21 @@ def check_cross_attention(config, inputs, b):
     check_attention_mask(inputs.get("encoder_attention_mask"), b, states.shape[1], name="encoder_attention_mask")
 
 
+def check_logits_to_keep(value, n, device):
+    """As Llama: an int k >= 0 keeps the last k positions (0: all), a 1-D integer tensor the positions it lists."""
+    if value is None or type(value) is int and value >= 0:
+        return
+    if not torch.is_tensor(value) or value.dim() != 1 or value.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            "`logits_to_keep` must be an int >= 0 (the last positions to keep; 0 keeps all) or a 1-D integer tensor "
+            f"of positions, got {value!r}."
+        )
+    if value.device.type != "cpu" and value.device != device:
+        raise ValueError(f"`logits_to_keep` must be on the CPU or the model's device ({device}), got {value.device}.")
+    if value.numel() and not (-n <= int(value.min()) and int(value.max()) < n):
+        raise ValueError(f"`logits_to_keep` indices must lie in [-{n}, {n - 1}] (the input's positions), got {value}.")
+
+
 def check_output_hidden_states(value):
     """A flag, or as in transformers an index or a list of indices of the hidden states to return."""
     if value is None or isinstance(value, bool):
@@ -203,75 +219,6 @@ def check_output_hidden_states(value):
 
 
 # ------------------------------------------------------------------------------------------------ the cache
-
-def check_cache(model, inputs, b, n):
-    """A decoder's `past_key_values` and its mask -> (past length, a tensor where the cache counts on the device;
-    static cache slots or None)."""
-    mask, cache = inputs.get("attention_mask"), inputs.get("past_key_values")
-    if mask is not None and mask.dim() == 4:
-        # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
-        # says otherwise, as this decoder's does; EncoderDecoderModel's does not
-        raise ValueError(
-            f"This decoder takes a 2-D `attention_mask` (batch, length), got {tuple(mask.shape)}: a 4-D mask, as "
-            'generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
-            "(EncoderDecoderModel). Generate with the default dynamic cache there."
-        )
-    if cache is None:
-        return 0, None
-    kernel = attention_kernel(model.config)
-    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    layouts = static_cache_layouts(cache)
-    if layouts is not None and (len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer"):
-        raise ValueError(
-            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
-            f"position i; sliding-window layers reuse slots), got {sorted(layouts, key=str)}."
-        )
-    slots = static_cache_length(cache)
-    if slots is not None:
-        check_static_cache(kernel, model.config)
-    elif not cache_holds(cache, kernel.cache_layer_class):
-        if cache.get_seq_length() > 0:
-            raise ValueError(
-                f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
-                f"{type(cache).__name__} that already holds other states."
-            )
-        return 0, None  # an empty cache of another kind: the model makes its own
-    cached = cache_batch_size(cache)
-    if cached is not None and cached != b:
-        raise ValueError(
-            f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
-            "cache with the batch it was made for (generate() handles beams and repeats itself)."
-        )
-    if slots is not None and mask is not None and mask.shape[-1] != slots:
-        raise ValueError(
-            f"With a static cache of {slots} slots, `attention_mask` must have one column per slot, (batch, {slots}), "
-            f"0 past the tokens seen so far (generate() pads it so); got {tuple(mask.shape)}."
-        )
-    return cache.get_seq_length(), slots
-
-
-def check_static_cache(kernel, config):
-    """Refuse a `StaticCache` (fixed-size keys and values) where the attention kernel cannot extend one."""
-    if kernel.static_cache_layer_class is None:
-        _, words = kernel.describe(config)
-        raise ValueError(
-            f'{words} attention cannot use a static cache (`cache_implementation="static"` or a `StaticCache`): it '
-            f"keeps no keys and values but its own state, a {kernel.cache_class.__name__}, whose size does not grow "
-            "with the context. Generate without `cache_implementation`; for a compiled (CUDA-graphed) step, use "
-            f"`{kernel.cache_class.__name__}(config=config, static=True)`, which keeps that state at fixed addresses."
-        )
-
-
-def check_no_cache(model, past_key_values):
-    """A cache handed to a family that keeps none would be dropped without a word (`use_cache` passes, as in BERT)."""
-    if past_key_values is not None and not model.keeps_a_cache:
-        family = family_for_model_type(model.config.model_type).name
-        raise ValueError(
-            f"{type(model).__name__} (family {family!r}) keeps no cache, so `past_key_values` has nothing to "
-            "continue: an encoder reads its whole input at every call. Pass the whole sequence, without "
-            "`past_key_values` (the decoder family is the one that continues a cache)."
-        )
-
 
 def check_implementation(kernel, config):
     """An `attn_implementation` the config's kernel does not run under (flash attention computes softmax)."""
@@ -523,6 +470,7 @@ def check_keyword_names(cls, kwargs):
 def check_model_config(model):
     """A config this model class cannot run, refused before any module is built."""
     config, name, objective = model.config, type(model).__name__, getattr(model, "objective", None)
+    config.check_fields()  # a field assigned after construction passed its own check only (configuration_base)
     if objective in ("masked_lm", "causal_lm", "many_target_windows", "one_target_window") and not config.vocab_size:
         raise ValueError(f"`vocab_size` must be set for {name} (it predicts tokens).")
     if objective == "many_target_windows" and config.pooling != "pma":

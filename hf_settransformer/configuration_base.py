@@ -3,11 +3,23 @@
 Each family's config (encoder, decoder, Set Transformer, Perceiver IO) subclasses `HfstConfig` and adds its
 own fields; the families with pooled and window heads (all but the decoder) through `PooledHeadsConfig`. Every
 config has its own `__init__(..., **kwargs)` (transformers 5 wraps configs without one and would skip a
-parent's), and invalid values are rejected at construction with a `ValueError` that names the field and the
-allowed values.
+parent's), and invalid values are rejected with a `ValueError` that names the field and the allowed values.
+
+A config is valid however it was built or changed, as transformers' strict config dataclasses are (their fields are
+type-checked on assignment, their `validate()` runs at construction and at save). Each field's own check
+(`field_checks`: type and range) runs on every assignment once the config is built (`config.x = ...`, `update`,
+`update_from_string`, the keyword arguments `from_pretrained`/`from_dict` set after reading a file); the whole
+`check_fields` (with the checks that read several fields: heads dividing `hidden_size`, `target_length` against
+`context_length`, token ids against `vocab_size`, ...) runs at construction, after `from_dict`/`from_pretrained`
+(file and keyword arguments), after `update`/`update_from_string` (which undo their changes when refused), at
+`save_pretrained`, when a model is built and at every checked forward. Two assignments in a row may so pass through
+a state that only the second makes valid (`hidden_size`, then `num_attention_heads`); `update` takes both at once.
 """
 
+import contextlib
+import copy
 import difflib
+import functools
 import importlib
 import inspect
 import math
@@ -19,7 +31,6 @@ from transformers.activations import ACT2FN
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import logging
 
-from .attention import attention_kernel
 from .families import family_for_model_type
 from .feature_maps import get_feature_map
 
@@ -29,6 +40,7 @@ NORM_TYPES = ("scalenorm", "layernorm")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
 POOLING_TYPES = ("pma", "mean")
 NEXT_TOKEN_MODES = ("many", "window")
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 # flags a config may carry (ours, or transformers' generic ones passed through **kwargs): a string such as "no" would
 # read as true and silently switch the feature on
@@ -45,9 +57,39 @@ BOOL_FIELDS = (
 )
 
 
+# the kernels of `attention.ATTENTION_KERNELS` that this package defines -> the config fields each reads; the config
+# checks `attention_type` against this table without importing the attention ops, or against the registry itself
+# where that module is loaded (a kernel a user registers with `register_attention_kernel` is valid then)
+BUILT_IN_KERNEL_FIELDS = {"softmax": (), "linear": ("feature_map", "linear_attention_chunk_size")}
+
+
+def kernel_config_fields():
+    """attention_type -> the config fields its kernel reads, for every kernel registered in this process."""
+    attention = sys.modules.get(f"{__package__}.attention")
+    if attention is None:
+        return BUILT_IN_KERNEL_FIELDS
+    return {name: kernel.config_fields for name, kernel in attention.ATTENTION_KERNELS.items()}
+
+
+def check_attention_type(value):
+    kernels = kernel_config_fields()
+    if not isinstance(value, str) or value not in kernels:
+        raise ValueError(f"`attention_type` must be one of {sorted(kernels)}, got {value!r}.")
+
+
 def check_choice(name, value, choices):
-    if value not in choices:
+    if not any(type(value) is type(choice) and value == choice for choice in choices):  # 1 is no True, [] no choice
         raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+
+
+def check_activation(value):
+    if not isinstance(value, str) or value not in ACT2FN:
+        raise ValueError(f"`hidden_act` must be one of {sorted(ACT2FN)}, got {value!r}.")
+
+
+def check_labels(id2label):
+    if id2label is not None and (not isinstance(id2label, dict) or not id2label):
+        raise ValueError(f"`id2label` must map at least one class id to its name (it sets `num_labels`), got {id2label!r}.")
 
 
 def check_positive(name, value, allow_none=False, allow_zero=False):
@@ -64,9 +106,36 @@ def check_probability(name, value):
         raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
 
 
-def check_bool(name, value):
-    if not isinstance(value, bool):
+def check_bool(name, value, allow_none=False):
+    if not isinstance(value, bool) and not (value is None and allow_none):
         raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+
+
+def check_token_id(name, value, vocab_size=None):
+    """pad/bos/eos ids (eos may be a list) must be token ids of the vocabulary, or `generate` emits them."""
+    ids = value if isinstance(value, (list, tuple)) else [value]
+    for token in ids:
+        if token is None:
+            continue
+        valid = isinstance(token, int) and not isinstance(token, bool) and token >= 0
+        if not valid or (vocab_size is not None and token >= vocab_size):
+            vocabulary = f"[0, {vocab_size - 1}]" if vocab_size else "non-negative integers"
+            raise ValueError(f"`{name}` must be a token id in {vocabulary} (the vocabulary), got {value!r}.")
+
+
+def check_cutoffs(name, cutoffs):
+    """An adaptive layer's cluster boundaries: None (off) or increasing positive integers (`vocab_size` bounds the last,
+    in `check_adaptive`)."""
+    if cutoffs is None:
+        return
+    integers = isinstance(cutoffs, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs)
+    if not integers or not cutoffs or any(b <= a for a, b in zip([0] + cutoffs, cutoffs)):
+        raise ValueError(f"`{name}` must be a list of increasing positive integers, got {cutoffs!r}.")
+
+
+def check_div_value(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf"):
+        raise ValueError(f"`{name}` must be a finite number >= 1, got {value!r}.")
 
 
 def check_finite_range(name, value, low, high):
@@ -229,6 +298,7 @@ class HfstConfig(PreTrainedConfig):
         if "num_labels" in kwargs and kwargs.get("id2label") is None:
             check_positive("num_labels", kwargs["num_labels"])
         check_choice("problem_type", kwargs.get("problem_type"), PROBLEM_TYPES)
+        check_labels(kwargs.get("id2label"))  # transformers' __init__ reads it as a dict
         self.vocab_size = vocab_size
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -260,42 +330,99 @@ class HfstConfig(PreTrainedConfig):
         super().__init__(**kwargs)
         self.check_fields()
 
+    # field -> its check, on the value alone (type and range); families extend the table. A check that reads several
+    # fields is in `check_fields`.
+    field_checks = {
+        "vocab_size": lambda v: check_positive("vocab_size", v, allow_none=True),
+        "input_size": lambda v: check_positive("input_size", v, allow_none=True),
+        **{
+            name: functools.partial(check_positive, name)
+            for name in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "linear_attention_chunk_size",
+            )
+        },
+        "hidden_dropout_prob": functools.partial(check_probability, "hidden_dropout_prob"),
+        "attention_probs_dropout_prob": functools.partial(check_probability, "attention_probs_dropout_prob"),
+        "attention_type": check_attention_type,
+        "feature_map": get_feature_map,  # refuses a name not in the table, naming its names
+        "norm_type": lambda v: check_choice("norm_type", v, NORM_TYPES),
+        "position_embedding_type": lambda v: check_choice("position_embedding_type", v, POSITION_EMBEDDING_TYPES),
+        "hidden_act": check_activation,
+        **{name: functools.partial(check_token_id, name) for name in TOKEN_ID_FIELDS},
+        **{name: functools.partial(check_cutoffs, name) for name in ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs")},
+        **{
+            name: functools.partial(check_div_value, name)
+            for name in ("adaptive_softmax_div_value", "adaptive_input_div_value")
+        },
+        # an init std of 0 would train a model of zeros; above 1 (or inf) the first layers already overflow
+        "norm_eps": lambda v: check_finite_range("norm_eps", v, 0, 1),
+        "initializer_range": lambda v: check_finite_range("initializer_range", v, 0, 1),
+        **{name: functools.partial(check_bool, name, allow_none=True) for name in BOOL_FIELDS},
+        "problem_type": lambda v: check_choice("problem_type", v, PROBLEM_TYPES),
+        "id2label": check_labels,  # sets `num_labels`: an empty map makes a head of no classes
+    }
+
+    def __setattr__(self, key, value):
+        """As transformers' strict config fields: once the config is built (`_post_init_done`, transformers' own
+        marker), an assignment is checked before it is made; the checks across fields run at `check_fields`."""
+        if key in self.field_checks and self.__dict__.get("_post_init_done"):
+            self.field_checks[key](value)
+        elif key == "num_labels" and self.__dict__.get("_post_init_done"):
+            check_positive("num_labels", value)
+        super().__setattr__(key, value)
+
     def check_fields(self):
-        """Raise a `ValueError` naming the first invalid field. Families extend it."""
-        check_positive("vocab_size", self.vocab_size, allow_none=True)
-        check_positive("input_size", self.input_size, allow_none=True)
-        for name in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "linear_attention_chunk_size",
-        ):
-            check_positive(name, getattr(self, name))
+        """Raise a `ValueError` naming the first invalid field: each field's own check, then those across fields.
+        Families extend both."""
+        values = self.__dict__  # read directly: transformers' attribute lookup would make this ~5x slower per forward
+        for name, check in self.field_checks.items():
+            if name not in TOKEN_ID_FIELDS:  # `check_special_tokens`, against the vocabulary
+                check(values[name] if name in values else getattr(self, name, None))
         check_heads("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
-        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
-        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        kernel = attention_kernel(self)  # refuses an unknown `attention_type`, naming the registered ones
-        get_feature_map(self.feature_map)  # refuses a name not in the table, naming its names
-        check_choice("norm_type", self.norm_type, NORM_TYPES)
-        check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
-        check_choice("hidden_act", self.hidden_act, sorted(ACT2FN))
         self.check_special_tokens()
         self.check_adaptive("adaptive_softmax", "the adaptive output layer")
         self.check_adaptive("adaptive_input", "the adaptive input")
-        # an init std of 0 would train a model of zeros; above 1 (or inf) the first layers already overflow
-        check_finite_range("norm_eps", self.norm_eps, 0, 1)
-        check_finite_range("initializer_range", self.initializer_range, 0, 1)
-        for name in BOOL_FIELDS:
-            value = getattr(self, name, None)
-            if value is not None:
-                check_bool(name, value)
-        if "feature_map" not in kernel.config_fields and self.feature_map != "elu":
+        if "feature_map" not in kernel_config_fields()[self.attention_type] and self.feature_map != "elu":
             logger.warning_once(
                 f"`feature_map={self.feature_map!r}` has no effect with `attention_type={self.attention_type!r}` (it "
                 "selects linear attention's feature map)."
             )
+
+    def update(self, config_dict):
+        """As transformers', checked: each value as it is set, then the whole config; a refused update is undone."""
+        with self.checked_change():
+            super().update(config_dict)
+
+    def update_from_string(self, update_str):
+        """As transformers' (`"target_length=8,pooling=mean"`), checked and undone when refused, as `update`; a number
+        that does not parse as the field's type is refused naming the field (transformers' error names neither)."""
+        for key, _, text in (pair.partition("=") for pair in update_str.split(",")):
+            kind = type(getattr(self, key, None))
+            if kind in (int, float):
+                try:
+                    kind(text)
+                except ValueError:
+                    what = "an integer" if kind is int else "a number"
+                    raise ValueError(f"`{key}` must be {what}, got {text!r} (update_from_string).") from None
+        with self.checked_change():
+            super().update_from_string(update_str)
+
+    @contextlib.contextmanager
+    def checked_change(self):
+        """Run `check_fields` after the changes made inside; restore the config as it was when they are refused."""
+        before = copy.copy(self.__dict__)
+        try:
+            yield
+            self.check_fields()
+        except Exception:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
@@ -319,26 +446,24 @@ class HfstConfig(PreTrainedConfig):
         warning, since the file's reader did not choose them."""
         config_dict = dict(config_dict)
         drop_other_family_fields(cls, config_dict, logger.info)
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        # the keyword arguments (`from_pretrained(ckpt, target_length=1)`) are set after construction: check them with
+        # the rest
+        (loaded[0] if isinstance(loaded, tuple) else loaded).check_fields()
+        return loaded
 
     def check_special_tokens(self):
         """pad/bos/eos ids (eos may be a list) must be token ids of the vocabulary, or `generate` emits them."""
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            value = getattr(self, name, None)
-            ids = value if isinstance(value, (list, tuple)) else [value]
-            for token in ids:
-                if token is None:
-                    continue
-                valid = isinstance(token, int) and not isinstance(token, bool) and token >= 0
-                if not valid or (self.vocab_size is not None and token >= self.vocab_size):
-                    vocabulary = f"[0, {self.vocab_size - 1}]" if self.vocab_size else "non-negative integers"
-                    raise ValueError(f"`{name}` must be a token id in {vocabulary} (the vocabulary), got {value!r}.")
+        for name in TOKEN_ID_FIELDS:
+            check_token_id(name, getattr(self, name, None), self.vocab_size)
 
     def save_pretrained(self, save_directory, push_to_hub=False, **kwargs):
         """As transformers', and a config folder is enough to build any of the family's models from scratch
         (`AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=True),
         trust_remote_code=True)`, e.g. run_clm.py's `--config_name`): `auto_map` lists every class of the family
-        (`families.FAMILIES`) and the modeling code is copied beside the configuration code."""
+        (`families.FAMILIES`) and the modeling code is copied beside the configuration code. An invalid config (one
+        changed field by field) is refused before anything is written, as transformers' `validate()` at save."""
+        self.check_fields()
         if self._auto_class is not None:
             family = family_for_model_type(self.model_type)
             self.auto_map = {**(getattr(self, "auto_map", None) or {}), **family.auto_map}
@@ -359,14 +484,8 @@ class HfstConfig(PreTrainedConfig):
         cutoffs = getattr(self, f"{prefix}_cutoffs")
         if cutoffs is None:
             return
-        integers = isinstance(cutoffs, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs)
-        if not integers or any(b <= a for a, b in zip([0] + cutoffs, cutoffs)):
-            raise ValueError(f"`{prefix}_cutoffs` must be a list of increasing positive integers, got {cutoffs!r}.")
         if self.vocab_size is None or cutoffs[-1] >= self.vocab_size:
             raise ValueError(f"`{prefix}_cutoffs` must end below `vocab_size` ({self.vocab_size}), got {cutoffs!r}.")
-        value = getattr(self, f"{prefix}_div_value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value < float("inf"):
-            raise ValueError(f"`{prefix}_div_value` must be a finite number >= 1, got {value!r}.")
         if self.tie_word_embeddings:
             raise ValueError(
                 f"`tie_word_embeddings=True` cannot hold with `{prefix}_cutoffs`: {layer} has no vocabulary x hidden "
@@ -402,12 +521,16 @@ class PooledHeadsConfig(HfstConfig):
         self.target_length = target_length
         super().__init__(**kwargs)
 
+    field_checks = {
+        **HfstConfig.field_checks,
+        "pooling": lambda v: check_choice("pooling", v, POOLING_TYPES),
+        "context_length": functools.partial(check_positive, "context_length"),
+        "next_token_mode": lambda v: check_choice("next_token_mode", v, NEXT_TOKEN_MODES),
+        "target_length": functools.partial(check_positive, "target_length"),
+    }
+
     def check_fields(self):
         super().check_fields()
-        check_choice("pooling", self.pooling, POOLING_TYPES)
-        check_positive("context_length", self.context_length)
-        check_choice("next_token_mode", self.next_token_mode, NEXT_TOKEN_MODES)
-        check_positive("target_length", self.target_length)
         if self.target_length > self.context_length:
             raise ValueError(
                 f"`target_length` ({self.target_length}) cannot exceed `context_length` ({self.context_length})."

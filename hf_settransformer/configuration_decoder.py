@@ -1,5 +1,7 @@
 """Configuration of the pre-norm causal Transformer decoder (Vaswani et al. 2017, ScaleNorm)."""
 
+import functools
+
 from .configuration_base import HfstConfig, check_positive
 
 
@@ -44,6 +46,7 @@ class TransformerDecoderConfig(HfstConfig):
         self.lm_loss_chunk_size = lm_loss_chunk_size
         super().__init__(vocab_size=vocab_size, **kwargs)
 
-    def check_fields(self):
-        super().check_fields()
-        check_positive("lm_loss_chunk_size", self.lm_loss_chunk_size, allow_zero=True)
+    field_checks = {
+        **HfstConfig.field_checks,
+        "lm_loss_chunk_size": functools.partial(check_positive, "lm_loss_chunk_size", allow_zero=True),
+    }

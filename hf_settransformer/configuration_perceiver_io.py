@@ -1,5 +1,7 @@
 """Configuration of Perceiver IO (Jaegle et al. 2022) with pre-norm ScaleNorm blocks."""
 
+import functools
+
 from .configuration_base import PooledHeadsConfig, check_choice, check_heads, check_positive
 
 OUTPUT_QUERY_TYPES = ("inputs", "positions", "learned")
@@ -44,23 +46,48 @@ class PerceiverIOConfig(PooledHeadsConfig):
         check_positive("num_blocks", num_blocks)
         check_positive("num_self_attends_per_block", num_self_attends_per_block)
         layers = num_blocks * num_self_attends_per_block
-        given = kwargs.pop("num_hidden_layers", layers)  # derived; a saved config repeats it
-        if given != layers:
-            raise ValueError(
-                f"`num_hidden_layers` of Perceiver IO is num_blocks * num_self_attends_per_block = {layers}; got "
-                f"{given!r}. Set `num_blocks` and `num_self_attends_per_block` instead."
-            )
+        check_derived_layers(kwargs.pop("num_hidden_layers", layers), layers)  # derived; a saved config repeats it
         super().__init__(vocab_size=vocab_size, num_hidden_layers=layers, **kwargs)
+
+    field_checks = {
+        **PooledHeadsConfig.field_checks,
+        **{
+            name: functools.partial(check_positive, name)
+            for name in (
+                "num_latents",
+                "num_blocks",
+                "num_self_attends_per_block",
+                "num_cross_attention_heads",
+                "num_output_queries",
+            )
+        },
+        "output_query_type": lambda v: check_choice("output_query_type", v, OUTPUT_QUERY_TYPES),
+    }
+
+    def __setattr__(self, key, value):
+        """`num_hidden_layers` follows `num_blocks` and `num_self_attends_per_block` once built; set directly, it must
+        equal their product."""
+        built = self.__dict__.get("_post_init_done")
+        if built and key == "num_hidden_layers":
+            check_derived_layers(value, self.num_blocks * self.num_self_attends_per_block)
+        super().__setattr__(key, value)
+        if built and key in ("num_blocks", "num_self_attends_per_block"):
+            super().__setattr__("num_hidden_layers", self.num_blocks * self.num_self_attends_per_block)
 
     def check_fields(self):
         super().check_fields()
-        check_positive("num_latents", self.num_latents)
-        check_positive("num_cross_attention_heads", self.num_cross_attention_heads)
-        check_positive("num_output_queries", self.num_output_queries)
+        check_derived_layers(self.num_hidden_layers, self.num_blocks * self.num_self_attends_per_block)
         check_heads("hidden_size", self.hidden_size, "num_cross_attention_heads", self.num_cross_attention_heads)
-        check_choice("output_query_type", self.output_query_type, OUTPUT_QUERY_TYPES)
         if self.output_query_type == "positions" and self.position_embedding_type == "none":
             raise ValueError(
                 "`output_query_type='positions'` needs position embeddings: set `position_embedding_type` to "
                 "'sinusoidal' or 'learned', or use `output_query_type='inputs'`."
             )
+
+
+def check_derived_layers(given, layers):
+    if type(given) is not int or given != layers:
+        raise ValueError(
+            f"`num_hidden_layers` of Perceiver IO is num_blocks * num_self_attends_per_block = {layers}; got "
+            f"{given!r}. Set `num_blocks` and `num_self_attends_per_block` instead."
+        )

@@ -1,6 +1,15 @@
 """Configuration of the Set Transformer (Lee et al. 2019): ISAB/SAB encoder, PMA + SAB decoder."""
 
+import functools
+
 from .configuration_base import PooledHeadsConfig, check_positive
+
+
+def check_no_positions(value):
+    if value != "none" or not isinstance(value, str):
+        raise ValueError(
+            f"`position_embedding_type` must be 'none' for the Set Transformer (a set has no order), got {value!r}."
+        )
 
 
 class SetTransformerConfig(PooledHeadsConfig):
@@ -40,13 +49,10 @@ class SetTransformerConfig(PooledHeadsConfig):
         self.num_decoder_layers = num_decoder_layers
         super().__init__(position_embedding_type=position_embedding_type, **kwargs)
 
-    def check_fields(self):
-        super().check_fields()
-        check_positive("num_inducing_points", self.num_inducing_points, allow_zero=True)
-        check_positive("num_seeds", self.num_seeds)
-        check_positive("num_decoder_layers", self.num_decoder_layers, allow_zero=True)
-        if self.position_embedding_type != "none":
-            raise ValueError(
-                "`position_embedding_type` must be 'none' for the Set Transformer (a set has no order), "
-                f"got {self.position_embedding_type!r}."
-            )
+    field_checks = {
+        **PooledHeadsConfig.field_checks,
+        "num_inducing_points": functools.partial(check_positive, "num_inducing_points", allow_zero=True),
+        "num_seeds": functools.partial(check_positive, "num_seeds"),
+        "num_decoder_layers": functools.partial(check_positive, "num_decoder_layers", allow_zero=True),
+        "position_embedding_type": check_no_positions,
+    }

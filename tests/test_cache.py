@@ -105,3 +105,53 @@ def test_static_linear_cache_updates_its_state_in_place(feature_map):
     assert torch.equal(
         model.generate(ids, past_key_values=LinearAttentionCache(config=model.config, static=True), **kwargs), expected
     )
+
+
+def filled_cache(model, n=5):
+    with torch.no_grad():
+        return model(input_ids=torch.randint(1, VOCAB, (1, n)), use_cache=True).past_key_values
+
+
+@pytest.mark.parametrize("made_by,continued_by", [("exp", "elu"), ("elu", "exp")])
+def test_a_linear_cache_of_another_feature_map_is_refused(made_by, continued_by):
+    """An exp-map cache continued by an elu model ran (logits 2.4-3.6 off the elu model's own); the reverse failed
+    inside the ops. Both are refused, from the map the cache recorded and from the state (exp keeps key maxima)."""
+    model = decoder("linear", continued_by)
+    step = torch.randint(1, VOCAB, (1, 1))
+    with pytest.raises(ValueError, match=f"'{made_by}' feature map, but this model's `feature_map` is '{continued_by}'"):
+        model(input_ids=step, past_key_values=filled_cache(decoder("linear", made_by)))
+    # a cache built without a config records no map: the state tells
+    anonymous = LinearAttentionCache(num_layers=2)
+    with torch.no_grad():
+        decoder("linear", made_by)(input_ids=torch.randint(1, VOCAB, (1, 5)), past_key_values=anonymous)
+    with pytest.raises(ValueError, match=f"key maxima.*this model's `feature_map` is '{continued_by}'"):
+        model(input_ids=step, past_key_values=anonymous)
+    model(input_ids=step, past_key_values=filled_cache(model))  # its own still continues
+
+
+WIDTHS = {  # another model's shape -> the words naming the mismatch (this one: hidden 32, 4 heads of 8, 2 layers)
+    "fewer heads, same head size": ({"hidden_size": 16, "num_attention_heads": 2}, "2 heads of size 8"),
+    "other head size": ({"hidden_size": 32, "num_attention_heads": 2}, "2 heads of size 16"),
+    "wider": ({"hidden_size": 64, "intermediate_size": 64}, "4 heads of size 16"),
+    "deeper": ({"num_hidden_layers": 3}, "hold 3 layers, but this model has 2"),
+    "shallower": ({"num_hidden_layers": 1}, "hold 1 layers, but this model has 2"),
+}
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("other", list(WIDTHS))
+def test_a_cache_of_a_model_of_another_width_or_depth_is_refused_naming_the_mismatch(attention_type, feature_map,
+                                                                                      other):
+    """It failed with a torch shape error (or, deeper, ran on the first layers' past)."""
+    overrides, words = WIDTHS[other]
+    cache = filled_cache(decoder(attention_type, feature_map, **overrides))
+    with pytest.raises(ValueError, match=f"{words}.*a cache continues only the model that made it"):
+        decoder(attention_type, feature_map)(input_ids=torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)
+
+
+@pytest.mark.parametrize("made_by,continued_by", [("softmax", "linear"), ("linear", "softmax")])
+def test_a_softmax_cache_and_a_linear_state_are_not_interchangeable(made_by, continued_by):
+    cache = filled_cache(decoder(made_by, "elu"))
+    own = "LinearAttentionCache" if continued_by == "linear" else "DynamicCache"
+    with pytest.raises(ValueError, match=f"keeps its past in a {own}, not a {type(cache).__name__}"):
+        decoder(continued_by, "elu")(input_ids=torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)

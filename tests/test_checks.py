@@ -414,3 +414,40 @@ def test_every_model_forward_is_checked():
     assert len(classes) >= 14
     unchecked = [c.__name__ for c in classes if not c.forward.__code__.co_filename.endswith("checks.py")]
     assert not unchecked, unchecked
+
+
+LOGITS_TO_KEEP_BAD = {  # what was accepted (or failed inside torch) -> the words of the refusal
+    "negative int": (-1, "an int >= 0"),
+    "float": (1.5, "an int >= 0"),
+    "bool": (True, "an int >= 0"),
+    "string": ("2", "an int >= 0"),
+    "2-D tensor": (torch.tensor([[0, 1]]), "1-D integer tensor"),
+    "0-D tensor": (torch.tensor(2), "1-D integer tensor"),
+    "float tensor": (torch.tensor([0.0, 1.0]), "1-D integer tensor"),
+    "bool tensor": (torch.tensor([True, False, True, False, True, False]), "1-D integer tensor"),
+    "index past the end": (torch.tensor([0, 6]), r"indices must lie in \[-6, 5\]"),
+    "index before the start": (torch.tensor([-7]), r"indices must lie in \[-6, 5\]"),
+    "meta tensor": (torch.tensor([1], device="meta"), "on the CPU or the model's device"),
+}
+
+
+@pytest.mark.parametrize("case", list(LOGITS_TO_KEEP_BAD))
+def test_bad_logits_to_keep_is_refused(case):
+    from conftest import decoder
+
+    value, words = LOGITS_TO_KEEP_BAD[case]
+    with pytest.raises(ValueError, match=words):
+        decoder("softmax", "elu")(input_ids=batch_of_tokens(), logits_to_keep=value)
+
+
+def test_legal_logits_to_keep_gives_llamas_positions():
+    """As Llama: an int k keeps the last k positions (0 all, more than the input all), a 1-D tensor those listed."""
+    from conftest import decoder
+
+    model, ids = decoder("softmax", "elu"), batch_of_tokens()
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        assert torch.allclose(model(input_ids=ids, logits_to_keep=2).logits, full[:, -2:], atol=1e-6)
+        assert torch.allclose(model(input_ids=ids, logits_to_keep=9).logits, full, atol=1e-6)
+        kept = model(input_ids=ids, logits_to_keep=torch.tensor([0, -1, 3], dtype=torch.int32)).logits
+        assert torch.allclose(kept, full[:, [0, 5, 3]], atol=1e-6)

@@ -311,3 +311,236 @@ def test_feature_map_with_softmax_attention_warns(caplog):
     finally:
         logging.disable_propagation()
     assert "has no effect with `attention_type='softmax'`" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every field, however a value arrives (issue 44): the constructor, `from_pretrained`'s keyword arguments (set after
+# the file is read), a hand-edited config.json, `update`, `update_from_string` and plain assignment.
+
+POSITIVE = [0, 2.0, -1, True, "4", [4]]
+NON_NEGATIVE = [-1, 1.5, True, "0"]
+PROBABILITY = [1.0, "0.1", -0.1, True, None]
+FINITE = [0, "1e-5", -1e-5, float("inf"), float("nan"), True, None]
+CHOICE = ["nope", ["x"], 1, None]
+FLAG = ["no", 1, 0.0]
+CUTOFFS = [[5, 3], "10", [0, 4], [True], [2.0]]
+DIV_VALUE = [0.5, "4", float("inf"), True, None]
+TOKEN_ID = [-1, 1.5, True, "3"]
+
+BASE_BAD = {
+    **dict.fromkeys(("vocab_size", "input_size"), POSITIVE),
+    **dict.fromkeys(("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "linear_attention_chunk_size"), POSITIVE),
+    **dict.fromkeys(("hidden_dropout_prob", "attention_probs_dropout_prob"), PROBABILITY),
+    **dict.fromkeys(("attention_type", "feature_map", "norm_type", "position_embedding_type", "hidden_act"), CHOICE),
+    **dict.fromkeys(("norm_eps", "initializer_range"), FINITE),
+    **dict.fromkeys(("adaptive_softmax_cutoffs", "adaptive_input_cutoffs"), CUTOFFS),
+    **dict.fromkeys(("adaptive_softmax_div_value", "adaptive_input_div_value"), DIV_VALUE),
+    **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"), TOKEN_ID),
+    **dict.fromkeys(("scale_embedding", "tie_word_embeddings", "return_dict", "output_hidden_states",
+                     "output_attentions", "is_encoder_decoder"), FLAG),
+    "problem_type": ["regress", 1],
+    "num_labels": [0, -1, 1.5, True, "2"],
+    "id2label": [{}, ["a", "b"]],
+}
+FAMILY_BAD = {
+    "encoder": {},
+    "decoder": {"lm_loss_chunk_size": NON_NEGATIVE, **dict.fromkeys(("use_cache", "is_decoder", "add_cross_attention"), FLAG)},
+    "set_transformer": {"num_inducing_points": NON_NEGATIVE, "num_seeds": POSITIVE, "num_decoder_layers": NON_NEGATIVE,
+                        "position_embedding_type": CHOICE + ["sinusoidal"]},
+    "perceiver_io": {**dict.fromkeys(("num_latents", "num_blocks", "num_self_attends_per_block",
+                                      "num_cross_attention_heads", "num_output_queries"), POSITIVE),
+                     "output_query_type": CHOICE},
+}
+POOLED_BAD = {"pooling": CHOICE, "next_token_mode": CHOICE, "context_length": POSITIVE, "target_length": POSITIVE}
+SMALL = {"vocab_size": 50, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32}
+PATHS = ["constructor", "from_pretrained", "config_json", "update", "update_from_string", "setattr"]
+IN_MEMORY = ["constructor", "update", "update_from_string", "setattr"]
+
+
+def small_config(family, **changes):
+    extra = {"num_blocks": 1, "num_self_attends_per_block": 2} if family == "perceiver_io" else {"num_hidden_layers": 2}
+    return CONFIG_CLASSES[family](**{**SMALL, **extra, **changes})
+
+
+def bad_cases():
+    for family, config_class in CONFIG_CLASSES.items():
+        table = {**BASE_BAD, **(POOLED_BAD if config_class.windowed_heads else {}), **FAMILY_BAD[family]}
+        for field, values in table.items():
+            for path in PATHS:
+                # through the files: a range error and a type error (each file path saves and loads: slower)
+                chosen = values[:2] if path in ("from_pretrained", "config_json") else values
+                yield pytest.param(family, field, chosen, path, id=f"{family}-{field}-{path}")
+
+
+def apply_through(path, family, changes, tmp_path):
+    """The config `family` gets with `changes`, made through `path`."""
+    if path == "constructor":
+        return small_config(family, **changes)
+    config = small_config(family)
+    if path == "setattr":
+        for key, value in changes.items():
+            setattr(config, key, value)
+        return config
+    if path == "update":
+        config.update(changes)
+        return config
+    if path == "update_from_string":
+        config.update_from_string(",".join(f"{key}={value}" for key, value in changes.items()))
+        return config
+    config.save_pretrained(tmp_path)
+    if path == "from_pretrained":
+        return AutoConfig.from_pretrained(tmp_path, **changes)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, **changes}))  # a hand-edited file
+    return AutoConfig.from_pretrained(tmp_path)
+
+
+def test_every_field_of_every_config_has_a_check():
+    """A new field gets a check of its own, run on every path (`field_checks`)."""
+    from hf_settransformer.configuration_base import own_field_names
+
+    for family, config_class in CONFIG_CLASSES.items():
+        assert own_field_names(config_class) <= set(config_class.field_checks), family
+        table = {**BASE_BAD, **(POOLED_BAD if config_class.windowed_heads else {}), **FAMILY_BAD[family]}
+        assert own_field_names(config_class) <= set(table), family  # and this test gives each field bad values
+
+
+@pytest.mark.parametrize("family,field,values,path", list(bad_cases()))
+def test_a_bad_value_is_refused_however_it_arrives(tmp_path, family, field, values, path):
+    """`from_pretrained(ckpt, target_length=0)`, `config.update_from_string("hidden_size=0")`, `config.x = 2.0`
+    were accepted: only the constructor checked. Each path now refuses the value, naming the field, and leaves an
+    existing config as it was."""
+    for value in values:
+        config = small_config(family) if path in IN_MEMORY[1:] else None
+        if path == "update_from_string":
+            # transformers parses the string as the current value's type (int, float, bool or str; others are
+            # refused with its TypeError), so only a string field can receive a string, a flag only what parses as
+            # a bool
+            current = getattr(config, field)
+            if type(current) not in (int, float, str) or isinstance(value, str) != isinstance(current, str):
+                continue
+            if not isinstance(value, (int, float, str)) or "," in str(value):
+                continue
+        before = None if config is None else config.to_dict()
+        with pytest.raises(ValueError) as err:
+            if config is None:
+                apply_through(path, family, {field: value}, tmp_path)
+            elif path == "setattr":
+                setattr(config, field, value)
+            elif path == "update":
+                config.update({field: value})
+            else:
+                config.update_from_string(f"{field}={value}")
+        names = [field, "num_blocks"] if field == "num_hidden_layers" and family == "perceiver_io" else [field]
+        assert any(f"`{name}`" in str(err.value) for name in names), (value, str(err.value))
+        if config is not None:
+            assert config.to_dict() == before  # a refused change is not half made
+
+
+CROSS = [  # (family, changes, words): values valid alone, invalid together with the rest of the config
+    ("encoder", {"target_length": 1}, "`target_length` >= 2"),  # every loss 0.0
+    ("encoder", {"context_length": 3, "target_length": 4}, "cannot exceed `context_length`"),
+    ("decoder", {"num_attention_heads": 3}, "divisible by `num_attention_heads`"),
+    ("set_transformer", {"num_attention_heads": 3}, "divisible by `num_attention_heads`"),
+    ("perceiver_io", {"num_cross_attention_heads": 3}, "divisible by `num_cross_attention_heads`"),
+    ("decoder", {"pad_token_id": 50}, "`pad_token_id` must be a token id in [0, 49]"),
+    ("encoder", {"vocab_size": 4, "bos_token_id": 7}, "`bos_token_id` must be a token id in [0, 3]"),
+    ("decoder", {"adaptive_softmax_cutoffs": [10, 60], "tie_word_embeddings": False}, "must end below `vocab_size`"),
+    ("decoder", {"adaptive_input_cutoffs": [10, 20], "tie_word_embeddings": True}, "`tie_word_embeddings=True` cannot"),
+]
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "setattr"])
+@pytest.mark.parametrize("family,changes,words", CROSS)
+def test_values_valid_alone_but_not_together_are_refused_however_they_arrive(tmp_path, path, family, changes, words):
+    current = small_config(family)
+    if path == "update_from_string" and any(type(getattr(current, key)) not in (int, str) for key in changes):
+        return  # transformers' string form parses as the current value's type: a list or a None is refused there
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        apply_through(path, family, changes, tmp_path)
+
+
+@pytest.mark.parametrize("family,changes,words", CROSS)
+def test_assignments_that_only_together_are_invalid_are_refused_at_save_build_and_forward(tmp_path, family, changes,
+                                                                                           words):
+    """As transformers' strict configs: one assignment is checked alone (the next may make the pair valid); the whole
+    config is checked at `save_pretrained`, when a model is built from it and at its forward."""
+    from transformers import AutoModel
+
+    config = small_config(family)
+    model = AutoModel.from_config(config).eval()
+    for key, value in changes.items():
+        setattr(model.config, key, value)  # the model's config is `config`
+    match = words.replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(ValueError, match=match):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+    with pytest.raises(ValueError, match=match):
+        AutoModel.from_config(config)
+    with pytest.raises(ValueError, match=match):
+        model(input_ids=torch.ones(1, 4, dtype=torch.long))
+
+
+def test_the_reported_from_pretrained_keywords_are_refused(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = small_config("encoder", context_length=8)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    for kwargs, words in [
+        ({"target_length": 1}, "`target_length` >= 2"),
+        ({"context_length": 0}, "`context_length` must be a positive integer"),
+        ({"num_attention_heads": 3}, "divisible by `num_attention_heads`"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            AutoModelForCausalLM.from_pretrained(tmp_path, **kwargs)
+    legal = AutoModelForCausalLM.from_pretrained(tmp_path, target_length=3)
+    assert legal.config.target_length == 3
+
+
+def test_legal_changes_pass_on_every_path(tmp_path):
+    config = small_config("encoder", context_length=8)
+    config.update({"hidden_size": 30, "num_attention_heads": 3})  # valid together, not one at a time
+    assert (config.hidden_size, config.num_attention_heads) == (30, 3)
+    config.update_from_string("target_length=3,pooling=mean,hidden_dropout_prob=0.25")
+    assert (config.target_length, config.pooling, config.hidden_dropout_prob) == (3, "mean", 0.25)
+    config.initializer_range = 0.05
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path, context_length=16, target_length=8)
+    assert (loaded.context_length, loaded.target_length, loaded.initializer_range) == (16, 8, 0.05)
+
+
+def test_perceiver_layers_follow_their_factors_on_assignment():
+    config = small_config("perceiver_io")
+    config.num_blocks = 3
+    assert config.num_hidden_layers == 6
+    config.update_from_string("num_self_attends_per_block=1")
+    assert config.num_hidden_layers == 3
+    with pytest.raises(ValueError, match="num_blocks \\* num_self_attends_per_block = 3"):
+        config.num_hidden_layers = 4
+
+
+def test_update_from_string_names_a_value_that_does_not_parse():
+    config = small_config("decoder")
+    with pytest.raises(ValueError, match="`hidden_size`.*'2.5'"):
+        config.update_from_string("hidden_size=2.5")
+    assert config.hidden_size == 16
+
+
+def test_attention_type_is_checked_without_the_attention_ops_and_accepts_registered_kernels():
+    """The config reads the kernel registry only where `attention.py` is loaded (it does not import the ops); a
+    kernel registered there is valid, and no longer once it is removed."""
+    import dataclasses
+
+    from hf_settransformer.attention import ATTENTION_KERNELS, register_attention_kernel
+
+    assert "from .attention import" not in open(hfst.configuration_base.__file__).read()
+    register_attention_kernel("my_softmax", dataclasses.replace(ATTENTION_KERNELS["softmax"]))
+    try:
+        config = small_config("decoder", attention_type="my_softmax")
+        config.attention_type = "softmax"
+        config.attention_type = "my_softmax"
+    finally:
+        del ATTENTION_KERNELS["my_softmax"]
+    with pytest.raises(ValueError, match="`attention_type` must be one of \\['linear', 'softmax'\\]"):
+        config.attention_type = "my_softmax"

@@ -1,0 +1,127 @@
+"""The checks of a decoder's `past_key_values` (part of `checks.check_forward`): a cache continues only the model
+that made it, so one of another kind (softmax keys and values, a linear-attention state), another linear-attention
+feature map, another width (heads, head size) or depth (layers), or another batch is refused, naming both sides,
+instead of failing inside torch or running on with a past the model never computed."""
+
+import torch
+from transformers.cache_utils import EncoderDecoderCache
+
+from .attention import attention_kernel
+from .cache import cache_batch_size, cache_holds, static_cache_length, static_cache_layouts
+from .families import family_for_model_type
+from .feature_maps import get_feature_map
+
+
+def check_cache(model, inputs, b, n):
+    """A decoder's `past_key_values` and its mask -> (past length, a tensor where the cache counts on the device;
+    static cache slots or None)."""
+    mask, cache = inputs.get("attention_mask"), inputs.get("past_key_values")
+    if mask is not None and mask.dim() == 4:
+        # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
+        # says otherwise, as this decoder's does; EncoderDecoderModel's does not
+        raise ValueError(
+            f"This decoder takes a 2-D `attention_mask` (batch, length), got {tuple(mask.shape)}: a 4-D mask, as "
+            'generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
+            "(EncoderDecoderModel). Generate with the default dynamic cache there."
+        )
+    if cache is None:
+        return 0, None
+    kernel = attention_kernel(model.config)
+    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    layouts = static_cache_layouts(cache)
+    if layouts is not None and (len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer"):
+        raise ValueError(
+            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
+            f"position i; sliding-window layers reuse slots), got {sorted(layouts, key=str)}."
+        )
+    slots = static_cache_length(cache)
+    if slots is not None:
+        check_static_cache(kernel, model.config)
+    elif not cache_holds(cache, kernel.cache_layer_class):
+        if cache.get_seq_length() > 0:
+            raise ValueError(
+                f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
+                f"{type(cache).__name__} that already holds other states."
+            )
+        return 0, None  # an empty cache of another kind: the model makes its own
+    check_cache_fits(model.config, cache)
+    cached = cache_batch_size(cache)
+    if cached is not None and cached != b:
+        raise ValueError(
+            f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
+            "cache with the batch it was made for (generate() handles beams and repeats itself)."
+        )
+    if slots is not None and mask is not None and mask.shape[-1] != slots:
+        raise ValueError(
+            f"With a static cache of {slots} slots, `attention_mask` must have one column per slot, (batch, {slots}), "
+            f"0 past the tokens seen so far (generate() pads it so); got {tuple(mask.shape)}."
+        )
+    return cache.get_seq_length(), slots
+
+
+def check_static_cache(kernel, config):
+    """Refuse a `StaticCache` (fixed-size keys and values) where the attention kernel cannot extend one."""
+    if kernel.static_cache_layer_class is None:
+        _, words = kernel.describe(config)
+        raise ValueError(
+            f'{words} attention cannot use a static cache (`cache_implementation="static"` or a `StaticCache`): it '
+            f"keeps no keys and values but its own state, a {kernel.cache_class.__name__}, whose size does not grow "
+            "with the context. Generate without `cache_implementation`; for a compiled (CUDA-graphed) step, use "
+            f"`{kernel.cache_class.__name__}(config=config, static=True)`, which keeps that state at fixed addresses."
+        )
+
+
+def check_no_cache(model, past_key_values):
+    """A cache handed to a family that keeps none would be dropped without a word (`use_cache` passes, as in BERT)."""
+    if past_key_values is not None and not model.keeps_a_cache:
+        family = family_for_model_type(model.config.model_type).name
+        raise ValueError(
+            f"{type(model).__name__} (family {family!r}) keeps no cache, so `past_key_values` has nothing to "
+            "continue: an encoder reads its whole input at every call. Pass the whole sequence, without "
+            "`past_key_values` (the decoder family is the one that continues a cache)."
+        )
+
+
+def check_cache_fits(config, cache):
+    """A cache of this model's kind that another model made: its layer count, each layer's heads and head size, and a
+    linear-attention state's feature map (recorded by the `LinearAttentionCache` that a config made, and seen in the
+    state: an `"exp"` state carries key maxima) must be this model's; continued, a past of another feature map gives
+    wrong logits, one of another width a shape error inside torch."""
+    layers = config.num_hidden_layers
+    grows = cache.layer_class_to_replicate is not None
+    if len(cache.layers) < layers and not grows or len(cache.layers) > layers and cache.get_seq_length() > 0:
+        raise ValueError(
+            f"`past_key_values` hold {len(cache.layers)} layers, but this model has {layers} "
+            "(`num_hidden_layers`): a cache continues only the model that made it."
+        )
+    heads = config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    for index, layer in enumerate(cache.layers):
+        recorded = getattr(layer, "feature_map", None)
+        if recorded is not None and recorded != config.feature_map:
+            refuse_feature_map(f"the {recorded!r} feature map", config.feature_map)
+        state = getattr(layer, "state", None)
+        if state is not None:
+            shape = tuple(state.kv.shape[1:])  # (h, d, e)
+            if (state.k_max is not None) != get_feature_map(config.feature_map).stabilised:
+                made = "with" if state.k_max is not None else "without"
+                refuse_feature_map(f"a feature map {made} key maxima (as 'exp' keeps)", config.feature_map)
+        else:
+            keys = getattr(layer, "keys", None)
+            if not (getattr(layer, "is_initialized", False) and torch.is_tensor(keys) and keys.dim() == 4):
+                continue
+            shape = (keys.shape[1], keys.shape[3], keys.shape[3])
+        if shape != (heads, head_dim, head_dim):
+            raise ValueError(
+                f"`past_key_values` layer {index} holds {shape[0]} heads of size {shape[1]} (hidden size "
+                f"{shape[0] * shape[1]}), but this model has {heads} heads of size {head_dim} (`hidden_size` "
+                f"{config.hidden_size}, `num_attention_heads` {heads}): a cache continues only the model that made it."
+            )
+
+
+def refuse_feature_map(made, feature_map):
+    raise ValueError(
+        f"`past_key_values` hold linear-attention states of {made}, but this model's "
+        f"`feature_map` is {feature_map!r}: its past would be read as another map's sums (wrong logits). Continue a "
+        "cache with the model that made it."
+    )
