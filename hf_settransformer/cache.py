@@ -55,6 +55,8 @@ class RecurrentStateLayer(CacheLayerMixin):
     mask that grows by one column per step (a new shape each step); compile the step yourself (see
     `benchmarks/bench_generation.py --compile`)."""
 
+    can_drop_tokens = False  # a sum over the past: `crop` cannot take tokens out (assisted generation needs it)
+
     is_compileable = False
     is_sliding = False
     supports_early_init = False

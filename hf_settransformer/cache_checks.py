@@ -82,6 +82,26 @@ def check_no_cache(model, past_key_values):
         )
 
 
+def check_assisted_generation(model):
+    """Assisted generation (`assistant_model=`, `prompt_lookup_num_tokens=`) runs candidate tokens through the model in
+    one forward, then drops the rejected ones from its cache: it needs a cache whose tokens can be dropped
+    (transformers would say only "assisted decoding requires a cache")."""
+    how = "`assistant_model` or `prompt_lookup_num_tokens`"
+    if not model.keeps_a_cache:
+        raise ValueError(
+            f"Assisted generation ({how}) needs a cache to drop rejected candidate tokens from, and "
+            f"{type(model).__name__} keeps none (it reads its whole window at each step). Generate without them."
+        )
+    kernel = attention_kernel(model.config)
+    if not getattr(kernel.cache_layer_class, "can_drop_tokens", True):
+        raise ValueError(
+            f"Assisted generation ({how}) is not supported with attention_type={model.config.attention_type!r}: it "
+            "checks several candidate tokens in one forward, then drops the rejected ones from the cache, and a "
+            "recurrent state (a sum over the past) cannot drop tokens. Generate without them: greedy search, "
+            "sampling and beam search run on the state."
+        )
+
+
 def check_cache_fits(config, cache):
     """A cache of this model's kind that another model made: its layer count, each layer's heads and head size, and a
     linear-attention state's feature map (recorded by the `LinearAttentionCache` that a config made, and seen in the

@@ -13,11 +13,13 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.generation import GenerationMode
 from transformers.utils import ModelOutput, logging
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import outermost_block_names
+from .cache_checks import check_assisted_generation
 from .checks import check_generation_config, check_model_config, check_resize
 from .families import family_for_model_type
 from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
@@ -211,6 +213,11 @@ class HfstPreTrainedModel(PreTrainedModel):
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
         check_generation_config(self, generation_config, model_kwargs)
         return generation_config, model_kwargs
+
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        if generation_mode == GenerationMode.ASSISTED_GENERATION:
+            check_assisted_generation(self)
+        super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def embed_inputs(
         self,

@@ -5,8 +5,10 @@ themselves (`hf_settransformer/cache.py`) are in test_cache.py; compiled decodin
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder
+from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder, tiny_config
 from transformers import StaticCache
+
+import hf_settransformer as hfst
 
 ATOL = 1e-4
 
@@ -161,3 +163,24 @@ def test_a_four_dimensional_mask_is_refused_by_name():
     model = decoder("softmax", "elu")
     with pytest.raises(ValueError, match="2-D `attention_mask`.*4-D"):
         model(input_ids=torch.randint(1, VOCAB, (1, 3)), attention_mask=torch.ones(1, 1, 3, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("options", [{"prompt_lookup_num_tokens": 2}, "assistant"], ids=["prompt_lookup", "assistant"])
+def test_assisted_generation_runs_with_softmax_and_names_the_limit_of_a_recurrent_state(options):
+    """Softmax decoders take assisted generation (the same tokens as greedy search); linear attention's state cannot
+    drop rejected candidates, and a cache-less next-token head has no cache: each says so (transformers said
+    "assisted decoding requires a cache" of both)."""
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    for attention_type in ("softmax", "linear"):
+        model, assistant = decoder(attention_type, "elu").eval(), decoder(attention_type, "elu").eval()
+        kwargs = options if isinstance(options, dict) else {"assistant_model": assistant}
+        greedy = model.generate(ids, max_new_tokens=5, do_sample=False)
+        if attention_type == "softmax":
+            assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False, **kwargs), greedy)
+            continue
+        with pytest.raises(ValueError, match="attention_type='linear'.*a recurrent state .* cannot drop tokens"):
+            model.generate(ids, max_new_tokens=5, do_sample=False, **kwargs)
+    windowed = hfst.TransformerEncoderForNextTokenPrediction(tiny_config("encoder")).eval()
+    kwargs = options if isinstance(options, dict) else {"assistant_model": windowed}
+    with pytest.raises(ValueError, match="TransformerEncoderForNextTokenPrediction keeps none"):
+        windowed.generate(ids, max_new_tokens=3, do_sample=False, **kwargs)
