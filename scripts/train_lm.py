@@ -142,9 +142,12 @@ def settings_of_run(model_args, data_args, training_args):
     train = data_files(data_args).get("train")
     data = ({"train_file_sha256": file_digest(train)} if train else
             {"dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name})
+    clock = data_args.budget_clock  # the clock the time is counted on: "auto" is the CPU's on a CPU, else the wall's
+    if clock == "auto":
+        clock = "cpu" if training_args.device.type == "cpu" else "wall"
     return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
-        "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens",
-        "budget_clock")}, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
+        "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens")},
+        budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
         precision=model_args.precision)
 
 

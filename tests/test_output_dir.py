@@ -393,7 +393,7 @@ LM_OTHER_SETTINGS = {
     "weight_decay": (["--weight_decay", "0.5"], "weight_decay:"),
     "optim": (["--optim", "sgd"], "optim: the checkpoint's run has 'adamw_torch"),
     "seed": (["--seed", "7"], "seed: the checkpoint's run has 42, the flags say 7"),
-    "budget_clock": (["--budget_clock", "wall"], "budget_clock:"),
+    "budget_clock": (["--budget_clock", "wall"], "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
     "train_file": (["--train_file", "{other}"], "train_file_sha256:"),
 }
 
