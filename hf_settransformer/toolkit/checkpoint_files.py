@@ -273,9 +273,17 @@ def file_digest(path):
 def check_run_settings(folder, settings, script="train"):
     """Refuses (SystemExit naming each one) a resume whose `settings` (`run_settings` of this command) differ from
     those the checkpoint's run recorded: the optimizer, scheduler and data position come from the checkpoint, the
-    results would record the new flags, and the run would be neither. A setting only one side records (a checkpoint
-    of an older version) is not compared; a checkpoint that records none (made before they were recorded) resumes with
-    a warning that nothing could be compared."""
+    results would record the new flags, and the run would be neither.
+
+    The rule: what shapes each step is kept (TRAINING_SETTINGS, the data, the objective, a set model's name); what
+    only says how long the run is or how it is watched may change. A longer `--max_steps` (or a larger time or token
+    budget, which sets it) is how transformers continues a run: the schedule then follows the new length from the
+    resumed step, and all_results.json records the steps trained; a time budget of other minutes is planned again
+    (`max_steps_for_budget`), its clock is kept. Logging, evaluation and save frequency, reporting, dataloader
+    workers, the evaluation data and batch, compilation may change too.
+
+    A setting only one side records (a checkpoint of an older version) is not compared; a checkpoint that records none
+    (made before they were recorded) resumes with a warning that nothing could be compared."""
     from .run_folder import read_marker
 
     theirs = (read_marker(folder) or {}).get("run_settings")
