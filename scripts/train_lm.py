@@ -38,7 +38,12 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 )
 from hf_settransformer.toolkit.budget import max_steps_for_budget
 from hf_settransformer.toolkit.cards import data_file_record
-from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights
+from hf_settransformer.toolkit.checkpoint_files import (
+    check_loaded_weights,
+    check_model_weights,
+    file_digest,
+    run_settings,
+)
 from hf_settransformer.toolkit.hub import HubUnreachableError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
@@ -57,7 +62,9 @@ from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
+    check_run_settings,
     lock_output_dir,
+    record_run_settings,
     write_text_atomically,
 )
 from hf_settransformer.toolkit.training import (
@@ -111,6 +118,22 @@ def read_paths(model_args, data_args, training_args, argv):
     if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):  # the flags file (parse_arguments)
         paths["the flags file"] = sys.argv[1]
     return paths
+
+
+def settings_of_run(model_args, data_args, training_args):
+    """What defines this run besides its model (the checkpoint's config.json) and its length: the training settings
+    (`run_settings`), the data (the training text by content, or the dataset's name), the example shape, the
+    objective's flags and the precision. Recorded in every checkpoint; a resume must keep them (`check_run_settings`)."""
+    train = data_files(data_args).get("train")
+    data = ({"train_file_sha256": file_digest(train)} if train else
+            {"dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name})
+    clock = data_args.budget_clock  # the clock the time is counted on: "auto" is the CPU's on a CPU, else the wall's
+    if clock == "auto":
+        clock = "cpu" if training_args.device.type == "cpu" else "wall"
+    return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
+        "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens")},
+        budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
+        precision=model_args.precision)
 
 
 def load_splits(data_args):
@@ -373,8 +396,12 @@ def run(model_args, data_args, training_args, command):
     if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
         check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
+    settings = settings_of_run(model_args, data_args, training_args)
+    if resume:  # and of this run's settings: the optimizer, schedule and data position come from the checkpoint
+        check_run_settings(resume, settings, script="train_lm")
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
                                                training_args.device)
+    record_run_settings(callbacks, settings)
     objective = objective_of(model)
     collator = objective.collator(tokenizer, data_args.mlm_probability)
     trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,

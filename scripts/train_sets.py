@@ -35,7 +35,7 @@ from hf_settransformer.toolkit import (
     resolve_resume,
     timed_callbacks,
 )
-from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights
+from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights, run_settings
 from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
@@ -44,7 +44,9 @@ from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
+    check_run_settings,
     lock_output_dir,
+    record_run_settings,
     save_model_atomically,
     train_unless_finished,
     write_text_atomically,
@@ -132,6 +134,8 @@ MODEL_DEFAULTS = dict(
 )
 # the arguments that describe the model, which a checkpoint's config fixes
 ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_decoder_layers", "initializer_range")
+# the arguments that make the training sets, which a resume keeps (--eval_sets, the final evaluation's, may change)
+RUN_DATA = ("train_sets", "min_size", "max_size", "max_values", "value_scale")
 
 
 def build_model(args):
@@ -359,7 +363,13 @@ def run(args, training_args, model=None):
     if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
         check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
+    # the run's settings: the baselines have no config.json, so their name is what tells deepsets_max from _sum
+    settings = run_settings(training_args, model=args.model, hidden_size=args.hidden_size, task=args.task,
+                            **{name: getattr(args, name) for name in RUN_DATA})
+    if resume:
+        check_run_settings(resume, settings, script="train_sets")
     timed, _, callbacks = timed_callbacks(resume)
+    record_run_settings(callbacks, settings)
     trainer = Trainer(
         model=model,
         args=training_args,

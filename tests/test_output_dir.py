@@ -377,3 +377,101 @@ def test_a_read_only_output_dir_is_named(tmp_path, texts, train_lm, train_sets, 
         assert f"--output_dir {out}: cannot make or write it (Read-only file system" in message, message
         message = refused(train_sets.main, ["--output_dir", str(out), *SETS])
         assert f"--output_dir {out}: cannot make or write it (Read-only file system" in message, message
+
+
+# ------------------------------------------------------------------------- 6. a resume keeps the run's settings
+
+
+LM_OTHER_SETTINGS = {
+    "learning_rate": (["--learning_rate", "0.003"], "learning_rate: the checkpoint's run has"),
+    "per_device_train_batch_size": (["--per_device_train_batch_size", "3"], "per_device_train_batch_size:"),
+    "gradient_accumulation_steps": (["--gradient_accumulation_steps", "2"], "gradient_accumulation_steps:"),
+    "lr_scheduler_type": (["--lr_scheduler_type", "linear"], "the flags say 'linear'"),
+    "lr_scheduler_kwargs": (["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycles": 2}'],
+                            "lr_scheduler_kwargs:"),
+    "warmup_steps": (["--warmup_steps", "1"], "warmup_steps:"),
+    "weight_decay": (["--weight_decay", "0.5"], "weight_decay:"),
+    "optim": (["--optim", "sgd"], "optim: the checkpoint's run has 'adamw_torch"),
+    "seed": (["--seed", "7"], "seed: the checkpoint's run has 42, the flags say 7"),
+    "budget_clock": (["--budget_clock", "wall"], "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
+    "train_file": (["--train_file", "{other}"], "train_file_sha256:"),
+}
+
+
+@pytest.mark.parametrize("case", list(LM_OTHER_SETTINGS))
+def test_resuming_with_other_training_settings_is_refused_by_name(tmp_path, texts, train_lm, lm_run, case):  # noqa: F811
+    """A resume took its optimizer, scheduler and data position from the checkpoint and wrote the new flags into
+    all_results.json: `--learning_rate 0.003` on a run started at another rate was recorded as a 0.003 run."""
+    run = copy_of(lm_run, tmp_path)
+    other = tmp_path / "other.txt"  # the same words, each line twice: another text with the same vocabulary
+    other.write_text("".join(line + line for line in (texts / "train.txt").read_text().splitlines(keepends=True)))
+    before = digests(run)
+    extra, words = LM_OTHER_SETTINGS[case]
+    args = tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true")
+    args += [word.replace("{other}", str(other)) for word in extra]
+    message = refused(train_lm.main, args)
+    assert words in message and "checkpoint-2" in message and "flags that started the run" in message, message
+    assert digests(run) == before
+
+
+def test_resuming_longer_or_with_other_logging_keeps_the_run(tmp_path, texts, train_lm, lm_run):  # noqa: F811
+    """What may change on resume: the run's length, how often it logs, evaluates and saves, the data file's path
+    (its content decides); the new checkpoint records the run's settings again."""
+    run = copy_of(lm_run, tmp_path)
+    moved = tmp_path / "moved.txt"
+    shutil.copy(texts / "train.txt", moved)
+    args = tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true", "--logging_steps", "1",
+                         "--save_steps", "3", "--train_file", str(moved), "--dataloader_num_workers", "0")
+    started = json.loads((run / "checkpoint-2" / "hfst_checkpoint_complete.json").read_text())["run_settings"]
+    train_lm.main(args)
+    assert json.loads((run / "all_results.json").read_text())["resumed_from_step"] == 2
+    settings = json.loads((run / "checkpoint-3" / "hfst_checkpoint_complete.json").read_text())["run_settings"]
+    assert settings == started
+    assert settings["learning_rate"] > 0 and len(settings["train_file_sha256"]) == 64
+
+
+def test_a_checkpoint_without_run_settings_still_resumes_with_a_warning(tmp_path, texts, train_lm, lm_run,  # noqa: F811
+                                                                       monkeypatch):
+    """Checkpoints made before the settings were recorded: nothing to compare, so the resume goes on and says so."""
+    from hf_settransformer.toolkit import checkpoint_files
+
+    run = copy_of(lm_run, tmp_path)
+    for marker in run.glob("checkpoint-*/hfst_checkpoint_complete.json"):
+        marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "run_settings"}))
+    warnings = []
+    monkeypatch.setattr(checkpoint_files.logger, "warning", warnings.append)
+    train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                "--learning_rate", "0.003"))
+    assert json.loads((run / "all_results.json").read_text())["resumed_from_step"] == 2
+    assert any("records no run settings" in line and "checkpoint-2" in line for line in warnings), warnings
+
+
+@pytest.fixture(scope="module")
+def deepsets_run(train_sets, tmp_path_factory):
+    """A finished tiny max_regression rFF + max-pooling baseline with checkpoints at steps 1 and 2."""
+    out = tmp_path_factory.mktemp("deepsets") / "run"
+    train_sets.main(["--output_dir", str(out), "--model", "deepsets_max", "--hidden_size", "16", *SETS])
+    return out
+
+
+SETS_OTHER_SETTINGS = {
+    "model": (["--model", "deepsets_sum"], "model: the checkpoint's run has 'deepsets_max', the flags say "
+                                           "'deepsets_sum'"),
+    "max_size": (["--model", "deepsets_max", "--max_size", "5"], "max_size: the checkpoint's run has 10, the flags "
+                                                                  "say 5"),
+    "max_values": (["--model", "deepsets_max", "--max_values", "integer"], "max_values:"),
+    "learning_rate": (["--model", "deepsets_max", "--learning_rate", "0.5"], "learning_rate:"),
+}
+
+
+@pytest.mark.parametrize("case", list(SETS_OTHER_SETTINGS))
+def test_train_sets_resuming_another_baseline_or_settings_is_refused(tmp_path, train_sets, deepsets_run, case):
+    """`--model deepsets_sum` resumed a deepsets_max checkpoint (same weight shapes, no config.json to tell them
+    apart) and all_results.json said deepsets_sum; so did other data or training flags."""
+    run = copy_of(deepsets_run, tmp_path)
+    before = digests(run)
+    extra, words = SETS_OTHER_SETTINGS[case]
+    message = refused(train_sets.main, ["--output_dir", str(run), "--hidden_size", "16", *extra,
+                                        "--resume_from_checkpoint", "true", *SETS])
+    assert words in message and "checkpoint-2" in message, message
+    assert digests(run) == before

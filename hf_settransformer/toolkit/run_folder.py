@@ -17,7 +17,11 @@ from pathlib import Path
 from transformers import TrainerCallback, TrainerState
 from transformers.utils import logging as hf_logging
 
-from .checkpoint_files import check_checkpoint_files, check_checkpoint_matches  # noqa: F401 (the scripts' import)
+from .checkpoint_files import (  # noqa: F401 (the scripts' import)
+    check_checkpoint_files,
+    check_checkpoint_matches,
+    check_run_settings,
+)
 from .training import from_main_process
 
 logger = hf_logging.get_logger(__name__)
@@ -362,10 +366,11 @@ def write_text_atomically(path, text):
 class CompleteCheckpointCallback(TrainerCallback):
     """Marks a checkpoint complete once the Trainer has written all of it (atomic rename), so that a run killed while
     saving never resumes from a half-written folder. The marker also carries the training time and validation curve
-    so far (`timer`, a TimedEvalCallback), which a resumed run continues from."""
+    so far (`timer`, a TimedEvalCallback), which a resumed run continues from, and the settings that define the run
+    (`run_settings`, set by `record_run_settings`), which a resume compares with its flags (`check_run_settings`)."""
 
-    def __init__(self, timer):
-        self.timer = timer
+    def __init__(self, timer, settings=None):
+        self.timer, self.run_settings = timer, settings
 
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -388,11 +393,20 @@ class CompleteCheckpointCallback(TrainerCallback):
                     "clock": self.timer.clock,
                     "validation_curve": self.timer.points,
                 }
+                if self.run_settings is not None:
+                    marker["run_settings"] = self.run_settings
                 with open(tmp, "w") as f:
                     json.dump(marker, f)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, folder / COMPLETE_MARKER)
+
+
+def record_run_settings(callbacks, settings):
+    """Has every `CompleteCheckpointCallback` of `callbacks` record `settings` (`run_settings`) in its markers."""
+    for callback in callbacks:
+        if isinstance(callback, CompleteCheckpointCallback):
+            callback.run_settings = settings
 
 
 def read_marker(folder):
