@@ -238,10 +238,11 @@ def check_checkpoint_matches(folder, model):
 # TrainingArguments that shape every step of a run: its optimizer and schedule, the examples of a step, its random
 # streams. A resume keeps them (`check_run_settings`). Left out, free to change on resume: how long the run is
 # (max_steps, num_train_epochs), when it logs, evaluates and saves, where and how it reports, the dataloader workers,
-# the evaluation batch, compilation.
+# the evaluation batch, compilation, and the number of processes (as the Trainer allows: a preempted job may come back
+# on other machines; the batch of a step then changes with it).
 TRAINING_SETTINGS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
                      "optim", "optim_args", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
-                     "per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "seed", "data_seed",
+                     "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "data_seed",
                      "label_smoothing_factor")
 
 
