@@ -236,7 +236,9 @@ def test_train_sets_refuses_a_folder_of_the_users_files(tmp_path, train_sets):
 LM_OTHER_MODEL = {
     "attention_type": (["--attention_type", "linear"], "attention_type: the checkpoint has 'softmax', the flags say "
                                                        "'linear'"),
-    "feature_map": (["--feature_map", "exp"], "feature_map: the checkpoint has 'elu', the flags say 'exp'"),
+    # with softmax --feature_map is refused as a flag that cannot apply: linear exp, against the run's softmax (elu)
+    "feature_map": (["--attention_type", "linear", "--feature_map", "exp"],
+                    "feature_map: the checkpoint has 'elu', the flags say 'exp'"),
     "config_overrides": (["--config_overrides", "hidden_dropout_prob=0.3"], "hidden_dropout_prob: the checkpoint has"),
 }
 
@@ -393,7 +395,8 @@ LM_OTHER_SETTINGS = {
     "weight_decay": (["--weight_decay", "0.5"], "weight_decay:"),
     "optim": (["--optim", "sgd"], "optim: the checkpoint's run has 'adamw_torch"),
     "seed": (["--seed", "7"], "seed: the checkpoint's run has 42, the flags say 7"),
-    "budget_clock": (["--budget_clock", "wall"], "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
+    "budget_clock": (["--budget_clock", "wall", "--max_train_minutes", "5"],
+                     "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
     "train_file": (["--train_file", "{other}"], "train_file_sha256:"),
 }
 
@@ -407,7 +410,8 @@ def test_resuming_with_other_training_settings_is_refused_by_name(tmp_path, text
     other.write_text("".join(line + line for line in (texts / "train.txt").read_text().splitlines(keepends=True)))
     before = digests(run)
     extra, words = LM_OTHER_SETTINGS[case]
-    args = tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true")
+    length = [] if "--max_train_minutes" in extra else ["--max_steps", "3"]  # a time budget sets the steps itself
+    args = tiny_run_args(texts, run, *length, "--resume_from_checkpoint", "true")
     args += [word.replace("{other}", str(other)) for word in extra]
     message = refused(train_lm.main, args)
     assert words in message and "checkpoint-2" in message and "flags that started the run" in message, message

@@ -253,11 +253,12 @@ def test_a_tokenizer_folder_without_tokenizer_files_names_them(tmp_path, texts, 
 
 
 def test_a_model_folder_without_a_tokenizer_asks_for_tokenizer_name(tmp_path, texts, train_lm):
-    from hf_settransformer import TransformerDecoderConfig
+    from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 
-    folder = tmp_path / "model-only"
-    TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=32).save_pretrained(folder)
+    folder = tmp_path / "model-only"  # a saved model (weights and config), no tokenizer files
+    TransformerDecoderForCausalLM(TransformerDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                           num_attention_heads=2, intermediate_size=32)
+                                  ).save_pretrained(folder)
     message = lm_refusal(train_lm, tmp_path, texts, "--model_name_or_path", str(folder))
     assert f"--model_name_or_path {folder}: this folder holds no tokenizer" in message
     assert "pass --tokenizer_name" in message
