@@ -12,6 +12,7 @@ without --do_predict has no test perplexity in it.
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -93,7 +94,9 @@ def main(argv=None):
                 if before is None:  # the folder as it was
                     card.unlink()
                 else:
-                    card.write_bytes(before)
+                    kept = card.with_name(f".{card.name}.tmp-{os.getpid()}")  # through a temporary file: never half
+                    kept.write_bytes(before)
+                    os.replace(kept, card)
                 raise
     except (OutputDirLockedError, ValueError) as err:  # a live run holds it; a card cannot be made from it
         raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
