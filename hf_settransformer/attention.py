@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer
+from .decay import decay_module
 from .linear_ops import (
     causal_linear_attention,
     linear_attention,
@@ -77,7 +78,9 @@ def softmax_kernel(
 _DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, dropout_p=0.0, **_):
+def linear_kernel(
+    q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, dropout_p=0.0, module=None, key_states=None, **_
+):
     """Linear attention (Katharopoulos et al. 2020; Shen et al. 2021): shapes as `softmax_kernel`, out in fp32,
     weights always None. Causal masks run chunked (`causal_linear_attention`), with a bidirectional prefix or leading
     keys through `prefix_causal_linear_attention`; `state` (the layer's `RecurrentStateLayer` while generating) is
@@ -86,12 +89,19 @@ def linear_kernel(q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64
     `dropout_p` (the layer's attention dropout while training): there is no weight matrix to drop entries of, so each
     key is dropped, per head, with this probability: left out of every query's sums (numerator and normaliser), as a
     masked key is. The weights the other keys get are renormalised by the ratio itself; this is DropKey (Li et al.
-    2023) with one mask for all the queries of a head, which keeps the cost linear."""
+    2023) with one mask for all the queries of a head, which keeps the cost linear.
+
+    A layer with a decay (`config.linear_attention_decay`, `decay.DECAYS`) has it as `module.decay`, which gives each
+    key position's log-decay from `key_states` (the stream the keys were projected from); causal attention only: a
+    non-causal mask has no order, and runs undecayed."""
     drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
     options = {"feature_map": feature_map, "drop": drop}
     if not mask.causal:
         out, _ = linear_attention(q, k, v, mask.key_mask, **options)
         return out, None
+    gate = getattr(module, "decay", None)
+    if gate is not None:
+        options["decay"] = gate(key_states)  # (b, h, m)
     if state is None and (mask.prefix_length or k.shape[2] != q.shape[2]):
         out, _ = prefix_causal_linear_attention(
             q, k, v, mask.key_mask, chunk_size=chunk_size, prefix_length=mask.prefix_length, **options
@@ -121,8 +131,20 @@ def _linear_layer_options(config):
     return {"feature_map": config.feature_map, "chunk_size": config.linear_attention_chunk_size}
 
 
+def _linear_layer_modules(config, num_heads):
+    module = decay_module(config.linear_attention_decay, config.hidden_size, num_heads)
+    return {} if module is None else {"decay": module}
+
+
 def _describe_linear(config):
-    return f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"
+    decay = config.linear_attention_decay
+    if decay == "none":
+        return f"linear-{config.feature_map}", f"linear ({config.feature_map} feature map)"
+    return f"linear-{config.feature_map}-{decay}", f"linear ({config.feature_map} feature map, {decay} decay)"
+
+
+def _no_layer_modules(config, num_heads):
+    return {}
 
 
 @dataclass(frozen=True)
@@ -133,14 +155,17 @@ class AttentionKernel:
         `mask` is an `AttentionMask`; `state` is this layer's cache layer (a `cache_layer_class`) when a causal
         self-attention reads and extends a cache, else None: the kernel extends it in place (as transformers' cache
         layers are updated). `options`: the layer's `layer_options(config)` and, per
-        call, `dropout_p`, `need_weights`, `implementation` (`config._attn_implementation`) and `module` (the calling
-        `MultiHeadAttention`): keywords a kernel may ignore.
+        call, `dropout_p`, `need_weights`, `implementation` (`config._attn_implementation`), `module` (the calling
+        `MultiHeadAttention`) and `key_states` (the states the keys were projected from; None where a cross-attention
+        reads them from its cache): keywords a kernel may ignore.
     cache_class: the `Cache` a causal model builds for `generate()`, as `cache_class(config=config)`; its layers are
         `cache_layer_class`.
     static_cache_layer_class: the layer of transformers' `StaticCache` (fixed-size key and value buffers, for a
         compiled decoding step: `generate(cache_implementation="static")`) when `forward` can extend one, else None
         (linear attention: its recurrent state has a fixed size already, see `LinearAttentionCache(static=True)`).
     layer_options: config -> the keyword options fixed when a layer is built.
+    layer_modules: (config, number of heads) -> {name: module}: modules with the kernel's own parameters, built on each
+        layer as `layer.<name>` (their weights are the layer's); `forward` reads them on `module`.
     config_fields: the config fields `layer_options` reads; setting another kernel's field draws a warning.
     returns_weights: whether `output_attentions=True` can return attention weights.
     describe: config -> (short tag, words) naming the kernel as configured, for model cards and result tables
@@ -154,6 +179,7 @@ class AttentionKernel:
     cache_layer_class: type
     static_cache_layer_class: type | None = None
     layer_options: Callable = _no_layer_options
+    layer_modules: Callable = _no_layer_modules
     config_fields: tuple = ()
     returns_weights: bool = False
     describe: Callable = _describe_by_type
@@ -173,7 +199,8 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {
         cache_class=LinearAttentionCache,
         cache_layer_class=RecurrentStateLayer,
         layer_options=_linear_layer_options,
-        config_fields=("feature_map", "linear_attention_chunk_size"),
+        layer_modules=_linear_layer_modules,
+        config_fields=("feature_map", "linear_attention_chunk_size", "linear_attention_decay"),
         describe=_describe_linear,
         implementations=("sdpa", "eager"),  # the default, and the one asked for attention weights
     ),
@@ -222,6 +249,8 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.kernel = attention_kernel(config)
         self.kernel_options = self.kernel.layer_options(config)
+        for name, kernel_module in self.kernel.layer_modules(config, self.num_heads).items():
+            self.add_module(name, kernel_module)
         self.is_causal = causal  # read by transformers' attention functions
         self.dropout = config.attention_probs_dropout_prob
         if self_attention:
@@ -287,6 +316,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=output_attentions,
             implementation=self.config._attn_implementation,
             module=self,
+            key_states=hidden_states if self.self_attention else context,
             **self.kernel_options,
         )
         b, _, n, _ = out.shape

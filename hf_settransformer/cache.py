@@ -22,8 +22,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 class LinearAttentionState:
     """Recurrent state of causal linear attention for one layer: everything the past contributes.
 
-    kv: (b, h, d, e) sum of phi(k) v^T;  z: (b, h, d) sum of phi(k);
-    k_max: (b, h, d) per-feature key maximum the sums are scaled by (`"exp"` only; None for `"elu"`).
+    kv: (b, h, d, e) sum of phi(k) v^T;  z: (b, h, d) sum of phi(k) (with a decay, each term decayed to now);
+    k_max: (b, h, d) per-feature key maximum the sums are scaled by (`"exp"` only; None for `"elu"`); with a decay,
+    the maximum of the decayed keys k_j + log(decay from j to now), which a decay step lowers by log g.
     The sizes do not depend on how many tokens were seen.
     """
 
@@ -61,9 +62,10 @@ class RecurrentStateLayer(CacheLayerMixin):
     is_sliding = False
     supports_early_init = False
 
-    def __init__(self, static=False, feature_map=None, **kwargs):
+    def __init__(self, static=False, feature_map=None, decay=None, **kwargs):
         super().__init__()
         self.feature_map = feature_map  # the config's that made this layer (None: unknown); a cache continues only it
+        self.decay = decay  # likewise its `linear_attention_decay`
         self.state: LinearAttentionState | None = None
         self.seen_tokens = 0
         self.static = static
@@ -152,13 +154,11 @@ class LinearAttentionCache(Cache):
 
     def __init__(self, config=None, num_layers=None, static=False):
         """`static=True`: states updated in place at fixed addresses and tokens counted in a tensor, for a compiled
-        or CUDA-graphed decoding step (see `RecurrentStateLayer`). Each layer records `config.feature_map`: a model of
-        another feature map refuses to continue it (`cache_checks.check_cache_fits`)."""
+        or CUDA-graphed decoding step (see `RecurrentStateLayer`). Each layer records `config.feature_map` and
+        `config.linear_attention_decay`: a model of another refuses to continue it (`cache_checks.check_cache_fits`)."""
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
-        feature_map = getattr(config, "feature_map", None)
-        super().__init__(
-            layers=[RecurrentStateLayer(static=static, feature_map=feature_map) for _ in range(num_layers)]
-        )
+        made_by = {"feature_map": getattr(config, "feature_map", None), "decay": getattr(config, "linear_attention_decay", None)}
+        super().__init__(layers=[RecurrentStateLayer(static=static, **made_by) for _ in range(num_layers)])
 
     def get_seq_length(self, layer_idx: int = 0):
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0

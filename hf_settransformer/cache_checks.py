@@ -104,7 +104,7 @@ def check_assisted_generation(model):
 
 def check_cache_fits(config, cache):
     """A cache of this model's kind that another model made: its layer count, each layer's heads and head size, and a
-    linear-attention state's feature map (recorded by the `LinearAttentionCache` that a config made, and seen in the
+    linear-attention state's feature map and decay (recorded by the `LinearAttentionCache` that a config made, and seen in the
     state: an `"exp"` state carries key maxima) must be this model's; continued, a past of another feature map gives
     wrong logits, one of another width a shape error inside torch."""
     layers = config.num_hidden_layers
@@ -120,6 +120,13 @@ def check_cache_fits(config, cache):
         recorded = getattr(layer, "feature_map", None)
         if recorded is not None and recorded != config.feature_map:
             refuse_feature_map(f"the {recorded!r} feature map", config.feature_map)
+        decay = getattr(layer, "decay", None)
+        if decay is not None and decay != config.linear_attention_decay:
+            raise ValueError(
+                f"`past_key_values` hold linear-attention states decayed with linear_attention_decay={decay!r}, but "
+                f"this model's is {config.linear_attention_decay!r}: its past would be decayed otherwise than it was "
+                "made (wrong logits). Continue a cache with the model that made it."
+            )
         state = getattr(layer, "state", None)
         if state is not None:
             shape = tuple(state.kv.shape[1:])  # (h, d, e)

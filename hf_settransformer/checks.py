@@ -67,6 +67,7 @@ def check_forward(model, inputs):
     if prefix is not None and objective not in ("many_target_windows", "one_target_window"):
         check_prefix_length(prefix or 0, n)
         check_targets_fit_latents(config, n - prefix)
+    check_decay_applies(model, objective, prefix)
     check_cross_attention(config, inputs, b)
     check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device)
     position_ids = inputs.get("position_ids")
@@ -170,6 +171,22 @@ def check_prefix_length(prefix_length, length, what="the inputs hold {length} po
             f"`prefix_length` must be an integer in [0, {length}) ({what.format(length=length)}), got "
             f"{prefix_length!r}."
         )
+
+
+def check_decay_applies(model, objective, prefix_length):
+    """A decayed linear attention needs an order to decay along: refused for a forward with no causal attention (a
+    bidirectional base model, masked LM, classification, the one-window head)."""
+    decay = getattr(model.config, "linear_attention_decay", "none")
+    if decay == "none" or "linear_attention_decay" not in attention_kernel(model.config).config_fields:
+        return
+    if model.keeps_a_cache or objective in ("causal_lm", "many_target_windows") or prefix_length is not None:
+        return
+    what = f"{type(model).__name__}" + ("" if objective is None else f" ({objective.replace('_', ' ')})")
+    raise ValueError(
+        f"`linear_attention_decay={decay!r}` decays causal attention along the sequence, and {what} attends "
+        "bidirectionally, with no order to decay along. Use linear_attention_decay='none' for this model, or a causal "
+        "use of it (a base model with `prefix_length`, the many-target next-token head)."
+    )
 
 
 def check_targets_fit_latents(config, num_targets):

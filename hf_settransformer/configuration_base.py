@@ -32,6 +32,7 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import logging
 
 from .families import family_for_model_type
+from .decay import check_decay
 from .feature_maps import get_feature_map
 
 logger = logging.get_logger(__name__)
@@ -60,7 +61,10 @@ BOOL_FIELDS = (
 # the kernels of `attention.ATTENTION_KERNELS` that this package defines -> the config fields each reads; the config
 # checks `attention_type` against this table without importing the attention ops, or against the registry itself
 # where that module is loaded (a kernel a user registers with `register_attention_kernel` is valid then)
-BUILT_IN_KERNEL_FIELDS = {"softmax": (), "linear": ("feature_map", "linear_attention_chunk_size")}
+BUILT_IN_KERNEL_FIELDS = {
+    "softmax": (),
+    "linear": ("feature_map", "linear_attention_chunk_size", "linear_attention_decay"),
+}
 
 
 def kernel_config_fields():
@@ -236,6 +240,10 @@ class HfstConfig(PreTrainedConfig):
     feature_map (`str`, defaults to `"elu"`): linear attention's feature map, a name in `feature_maps.FEATURE_MAPS`:
         `"elu"` (elu(x)+1, Katharopoulos et al. 2020) or `"exp"` (Shen et al. 2021).
     linear_attention_chunk_size (`int`, defaults to 64): chunk length of causal linear attention.
+    linear_attention_decay (`str`, defaults to `"none"`): the decay of causal linear attention's state, a name in
+        `decay.DECAYS`: `"none"`, `"fixed"` (RetNet's per-head gamma_h = 1 - 2^(-5-h), Sun et al. 2023) or `"gated"`
+        (a per-token, per-head gate, logsigmoid(x W^T + b) / 16, as simple GLA, Yang et al. 2024). Causal attention
+        only: a forward with no causal attention (a set, a classifier) is refused.
     adaptive_softmax_cutoffs (`list[int]`, *optional*): replace every language-model head's output layer by an
         adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`) with these cluster boundaries;
         token ids must be ordered by decreasing frequency. Logits are then log-probabilities, and the output layer
@@ -279,6 +287,7 @@ class HfstConfig(PreTrainedConfig):
         attention_type="softmax",
         feature_map="elu",
         linear_attention_chunk_size=64,
+        linear_attention_decay="none",
         adaptive_softmax_cutoffs=None,
         adaptive_softmax_div_value=4.0,
         adaptive_input_cutoffs=None,
@@ -316,6 +325,7 @@ class HfstConfig(PreTrainedConfig):
         self.attention_type = attention_type
         self.feature_map = feature_map
         self.linear_attention_chunk_size = linear_attention_chunk_size
+        self.linear_attention_decay = linear_attention_decay
         self.adaptive_softmax_cutoffs = _cutoff_list(adaptive_softmax_cutoffs)
         self.adaptive_softmax_div_value = adaptive_softmax_div_value
         self.adaptive_input_cutoffs = _cutoff_list(adaptive_input_cutoffs)
@@ -350,6 +360,7 @@ class HfstConfig(PreTrainedConfig):
         "attention_probs_dropout_prob": functools.partial(check_probability, "attention_probs_dropout_prob"),
         "attention_type": check_attention_type,
         "feature_map": get_feature_map,  # refuses a name not in the table, naming its names
+        "linear_attention_decay": check_decay,
         "norm_type": lambda v: check_choice("norm_type", v, NORM_TYPES),
         "position_embedding_type": lambda v: check_choice("position_embedding_type", v, POSITION_EMBEDDING_TYPES),
         "hidden_act": check_activation,
@@ -387,10 +398,16 @@ class HfstConfig(PreTrainedConfig):
         self.check_special_tokens()
         self.check_adaptive("adaptive_softmax", "the adaptive output layer")
         self.check_adaptive("adaptive_input", "the adaptive input")
-        if "feature_map" not in kernel_config_fields()[self.attention_type] and self.feature_map != "elu":
+        fields = kernel_config_fields()[self.attention_type]
+        if "feature_map" not in fields and self.feature_map != "elu":
             logger.warning_once(
                 f"`feature_map={self.feature_map!r}` has no effect with `attention_type={self.attention_type!r}` (it "
                 "selects linear attention's feature map)."
+            )
+        if "linear_attention_decay" not in fields and self.linear_attention_decay != "none":
+            logger.warning_once(
+                f"`linear_attention_decay={self.linear_attention_decay!r}` has no effect with "
+                f"`attention_type={self.attention_type!r}` (it selects the decay of linear attention's state)."
             )
 
     def update(self, config_dict):

@@ -87,3 +87,33 @@ def naive_softmax_attention(q, k, v, key_mask=None, causal=False):
     allowed = visible(n, m, key_mask, causal).expand_as(scores)
     w = torch.exp(scores - scores.amax(-1, keepdim=True)) * allowed
     return normalise_rows(w, v)
+
+
+def cumulative_decay(log_decay, key_mask=None):
+    """G (b, h, m) float64, G_p = sum_{t <= p} log g_t: the log-decay from the start through position p. A masked
+    (padding) position does not decay: padding is not time."""
+    logd = log_decay.double()
+    if key_mask is not None:
+        logd = logd.masked_fill(~key_mask.bool()[:, None, :], 0.0)
+    return logd.cumsum(dim=-1)
+
+
+def naive_decayed_linear_attention(q, k, v, log_decay, key_mask=None, feature_map="elu", prefix_length=0):
+    """Causal linear attention with a decay: w_ij = phi(q_i) . phi(k_j) * exp(G_{p_i} - G_j) over the visible keys,
+    G from `cumulative_decay`. The n queries are the last n of the m positions (p_i = m - n + i); the first
+    `prefix_length` queries see the whole prefix (the L = m - n + prefix_length leading keys) and read it where it ends,
+    p_i = L - 1, as the ops' prefix state. `log_decay` (b, h, m), log g <= 0; the stabilised map (exp) in log space."""
+    q, k, v = q.double(), k.double(), v.double()
+    n, m = q.shape[-2], k.shape[-2]
+    lead = m - n + prefix_length
+    where = torch.clamp(torch.arange(n) + (m - n), min=lead - 1)  # (n,) each query's position
+    g = cumulative_decay(log_decay, key_mask)  # (b, h, m)
+    allowed = torch.arange(m)[None, :] <= where[:, None]  # (n, m)
+    if key_mask is not None:
+        allowed = allowed & key_mask.bool()[:, None, None, :]
+    logdecay = (g[..., where][..., :, None] - g[..., None, :]).masked_fill(~allowed, float("-inf"))  # (b, h, n, m)
+    if not get_feature_map(feature_map).stabilised:
+        w = (phi(q, feature_map) @ phi(k, feature_map).transpose(-1, -2)) * torch.exp(logdecay)
+        return normalise_rows(w, v)
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1) + logdecay
+    return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v

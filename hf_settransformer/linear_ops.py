@@ -10,6 +10,12 @@ None; `state` a `LinearAttentionState` (what earlier keys contribute) or None, w
 return; `feature_map` a name in `feature_maps.FEATURE_MAPS`, whose entry says how phi is computed. Causal attention
 runs in chunks (quadratic inside a chunk, a d x e state carried between chunks), so no n x d x e tensor is built;
 `linear_attention_step` advances the same state one token at a time (the RNN view of Katharopoulos et al. 2020).
+
+The causal ops take an optional `decay` (b,h,m): log g_t <= 0 per head and key position, the state's decay
+S_t = g_t S_{t-1} + phi(k_t) v_t^T (and the normaliser likewise): key j weighs exp(G_i - G_j) at query i, G the
+cumulative log-decay (RetNet's fixed per-head gamma, Sun et al. 2023; simple GLA's gate, Yang et al. 2024). Inside a
+chunk the decay is a mask of cumulative log-gates, between chunks a scaled state. A masked (padding) position does not
+decay (padding is not time); a dropped key still does. Non-causal attention has no order to decay along: refused.
 The naive float64 references these ops are tested against are in `linear_naive.py`.
 """
 
@@ -24,6 +30,11 @@ from .linear_triton import (
     fused_linear_attention_available,
     fused_linear_attention_step,
 )
+
+
+def fused_decay_available():
+    return False
+
 
 
 def _ratio(num, den):
@@ -50,7 +61,7 @@ def _check_drop(drop, k):
         )
 
 
-def _check_op_inputs(op, q, k, mask, state, drop, feature_map):
+def _check_op_inputs(op, q, k, mask, state, drop, feature_map, decay=None):
     """The arguments every op shares, checked by type and shape (no value is read): `feature_map` a `FEATURE_MAPS`
     name, whose entry this returns, `mask` a (b, m) key mask tensor, `state` a `LinearAttentionState` (with key maxima
     for a stabilised map), `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order of the old
@@ -78,15 +89,47 @@ def _check_op_inputs(op, q, k, mask, state, drop, feature_map):
             f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads and head dim (b, h, *, d)."
         )
     _check_drop(drop, k)
+    if decay is not None and (
+        not torch.is_tensor(decay) or not decay.is_floating_point() or tuple(decay.shape) != tuple(k.shape[:3])
+    ):
+        raise ValueError(
+            f"`decay` of {op} must be a float tensor of shape {tuple(k.shape[:3])} (batch, heads, keys): each key "
+            f"position's log-decay log g <= 0; got {_describe(decay)}."
+        )
     return fmap
 
 
-def use_triton(q, k, v, state, fmap, step=False):
+def _describe(x):
+    return f"{x.dtype} of shape {tuple(x.shape)}" if torch.is_tensor(x) else f"a {type(x).__name__}"
+
+
+def _log_decay(decay, mask):
+    """The ops' log-decay (b, h, m) in float32, 0 at masked (padding) positions: padding is not time. None: none."""
+    if decay is None:
+        return None
+    decay = decay.float()
+    return decay if mask is None else decay.masked_fill(~mask[:, None, :], 0.0)
+
+
+def _decayed_state(state, log_g, fmap):
+    """`state` decayed by log g (b, h): sums scaled by g; a stabilised map's sums are kept and their reference
+    lowered by log g instead (its sums are stored divided by exp(k_max)), which never under- or overflows."""
+    if state is None or log_g is None:
+        return state
+    if fmap.stabilised:
+        return LinearAttentionState(kv=state.kv, z=state.z, k_max=state.k_max + log_g[..., None])
+    g = torch.exp(log_g)
+    return LinearAttentionState(kv=state.kv * g[..., None, None], z=state.z * g[..., None], k_max=state.k_max)
+
+
+def use_triton(q, k, v, state, fmap, step=False, decay=None):
     """The Triton-or-PyTorch choice, made once at the top of each op and passed down: the fused kernels where they have
     code for the feature map `fmap` and take these inputs (`linear_triton.fused_linear_attention_available`: CUDA or
     forced, dtypes, head dims, the environment, not compiling, triton installed); for the one-token `step`, which has
     no matrix product and so also takes fp32, only where no gradient is needed (the fused step has no backward)."""
-    if step and _needs_grad(q, k, v, state):
+    if step and _needs_grad(q, k, v, state, decay):
+        return False
+    if decay is not None and not fused_decay_available():
         return False
     return fused_linear_attention_available(q, fmap.name, v, dots=not step)
 
@@ -101,7 +144,7 @@ def _with_dropped(key_mask, drop):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None):
     """Non-causal linear attention: every query sees every (real, kept) key. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
     mask (b,m), drop (b,h,m) -> (out (b,h,n,e) fp32, None). `state` must be None: a non-causal op carries no state.
     A stabilised map (exp) is Shen et al.'s efficient attention: a softmax over the features for queries and over the
@@ -110,6 +153,11 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
     if state is not None:
         raise ValueError(
             "`linear_attention` is non-causal and carries no state: pass state=None (the causal ops continue one)."
+        )
+    if decay is not None:
+        raise ValueError(
+            "`linear_attention` is non-causal: its keys have no order to decay along; pass decay=None (the causal "
+            "ops take one)."
         )
     fused = use_triton(q, k, v, state, fmap)
     key_mask = _with_dropped(mask, drop)
@@ -200,7 +248,9 @@ def exclusive_prefix_sum(x):
     return torch.cumsum(x, dim=2) - x
 
 
-def causal_linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, drop=None):
+def causal_linear_attention(
+    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, drop=None, decay=None
+):
     """Causal linear attention in chunks: query i sees keys j <= i (and everything in `state`).
 
     q, k (b,h,n,d), v (b,h,n,e), mask (b,n) -> (out (b,h,n,e) fp32, LinearAttentionState after the last token).
@@ -208,20 +258,24 @@ def causal_linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu"
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     A stabilised map (exp) cannot normalise keys over the sequence (that would read the future): it is the ratio
     phi(q) S / phi(q) z with phi = exp, stabilised by key maxima that never look ahead (`_causal_exp_linear_attention`).
+    `decay` (b,h,n): each position's log-decay (see the module's docstring), or None.
     Fused Triton kernels compute it where `use_triton` says.
     """
-    fmap = _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map)
-    return _causal(q, k, v, mask, state, fmap, chunk_size, drop, use_triton(q, k, v, state, fmap))
+    fmap = _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
+    fused = use_triton(q, k, v, state, fmap, decay=decay)
+    return _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused, _log_decay(decay, mask))
 
 
-def _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused):
-    """The causal ops' chunks, in the fused kernels or in PyTorch as the op chose (`fused`, from `use_triton`)."""
+def _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused, logd=None):
+    """The causal ops' chunks, in the fused kernels or in PyTorch as the op chose (`fused`, from `use_triton`);
+    `logd` the log-decay as `_log_decay` gives it, or None."""
     if fused:
+        extra = {} if logd is None else {"decay": logd}
         return fused_causal_linear_attention(
-            q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD
+            q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD, **extra
         )
     with _no_autocast(q):
-        return _causal_linear_attention(q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop)
+        return _causal_linear_attention(q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop, logd)
 
 
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
@@ -230,7 +284,7 @@ def _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused):
 EXP_CHUNK_SPREAD = 40.0
 
 
-def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None):
+def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None, logd=None):
     """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
     stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
 
@@ -239,7 +293,12 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     where R_c exceeds the running maximum at some real query's position by more than `EXP_CHUNK_SPREAD` nats is
     recomputed for that query with its own running maximum M_i: w_ij = sum_f exp(q_if + k_jf - s_i),
     s_i = max_f (q_if + M_if), an explicit (c x c x d) sum. The stabilisers are constants of the function (they cancel
-    in the ratio) and are kept out of autograd."""
+    in the ratio) and are kept out of autograd.
+
+    With a decay (`logd`, b,h,n) the keys of a chunk are taken back to its start, k_j - b_j (b the cumulative
+    log-decay inside the chunk): exp(q_i + k_j + b_i - b_j) = exp(b_i) exp(q_i + k_j - b_j), and exp(b_i), one factor
+    per query, cancels in the ratio. The references are then the running maxima of these keys, and a state's `k_max`
+    is its reference where the call ends (the decayed maximum: a key that has decayed away no longer sets it)."""
     b, h, n, d = q.shape
     e = v.shape[-1]
     c = min(chunk_size, n)
@@ -257,11 +316,22 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         v = F.pad(v, (0, 0, 0, pad))
     q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
     floor = -1e30  # reference while every key so far is masked: any finite value works
+    start = state.k_max.clamp_min(floor) if state is not None else k.new_full((b, h, d), floor)
+    if logd is not None:
+        local = F.pad(logd, (0, pad)).reshape(b, h, nk, c).cumsum(dim=-1)  # b_j, (b, h, k, c)
+        total = local[..., -1]  # each chunk's decay, (b, h, k)
+        k = k - local[..., None]  # back to the chunk's start
     with torch.no_grad():
-        start = (state.k_max if state is not None else k.new_full((b, h, d), float("-inf"))).clamp_min(floor)
-        running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
+        if logd is None:
+            running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
+        else:  # R_c = G_c + max(start, max over keys so far of k_j - G_j), G the decay before chunk c's start
+            offset = exclusive_prefix_sum(total.detach())[..., None]  # (b, h, k, 1)
+            running = torch.cummax(torch.maximum(k.amax(dim=3) - offset, start[:, :, None]), dim=2).values + offset
         running = running.clamp_min(floor)
-        before = torch.cat([start[:, :, None], running[:, :, :-1]], dim=2)  # R_{c-1}: the carried state's reference
+    # R_{c-1} (decayed by chunk c-1): the carried state's reference; the decay keeps its gradient here
+    last = running[:, :, :-1] if logd is None else running[:, :, :-1] + total[:, :, :-1, None]
+    before = torch.cat([start[:, :, None], last], dim=2)
+    with torch.no_grad():
         shift = (q + running[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
     phi_k = torch.exp(k - running[:, :, :, None])  # (b, h, k, c, d), <= 1
     phi_q = torch.exp(q + running[:, :, :, None] - shift)  # <= 1
@@ -290,7 +360,7 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
 
     with torch.no_grad():
         # the running maximum at each position, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(k, dim=3).values, before[:, :, :, None]).clamp_min(floor)
+        at = torch.maximum(torch.cummax(k, dim=3).values, before.detach()[:, :, :, None]).clamp_min(floor)
         spread = (running[:, :, :, None] - at).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
@@ -309,7 +379,12 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
         out = out.index_put(idx, exact)
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
-    return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=running[:, :, -1])
+    k_max = running[:, :, -1]
+    if logd is not None:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
+        k_max = k_max + total[:, :, -1, None].detach()
+        grad = torch.exp(total[:, :, -1] - total[:, :, -1].detach())  # 1, with the decay's gradient
+        kv_run, z_run = kv_run * grad[..., None, None], z_run * grad[..., None]
+    return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=k_max)
 
 
 def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
@@ -328,9 +403,9 @@ def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
     return _ratio(num, den.unsqueeze(-1))
 
 
-def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None):
+def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None, logd=None):
     if fmap.stabilised:
-        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop)
+        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop, logd)
     b, h, n, d = q.shape
     e = v.shape[-1]
     phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), fmap, state)
@@ -344,6 +419,8 @@ def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=No
     phi_q = phi_q.reshape(b, h, nk, c, d)
     phi_k = phi_k.reshape(b, h, nk, c, d)
     v = v.reshape(b, h, nk, c, e)
+    if logd is not None:
+        return _decayed_chunks(phi_q, phi_k, v, F.pad(logd, (0, pad)).reshape(b, h, nk, c), state, n)
 
     # inside each chunk: masked quadratic form
     scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
@@ -370,8 +447,41 @@ def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=No
     return out, new_state
 
 
+def _decayed_chunks(phi_q, phi_k, v, logd, state, n):
+    """The chunks of an elementwise map with a decay: phi_q, phi_k (b,h,k,c,d), v (b,h,k,c,e), logd (b,h,k,c) ->
+    (out (b,h,n,e), state). Inside a chunk, key j weighs exp(b_i - b_j) at query i (b the cumulative log-decay in the
+    chunk); a chunk reads the state carried into it scaled by exp(b_i), and hands on exp(B) times it plus its keys
+    decayed to its end, exp(B - b_j) (B its whole decay): every exponent <= 0."""
+    b, h, nk, c, d = phi_q.shape
+    e = v.shape[-1]
+    local = logd.cumsum(dim=-1)  # (b, h, k, c)
+    total = local[..., -1]  # (b, h, k)
+    causal = torch.ones(c, c, dtype=torch.bool, device=phi_q.device).tril()
+    gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j, j <= i
+    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)  # (b, h, k, c, c)
+    num = torch.matmul(scores, v)
+    den = scores.sum(dim=-1)
+    to_end = phi_k * torch.exp(total[..., None] - local)[..., None]  # keys decayed to the chunk's end
+    kv_chunks = torch.matmul(to_end.transpose(-1, -2), v)  # (b, h, k, d, e)
+    z_chunks = to_end.sum(dim=-2)  # (b, h, k, d)
+    kv_run = state.kv if state is not None else phi_q.new_zeros(b, h, d, e)
+    z_run = state.z if state is not None else phi_q.new_zeros(b, h, d)
+    kv_before, z_before = [], []
+    for i in range(nk):  # the carried state, decayed by each chunk before it adds its keys
+        kv_before.append(kv_run)
+        z_before.append(z_run)
+        g = torch.exp(total[:, :, i])  # (b, h)
+        kv_run = kv_run * g[..., None, None] + kv_chunks[:, :, i]
+        z_run = z_run * g[..., None] + z_chunks[:, :, i]
+    read = phi_q * torch.exp(local)[..., None]  # the carried state as each query sees it
+    num = num + torch.matmul(read, torch.stack(kv_before, dim=2))
+    den = den + torch.matmul(read, torch.stack(z_before, dim=2).unsqueeze(-1)).squeeze(-1)
+    out = _ratio(num, den.unsqueeze(-1)).reshape(b, h, nk * c, e)[:, :, :n]
+    return out, LinearAttentionState(kv=kv_run, z=z_run)
+
+
 def prefix_causal_linear_attention(
-    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, prefix_length=0, drop=None
+    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, prefix_length=0, drop=None, decay=None
 ):
     """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
     m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask (b,m) ->
@@ -381,21 +491,34 @@ def prefix_causal_linear_attention(
     The K = m - n + prefix_length leading keys are folded into one state (continuing `state`); the first
     `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
     `causal_linear_attention`'s chunks: where `use_triton` says, its fused kernels, which take the prefix's state as a
-    carried state (and give it its gradients)."""
-    fmap = _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map)
+    carried state (and give it its gradients).
+
+    `decay` (b,h,m): as in `causal_linear_attention`, over the m key positions (the queries are the last n). The
+    leading keys decay to where they end, where the prefix's queries read them: the bidirectional prefix is one step
+    of the decay, as it is one state."""
+    fmap = _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
         raise ValueError(
             f"`prefix_causal_linear_attention` needs 0 <= prefix_length <= n and one key per query after the prefix "
             f"(m - n + prefix_length >= 0); got n={n} queries, m={m} keys, prefix_length={prefix_length}."
         )
-    fused = use_triton(q, k, v, state, fmap)
+    fused = use_triton(q, k, v, state, fmap, decay=decay)
+    logd = _log_decay(decay, mask)
     with _no_autocast(q):
         lead = m - n + prefix_length
         if lead:
             lead_mask = _with_dropped(None if mask is None else mask[:, :lead], _slice(drop, 0, lead))
             k_lead, v_lead = k[:, :, :lead].float(), v[:, :, :lead].float()
+            to_end = None
+            if logd is not None:
+                cumulative = logd[:, :, :lead].cumsum(dim=-1)
+                state = _decayed_state(state, cumulative[..., -1], fmap)
+                to_end = (cumulative[..., -1:] - cumulative)[..., None]  # (b, h, lead, 1), <= 0
+                k_lead = k_lead + to_end if fmap.stabilised else k_lead
             _, phi_k, state, k_max = _causal_features(k_lead[:, :, :1], k_lead, lead_mask, fmap, state)
+            if to_end is not None and not fmap.stabilised:
+                phi_k = phi_k * torch.exp(to_end)
             kv = torch.matmul(phi_k.transpose(-1, -2), v_lead)  # (b, h, d, e)
             z = phi_k.sum(dim=-2)
             if state is not None:  # rescaled to the new key maxima by _causal_features
@@ -412,7 +535,8 @@ def prefix_causal_linear_attention(
             q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
             # from the prefix's state (in the fused kernels too, whose gradients flow into it)
             out, state = _causal(
-                q_rest, k_rest, v_rest, rest_mask, state, fmap, chunk_size, _slice(drop, lead, m), fused
+                q_rest, k_rest, v_rest, rest_mask, state, fmap, chunk_size, _slice(drop, lead, m), fused,
+                _slice(logd, lead, m),
             )
             outs.append(out)
         return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
@@ -429,7 +553,7 @@ def _query_features(q, fmap, k_max):
     return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
 
 
-def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None):
     """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e), mask (b,1) -> (out (b,h,1,e), new state).
 
     Cost and memory are independent of the number of tokens already in `state`. Where `use_triton` says (it needs no
@@ -437,23 +561,27 @@ def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", 
     No branch on values and no host read:
     it compiles to one graph (`torch.compile(fullgraph=True)`), the same at every step; a `RecurrentStateLayer` built
     with `static=True` copies the new state into fixed buffers, which CUDA graphs replay on.
+    `decay` (b,h,1): the token's log-decay, applied to `state` before the token is added.
     """
-    fmap = _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map)
+    fmap = _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map, decay)
     if q.shape[2] != 1 or k.shape[2] != 1:
         raise ValueError(
             f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "
             "(use causal_linear_attention for several)."
         )
-    if use_triton(q, k, v, state, fmap, step=True):
-        return fused_linear_attention_step(q, k, v, mask, state, feature_map=fmap.name, drop=drop)
+    if use_triton(q, k, v, state, fmap, step=True, decay=decay):
+        extra = {} if decay is None else {"decay": _log_decay(decay, mask)}
+        return fused_linear_attention_step(q, k, v, mask, state, feature_map=fmap.name, drop=drop, **extra)
     with _no_autocast(q):
         key_mask = _with_dropped(mask, drop)
+        logd = _log_decay(decay, mask)
+        state = _decayed_state(state, None if logd is None else logd[..., 0], fmap)
         return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, fmap)
 
 
-def _needs_grad(q, k, v, state):
+def _needs_grad(q, k, v, state, decay=None):
     """Whether a step's result needs autograd (the fused step has none; generation never does)."""
-    tensors = [q, k, v] + ([] if state is None else [state.kv, state.z])
+    tensors = [q, k, v] + ([] if state is None else [state.kv, state.z]) + ([] if decay is None else [decay])
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 

@@ -21,6 +21,7 @@ from .attention import AttentionMask, attention_kernel
 from .blocks import outermost_block_names
 from .cache_checks import check_assisted_generation
 from .checks import check_generation_config, check_model_config, check_resize
+from .decay import GatedDecay
 from .families import family_for_model_type
 from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
 
@@ -183,6 +184,9 @@ class HfstPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, LearnedVectors):
             init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, GatedDecay):  # starts as the fixed schedule (decay.py)
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.copy_(module.bias, module.schedule_bias().to(module.bias.device))
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """As transformers', and the modeling code travels with the weights with an `auto_map` naming every class of

@@ -35,8 +35,15 @@ def load(folders):
                 result["path"] = path
                 runs.append(result)
     key = {name: i for i, name in enumerate(ORDER)}
-    runs.sort(key=lambda r: (key.get(r["family"], 9), design(r), r["attention"] != "softmax", r["feature_map"]))
+    runs.sort(key=lambda r: (key.get(r["family"], 9), design(r), r["attention"] != "softmax", r["feature_map"],
+                         r.get("linear_attention_decay") or "none"))
     return runs
+
+
+def attention_label(r):
+    """"softmax", "linear elu", "linear exp, gated decay" (the decay of runs that had one)."""
+    decay = r.get("linear_attention_decay") or "none"
+    return ATTENTION[(r["attention"], r["feature_map"])] + ("" if decay == "none" else f", {decay} decay")
 
 
 def design(r):
@@ -69,7 +76,7 @@ def table(runs, unigram=None):
         if cpu_minutes is None and whole_run_seconds(r):
             cpu_minutes = whole_run_seconds(r) * cpu_minutes_per_clock_second(r)
         lines.append(
-            f"| {r['family']} | {design(r)} | {ATTENTION[(r['attention'], r['feature_map'])]} | "
+            f"| {r['family']} | {design(r)} | {attention_label(r)} | "
             f"{r['parameters'] / 1e6:.2f}M | {output_layer(r)} | {r.get('precision', 'fp32')} | {threads} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
             f"{r.get('train_tokens', 0) / 1e6:.2f}M | {training_speed(r, cpu_minutes)} | "
@@ -147,12 +154,13 @@ def training_time(r):
 def curve_label_and_style(r):
     """Legend label and line style of a run's curve: colour is the family, the style the attention, and the literal
     one-target head, which shares family and attention with a many-target run, gets a style and a label of its own."""
-    attention = ATTENTION[(r["attention"], r["feature_map"])]
+    attention = attention_label(r)
     literal = design(r) == "one target / window"
     label = f"{r['family']}, {attention}" + (", one target / window" if literal else "")
     if r.get("resumed_from_step") and whole_run_seconds(r) is None:
         label += f" (from step {r['resumed_from_step']}: time after resuming)"
-    return label, "-." if literal else {"softmax": "-", "linear elu": "--", "linear exp": ":"}[attention]
+    return label, "-." if literal else {"softmax": "-", "linear elu": "--", "linear exp": ":"}[ATTENTION[
+        (r["attention"], r["feature_map"])]]
 
 
 def plot(runs, path):

@@ -253,7 +253,8 @@ def describe_model(model, model_args):
     """The head of all_results.json: family, objective, attention, preset, design and output layer."""
     config, objective = model.config, objective_of(model)
     return {"family": model_args.family, "objective": objective.flag,
-            "attention": config.attention_type, "feature_map": config.feature_map, "preset": model_args.preset,
+            "attention": config.attention_type, "feature_map": config.feature_map,
+            "linear_attention_decay": config.linear_attention_decay, "preset": model_args.preset,
             "next_token_mode": objective.next_token_mode,
             "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs,
             "adaptive_input_cutoffs": config.adaptive_input_cutoffs}

@@ -5,7 +5,8 @@
 # splits; plus the design document's literal one-target head (encoder, softmax) as the baseline.
 #   bash scripts/wikitext2_grid.sh [output root] [run ...]     (default: outputs/wikitext2-90min, every run)
 #   runs: decoder-softmax decoder-linear-elu decoder-linear-exp encoder-... set_transformer-... perceiver_io-...
-#         encoder-window-softmax
+#         encoder-window-softmax; a decayed linear run ends in -fixed or -gated (decoder-linear-elu-gated: not in the
+#         default list)
 # One run per core, one thread each, e.g. on a 2-core machine:
 #   HFST_LAUNCH="taskset -c 0 env OMP_NUM_THREADS=1" bash scripts/wikitext2_grid.sh outputs/wikitext2-90min decoder-softmax ... &
 #   HFST_LAUNCH="taskset -c 1 env OMP_NUM_THREADS=1" bash scripts/wikitext2_grid.sh outputs/wikitext2-90min encoder-softmax ... &
@@ -29,6 +30,8 @@ for run in $runs; do
   family=${run%%-*}
   attention=${run#*-}
   mode=many
+  decay=none
+  case "$attention" in linear-*-fixed | linear-*-gated) decay=${attention##*-}; attention=${attention%-*} ;; esac
   case "$attention" in window-*) mode=window; attention=${attention#window-} ;; esac
   type=${attention%%-*}
   map=elu; [ "$attention" = linear-exp ] && map=exp
@@ -38,6 +41,7 @@ for run in $runs; do
   if [ -f "$out/all_results.json" ]; then echo "done already: $out"; continue; fi
   # shellcheck disable=SC2086  # HFST_LAUNCH and HFST_GRID_ARGS are word lists
   ${HFST_LAUNCH:-} python scripts/train_lm.py --family "$family" --attention_type "$type" --feature_map "$map" \
+    --linear_attention_decay "$decay" \
     "${extra[@]}" --do_train --do_eval --do_predict \
     --train_file "$data/wiki.train.tokens" --validation_file "$data/wiki.valid.tokens" \
     --test_file "$data/wiki.test.tokens" --output_dir "$out" --max_train_minutes "$minutes" \

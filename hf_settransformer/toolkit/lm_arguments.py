@@ -17,6 +17,7 @@ from transformers import AutoConfig, HfArgumentParser
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 from ..families import FAMILIES
+from ..decay import DECAYS
 from ..feature_maps import FEATURE_MAPS
 from .measure import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
@@ -109,6 +110,11 @@ class ModelArguments:
     )
     feature_map: str = field(
         default="elu", metadata={"help": "linear attention feature map", "choices": list(FEATURE_MAPS)}
+    )
+    linear_attention_decay: str = field(
+        default="none",
+        metadata={"help": "decay of causal linear attention's state: fixed (RetNet's per-head gamma) or gated "
+                          "(a per-token gate, as simple GLA)", "choices": list(DECAYS)},
     )
     preset: str = field(
         default="auto",
@@ -435,8 +441,8 @@ def check_flags_apply(model_args, data_args, training_args):
     family, objective = model_args.family, model_args.objective
     window_mode = model_args.next_token_mode == "window"
     if model_args.model_name_or_path:  # the checkpoint's config fixes the model and its windows
-        fixed = [name for name in ("attention_type", "feature_map", "next_token_mode", "config_overrides",
-                                   "context_length", "target_length") if gave(name)]
+        fixed = [name for name in ("attention_type", "feature_map", "linear_attention_decay", "next_token_mode",
+                                   "config_overrides", "context_length", "target_length") if gave(name)]
         refusals.append((fixed, "the model comes from --model_name_or_path, whose config sets these (new models only)"))
     else:
         if family != "decoder":
@@ -446,6 +452,13 @@ def check_flags_apply(model_args, data_args, training_args):
         if model_args.attention_type == "softmax" and model_args.feature_map != "elu":
             refusals.append((["feature_map"], "it selects linear attention's feature map; --attention_type softmax "
                                               "has none (pass --attention_type linear)"))
+        if model_args.linear_attention_decay != "none":
+            if model_args.attention_type == "softmax":
+                refusals.append((["linear_attention_decay"], "it decays linear attention's state; --attention_type "
+                                                             "softmax has none (pass --attention_type linear)"))
+            elif family != "decoder" and (objective == "mlm" or window_mode):
+                refusals.append((["linear_attention_decay"], "a decay needs causal attention, and --objective mlm "
+                                                             "and --next_token_mode window attend bidirectionally"))
         if objective == "mlm" and family != "decoder":
             refusals.append(([n for n in ("next_token_mode", "targets_per_epoch") if gave(n)],
                              "--objective mlm trains on masked blocks, not next-token windows"))
@@ -514,6 +527,7 @@ def new_config(model_args, data_args, vocab_size, eos_id):
         vocab_size=vocab_size,
         attention_type=model_args.attention_type,
         feature_map=model_args.feature_map,
+        linear_attention_decay=model_args.linear_attention_decay,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
         bos_token_id=eos_id,
