@@ -2,7 +2,9 @@
 
 On a CPU (the default without CUDA; batch 1, fp32) softmax through SDPA against our linear kernels and, when installed,
 fast-transformers' causal kernel (`cpu_contenders`); on CUDA (batch 4, bf16 inputs, lengths 1k ... 64k) SDPA against
-ours in PyTorch and in Triton and flash-linear-attention's causal kernel (`gpu_contenders`). The contenders alternate
+ours in PyTorch and in Triton and flash-linear-attention's causal kernels (`gpu_contenders`). The causal kernels also
+run with a decay (`linear_attention_decay`): "fixed" (RetNet's per-head gamma) and "gated" (a per-token log-decay,
+logsigmoid(N(0, 1)) / 16, whose gradient is computed too, as in training). The contenders alternate
 within each length, medians after warm-up; every linear one is first checked against the fp32 PyTorch op. A second
 table sweeps the chunk size of the chunked PyTorch kernel; the summary gives the targets' ratios (`summarize_gpu`).
 Peak memory is the most held above what was allocated before one forward+backward (`bench_common.peak_memory_bytes`).
@@ -34,10 +36,13 @@ from bench_common import (
     write_json,
 )
 
+from hf_settransformer.decay import GATE_LOGIT_NORMALISER, retnet_log_decay
 from hf_settransformer.linear_ops import causal_linear_attention, linear_attention
 from hf_settransformer.linear_triton import fused_linear_attention_available
 
 FLA = "fla chunk_linear_attn causal elu"
+FLA_GATED = "fla chunk_simple_gla causal elu, gated decay (unnormalised)"
+DECAYS = ("fixed", "gated")
 
 
 def parse_args():
@@ -117,6 +122,12 @@ def cpu_contenders(args):
         f"causal linear elu (chunked, c={chunk})": lambda q, k, v: causal_linear_attention(
             q, k, v, feature_map="elu", chunk_size=chunk
         )[0],
+        **{
+            f"causal linear {feature_map}{decay_words(decay)} (chunked)": ours(True, feature_map, False, chunk, decay)
+            for feature_map in ("elu", "exp")
+            for decay in (None, *DECAYS)
+            if feature_map == "exp" or decay is not None
+        },
         "causal linear elu (naive cumsum)": naive_causal_linear,
         "causal linear elu (fast-transformers)": None
         if found is None
@@ -139,20 +150,56 @@ def triton_switch(enabled):
             os.environ["HFST_DISABLE_TRITON"] = before
 
 
-def ours(causal, feature_map, triton, chunk):
+def ours(causal, feature_map, triton, chunk, decay=None):
+    """Our op as a contender: non-causal or causal, `decay` None, "fixed" or "gated" (`decay_for`)."""
+
     def attend(q, k, v):
         with triton_switch(triton):
             if causal:
-                return causal_linear_attention(q, k, v, feature_map=feature_map, chunk_size=chunk)[0]
+                options = {} if decay is None else {"decay": decay_for(decay, q)}
+                return causal_linear_attention(q, k, v, feature_map=feature_map, chunk_size=chunk, **options)[0]
             return linear_attention(q, k, v, feature_map=feature_map)[0]
 
     return attend
+
+
+def decay_words(decay):
+    return "" if decay is None else f", {decay} decay"
+
+
+_GATES = {}
+
+
+def decay_for(decay, q):
+    """The log-decay (b, h, n) of a contender: RetNet's per-head schedule ("fixed"), or a per-token gate ("gated",
+    made once per shape, a leaf whose gradient the backward computes)."""
+    b, h, n = q.shape[:3]
+    if decay == "fixed":
+        return retnet_log_decay(h, q.device)[None, :, None].expand(b, h, n)
+    key = (b, h, n, q.device)
+    if key not in _GATES:
+        logits = torch.randn(b, h, n, generator=torch.Generator().manual_seed(n)).to(q.device)
+        _GATES[key] = (F.logsigmoid(logits) / GATE_LOGIT_NORMALISER).requires_grad_()
+    return _GATES[key]
 
 
 def exact_elu1(x):
     """elu(x) + 1 computed in fp32 (where(x >= 0, x + 1, exp(x))), in x's dtype: in bf16 `elu(x) + 1` cancels to 0."""
     y = x.float()
     return torch.where(y >= 0, y + 1.0, torch.exp(torch.clamp(y, max=0.0))).to(x.dtype)
+
+
+def fla_gated(chunk_simple_gla):
+    """fla's simple GLA (a per-token, per-head scalar decay, no normaliser: RetNet-style outputs) with the exact elu+1
+    map and our gated contenders' decay: the peer of "ours causal elu, gated decay"."""
+
+    def attend(q, k, v):
+        g = decay_for("gated", q).transpose(1, 2)  # (b, n, h)
+        q, k, v = (t.transpose(1, 2) for t in (exact_elu1(q), exact_elu1(k), v))
+        out, _ = chunk_simple_gla(q, k, v, g=g, scale=1.0)
+        return out.transpose(1, 2)
+
+    return attend
 
 
 def fla_causal(chunk_linear_attn):
@@ -180,11 +227,12 @@ def gpu_contenders(args):
         "SDPA causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     skipped = {}
-    for causal in (False, True):
+    for causal, decay in ((False, None), (True, None), *((True, decay) for decay in DECAYS)):
         for feature_map in ("elu", "exp"):
             for triton in (False, True):
-                name = f"ours {'causal' if causal else 'linear'} {feature_map} ({'Triton' if triton else 'PyTorch'})"
-                table[name] = ours(causal, feature_map, triton, args.chunk_size) if fused or not triton else None
+                name = (f"ours {'causal' if causal else 'linear'} {feature_map}{decay_words(decay)} "
+                        f"({'Triton' if triton else 'PyTorch'})")
+                table[name] = ours(causal, feature_map, triton, args.chunk_size, decay) if fused or not triton else None
                 if table[name] is None:
                     skipped[name] = f"triton unavailable or not taken for {args.dtype} (HFST_DISABLE_TRITON?)"
     try:
@@ -193,6 +241,12 @@ def gpu_contenders(args):
         table[FLA], skipped[FLA] = None, f"not installed (flash-linear-attention 0.6.0): {error}"
     else:
         table[FLA] = fla_causal(chunk_linear_attn)
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as error:
+        table[FLA_GATED], skipped[FLA_GATED] = None, f"not installed (flash-linear-attention 0.6.0): {error}"
+    else:
+        table[FLA_GATED] = fla_gated(chunk_simple_gla)
     for name, why in skipped.items():
         print(f"skipping {name}: {why}")
     return table, skipped
@@ -200,9 +254,10 @@ def gpu_contenders(args):
 
 def reference(name, chunk):
     """The fp32 PyTorch op a linear contender computes, or None (softmax)."""
-    if "softmax" in name or name.startswith("SDPA"):
+    if "softmax" in name or name.startswith("SDPA") or name == FLA_GATED:  # fla's simple GLA has no normaliser
         return None
-    return ours("causal" in name, "exp" if " exp" in name else "elu", False, chunk)
+    decay = next((d for d in DECAYS if f"{d} decay" in name), None)
+    return ours("causal" in name, "exp" if " exp" in name else "elu", False, chunk, decay)
 
 
 def runnable(name, n, args):
@@ -334,14 +389,27 @@ def summarize(rows, table, args):
         ratio = by_length[16384][chunked]["peak_mib"] / by_length[8192][chunked]["peak_mib"]
         summary["chunked_peak_memory_16384_over_8192"] = ratio
         lines.append(f"chunked causal linear peak memory 16384 / 8192 = {ratio:.2f}x (target <= 2.1x)")
+    for n in (2048, 8192):
+        if n not in by_length:
+            continue
+        for feature_map in ("elu", "exp"):
+            plain = chunked if feature_map == "elu" else "causal linear exp (chunked)"
+            for decay in DECAYS:
+                name = f"causal linear {feature_map}{decay_words(decay)} (chunked)"
+                if "ms" in by_length[n].get(name, {}) and "ms" in by_length[n].get(plain, {}):
+                    ratio = by_length[n][name]["ms"] / by_length[n][plain]["ms"]
+                    summary[f"{feature_map}_{decay}_over_undecayed_at_{n}"] = ratio
+                    lines.append(f"causal {feature_map}, {decay} decay / undecayed time at {n} = {ratio:.2f}x")
     summary["lines"] = lines
     return summary
 
 
 def summarize_gpu(rows):
     """The GPU targets per length: ours causal elu (Triton) at least as fast as fla, with no more peak
-    memory; causal exp within 1.5x of causal elu; causal exp faster than SDPA causal from 8k tokens on."""
+    memory; causal exp within 1.5x of causal elu; causal exp faster than SDPA causal from 8k tokens on; and the gated
+    decay's cost: ours gated against ours undecayed and against fla's simple GLA."""
     elu, exp = "ours causal elu (Triton)", "ours causal exp (Triton)"
+    gated = "ours causal elu, gated decay (Triton)"
     lines, summary = [], {}
     for r in rows:
         n, got = r["length"], {}
@@ -350,13 +418,17 @@ def summarize_gpu(rows):
             ("elu_over_fla_peak", elu, FLA, "peak_mib"),
             ("exp_over_elu_time", exp, elu, "ms"),
             ("exp_over_sdpa_causal_time", exp, "SDPA causal", "ms"),
+            ("gated_over_undecayed_time", gated, elu, "ms"),
+            ("gated_over_fla_simple_gla_time", gated, FLA_GATED, "ms"),
         ]:
             if field in r.get(a, {}) and field in r.get(b, {}):
                 got[key] = r[a][field] / r[b][field]
         summary[str(n)] = got
         words = {"elu_over_fla_time": "causal elu / fla time {:.2f}x (target <= 1)",
                  "elu_over_fla_peak": "peak {:.2f}x (<= 1)", "exp_over_elu_time": "exp / elu {:.2f}x (<= 1.5)",
-                 "exp_over_sdpa_causal_time": "exp / SDPA causal {:.2f}x (< 1 from 8k)"}  # fmt: skip
+                 "exp_over_sdpa_causal_time": "exp / SDPA causal {:.2f}x (< 1 from 8k)",
+                 "gated_over_undecayed_time": "elu gated / elu {:.2f}x",
+                 "gated_over_fla_simple_gla_time": "elu gated / fla simple GLA {:.2f}x"}  # fmt: skip
         lines.append(f"n={n}: " + (", ".join(words[k].format(v) for k, v in got.items()) or "no ratio measured"))
     summary["lines"] = lines
     return summary

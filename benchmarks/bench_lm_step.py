@@ -37,6 +37,7 @@ def parse_args():
     p = base_parser(__doc__)
     p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(hfst.FAMILIES))
     p.add_argument("--attention_type", default="softmax", choices=["softmax", "linear"])
+    p.add_argument("--feature_map", default="elu", choices=["elu", "exp"])
     p.add_argument("--hidden_size", type=int, default=128)
     p.add_argument("--num_hidden_layers", type=int, default=4)
     p.add_argument("--vocab_size", type=int, default=33278)
@@ -78,6 +79,7 @@ def build(family, head, args, package=hfst):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         attention_type=args.attention_type,
+        feature_map=args.feature_map,
         max_position_embeddings=max(1024, args.seq_len),
         **{name: args.cutoffs for name in HEADS[head]},
     )
@@ -164,7 +166,8 @@ def main():
                         "flops_per_step": flops[name], "achieved_flops": achieved, "peak_flops": peaks[bf16],
                         "samples_s": timing["samples_s"]})
     print(f"{describe_machine(device)}; batch {args.batch_size} x {args.seq_len} tokens, hidden {args.hidden_size}, "
-          f"{args.num_hidden_layers} layers, vocabulary {args.vocab_size:,}, {args.attention_type} attention; "
+          f"{args.num_hidden_layers} layers, vocabulary {args.vocab_size:,}, {args.attention_type} attention"
+          f"{f' ({args.feature_map})' if args.attention_type == 'linear' else ''}; "
           f"matmul peak fp32 {peaks.get(False, 0) / 1e9:.0f} GFLOP/s, bf16 {peaks.get(True, 0) / 1e9:.0f} GFLOP/s")
     columns = ["contender", "parameters", "ms/step", "tokens/s", f"vs {args.heads[0]} fp32", "GFLOP/s", "% of peak"]
     columns += ["vs baseline"] if args.baseline else []

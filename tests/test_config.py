@@ -61,6 +61,7 @@ def test_round_trip(tmp_path):
 BAD = [
     ({"attention_type": "performer"}, "attention_type", "softmax"),
     ({"feature_map": "relu"}, "feature_map", "elu"),
+    ({"linear_attention_decay": "exponential"}, "linear_attention_decay", "gated"),
     ({"norm_type": "rmsnorm"}, "norm_type", "scalenorm"),
     ({"position_embedding_type": "rotary"}, "position_embedding_type", "sinusoidal"),
     ({"hidden_size": 30, "num_attention_heads": 4}, "hidden_size", "divisible"),
@@ -332,7 +333,8 @@ BASE_BAD = {
     **dict.fromkeys(("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "linear_attention_chunk_size"), POSITIVE),
     **dict.fromkeys(("hidden_dropout_prob", "attention_probs_dropout_prob"), PROBABILITY),
-    **dict.fromkeys(("attention_type", "feature_map", "norm_type", "position_embedding_type", "hidden_act"), CHOICE),
+    **dict.fromkeys(("attention_type", "feature_map", "linear_attention_decay", "norm_type", "position_embedding_type",
+                     "hidden_act"), CHOICE),
     **dict.fromkeys(("norm_eps", "initializer_range"), FINITE),
     **dict.fromkeys(("adaptive_softmax_cutoffs", "adaptive_input_cutoffs"), CUTOFFS),
     **dict.fromkeys(("adaptive_softmax_div_value", "adaptive_input_div_value"), DIV_VALUE),
