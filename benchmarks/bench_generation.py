@@ -38,6 +38,8 @@ def parse_args():
     p.add_argument("--num_attention_heads", type=int, default=8)
     p.add_argument("--vocab_size", type=int, default=33278)
     p.add_argument("--feature_map", default="elu", choices=["elu", "exp"])
+    p.add_argument("--linear_attention_decay", default="none", choices=["none", "fixed", "gated"],
+                   help="the linear decoder's decay (its state has the same size with or without)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--steps", type=int, default=30, help="timed single-token steps per model and context")
     p.add_argument("--warmup", type=int, default=5, help="steps dropped before the medians (compilation happens here)")
@@ -118,6 +120,7 @@ def build(args, attention_type):
         num_attention_heads=args.num_attention_heads,
         attention_type=attention_type,
         feature_map=args.feature_map,
+        linear_attention_decay=args.linear_attention_decay if attention_type == "linear" else "none",
         max_position_embeddings=max(args.contexts) + args.warmup + args.steps + args.profile_steps + 64,
     )
     torch.manual_seed(0)
@@ -243,7 +246,8 @@ def main():
     title = (
         f"{describe_machine(args.device)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
         f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, "
-        f"linear={args.feature_map}" + (f", compile {args.compile_backend}/{args.compile_mode}" if args.compile else "")
+        f"linear={args.feature_map}, decay {args.linear_attention_decay}"
+        + (f", compile {args.compile_backend}/{args.compile_mode}" if args.compile else "")
     )
     print(title)
     rows, profiles = [], [title] if args.profile else None
