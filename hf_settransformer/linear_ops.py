@@ -295,10 +295,12 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     s_i = max_f (q_if + M_if), an explicit (c x c x d) sum. The stabilisers are constants of the function (they cancel
     in the ratio) and are kept out of autograd.
 
-    With a decay (`logd`, b,h,n) the keys of a chunk are taken back to its start, k_j - b_j (b the cumulative
-    log-decay inside the chunk): exp(q_i + k_j + b_i - b_j) = exp(b_i) exp(q_i + k_j - b_j), and exp(b_i), one factor
-    per query, cancels in the ratio. The references are then the running maxima of these keys, and a state's `k_max`
-    is its reference where the call ends (the decayed maximum: a key that has decayed away no longer sets it)."""
+    With a decay (`logd`, b,h,n; b_j its cumulative sum inside a chunk), w_ij = sum_f exp(q_if + k_jf) exp(b_i - b_j):
+    inside a chunk the keys keep the reference R_c (the carried state's reference, decayed, and the chunk's keys) and
+    the decay is a mask; the state keeps the *decayed* maximum, so a key that has decayed away stops setting it: a
+    key enters it as exp(k_j - b_j - U_c), U_c = max(reference before the chunk, max_j (k_j - b_j)), the state after
+    the chunk is in reference U_c + B_c (B_c the chunk's decay), and that is the `k_max` a state carries. The exact
+    path takes the keys back to the chunk's start, k_j - b_j, whose per-query factor exp(b_i) cancels in the ratio."""
     b, h, n, d = q.shape
     e = v.shape[-1]
     c = min(chunk_size, n)
@@ -317,70 +319,88 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
     floor = -1e30  # reference while every key so far is masked: any finite value works
     start = state.k_max.clamp_min(floor) if state is not None else k.new_full((b, h, d), floor)
-    if logd is not None:
+    decayed = logd is not None
+    if decayed:
         local = F.pad(logd, (0, pad)).reshape(b, h, nk, c).cumsum(dim=-1)  # b_j, (b, h, k, c)
-        total = local[..., -1]  # each chunk's decay, (b, h, k)
-        k = k - local[..., None]  # back to the chunk's start
+        total = local[..., -1]  # B_c, (b, h, k)
+        back = k - local[..., None]  # the keys taken back to their chunk's start
     with torch.no_grad():
-        if logd is None:
+        if not decayed:
             running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
-        else:  # R_c = G_c + max(start, max over keys so far of k_j - G_j), G the decay before chunk c's start
+            running = ref = running.clamp_min(floor)
+        else:  # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c
             offset = exclusive_prefix_sum(total.detach())[..., None]  # (b, h, k, 1)
-            running = torch.cummax(torch.maximum(k.amax(dim=3) - offset, start[:, :, None]), dim=2).values + offset
-        running = running.clamp_min(floor)
-    # R_{c-1} (decayed by chunk c-1): the carried state's reference; the decay keeps its gradient here
-    last = running[:, :, :-1] if logd is None else running[:, :, :-1] + total[:, :, :-1, None]
+            running = torch.cummax(torch.maximum(back.amax(dim=3) - offset, start[:, :, None]), dim=2).values
+            running = (running + offset).clamp_min(floor)
+            ends = running + total[..., None]  # the state's reference after each chunk
+            ref = torch.maximum(torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2), k.amax(dim=3))
+            ref = ref.clamp_min(floor)
+        shift = (q + ref[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
+    # the carried state's reference before each chunk (decayed by the chunk before: the decay keeps its gradient)
+    last = running[:, :, :-1] if not decayed else running[:, :, :-1] + total[:, :, :-1, None]
     before = torch.cat([start[:, :, None], last], dim=2)
-    with torch.no_grad():
-        shift = (q + running[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
-    phi_k = torch.exp(k - running[:, :, :, None])  # (b, h, k, c, d), <= 1
-    phi_q = torch.exp(q + running[:, :, :, None] - shift)  # <= 1
-    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
+    phi_k = torch.exp(k - ref[:, :, :, None])  # (b, h, k, c, d), <= 1
+    phi_q = torch.exp(q + ref[:, :, :, None] - shift)  # <= 1
+    to_state = phi_k if not decayed else torch.exp(back - running[:, :, :, None])  # <= 1
+    kv_chunks = torch.matmul(to_state.transpose(-1, -2), v)  # (b, h, k, d, e)
+    z_chunks = to_state.sum(dim=-2)  # (b, h, k, d)
 
     # the carried state, a scan over chunks that rescales it to each chunk's reference before adding the chunk
     kv_run = state.kv if state is not None else q.new_zeros(b, h, d, e)
     z_run = state.z if state is not None else q.new_zeros(b, h, d)
     carried_kv, carried_z, rescaled_kv, rescaled_z = [], [], [], []
     for i in range(nk):
-        carried_kv.append(kv_run)  # in reference R_{c-1}, for the exact path
+        carried_kv.append(kv_run)  # in the reference before the chunk, for the exact path
         carried_z.append(z_run)
         scale = torch.exp(before[:, :, i] - running[:, :, i])  # (b, h, d), <= 1
         kv_run, z_run = kv_run * scale[..., None], z_run * scale
         rescaled_kv.append(kv_run)
         rescaled_z.append(z_run)
         kv_run, z_run = kv_run + kv_chunks[:, :, i], z_run + z_chunks[:, :, i]
-    kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
 
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
-    num = torch.matmul(scores, v) + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1) + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = _ratio(num, den.unsqueeze(-1))
+    if not decayed:
+        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
+        kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
+        read = phi_q
+    else:
+        gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j
+        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)
+        kv_before, z_before = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
+        read = torch.exp(q + before[:, :, :, None] + local[..., None] - shift)  # <= 1: before <= ref, b_i <= 0
+    num = torch.matmul(scores, v) + torch.matmul(read, kv_before)  # (b, h, k, c, e)
+    den = scores.sum(dim=-1) + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
 
     with torch.no_grad():
-        # the running maximum at each position, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(k, dim=3).values, before.detach()[:, :, :, None]).clamp_min(floor)
-        spread = (running[:, :, :, None] - at).amax(dim=-1)  # (b, h, k, c)
+        # each query's own reference, and how far the chunk's reference lies above it
+        at = torch.maximum(torch.cummax(back if decayed else k, dim=3).values, before.detach()[:, :, :, None])
+        at = at.clamp_min(floor)
+        own = at if not decayed else at + local[..., None]
+        spread = (ref[:, :, :, None] - own).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
         steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
+    # a steep chunk's terms here may underflow; they are replaced below, and kept out of the ratio's gradient
+    # (a zero gradient times 1/den^2 of an underflowed den would be NaN)
+    num = num.masked_fill(steep[..., None, None], 0.0)
+    out = _ratio(num, den.masked_fill(steep[..., None], 1.0).unsqueeze(-1))
+    keys = back if decayed else k
     if torch.compiler.is_compiling():
         carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b,h,k,d,e), (b,h,k,d)
         # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
         # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
         # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
         # ("strides of the two branches' output doesn't match")
-        exact = _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z)
+        exact = _exp_chunks_exact(q, keys, v, at, before, carried_kv, carried_z)
         out = torch.where(steep[..., None, None], exact, out)
     elif steep.any():  # rare: the stacked carried states are only built here
         carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
         idx = steep.nonzero(as_tuple=True)
-        exact = _exp_chunks_exact(q[idx], k[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
+        exact = _exp_chunks_exact(q[idx], keys[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
         out = out.index_put(idx, exact)
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
     k_max = running[:, :, -1]
-    if logd is not None:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
+    if decayed:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
         k_max = k_max + total[:, :, -1, None].detach()
         grad = torch.exp(total[:, :, -1] - total[:, :, -1].detach())  # 1, with the decay's gradient
         kv_run, z_run = kv_run * grad[..., None, None], z_run * grad[..., None]
