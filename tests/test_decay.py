@@ -8,7 +8,7 @@ import torch
 from conftest import VOCAB, decoder, family_classes, make_model, tiny_config
 from test_generation import left_padded_batch
 from test_heads import many_target_head
-from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+from transformers import AutoModel
 
 import hf_settransformer as hfst
 from hf_settransformer.cache import LinearAttentionCache
@@ -206,6 +206,17 @@ def test_a_dropped_key_still_decays(feature_map):
     as_padding = reference(q, k, v, logd.masked_fill(~(mask[:, None] & keep), 0.0), _causal_allowed(n, mask, keep),
                            torch.arange(n), feature_map)
     assert (as_padding[real] - expected[real].detach()).abs().max() > 1e-3
+    # the prefix op: dropped leading keys decay as well (6 leading keys, a prefix of 4 queries)
+    n, m, prefix = 11, 17, 4
+    q, k, v, logd = _inputs(n, m, strength=0.5, seed=13)
+    keep = torch.rand(B, H, m, generator=torch.Generator().manual_seed(14)) >= 0.3
+    keep[..., 0] = True
+    out, _ = prefix_causal_linear_attention(q, k, v, feature_map=feature_map, chunk_size=4, prefix_length=prefix,
+                                            drop=keep, decay=logd)
+    where = torch.clamp(torch.arange(n) + (m - n), min=m - n + prefix - 1)  # each query's position
+    allowed = (torch.arange(m)[None, :] <= where[:, None])[None, None] & keep[:, :, None, :]
+    torch.testing.assert_close(out.double(), reference(q, k, v, logd, allowed, where, feature_map), atol=ATOL,
+                               rtol=RTOL)
 
 
 @pytest.mark.parametrize("split", [1, 7, 16])
@@ -267,14 +278,18 @@ def test_one_token_steps_chained_over_a_sequence(feature_map, strength):
 PREFIX_CASES = {"prefix": (15, 15, 5), "leading_keys": (11, 17, 0), "prefix_and_leading_keys": (11, 17, 4)}
 
 
-@pytest.mark.parametrize("case", list(PREFIX_CASES))
-@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
-def test_prefix_op_matches_the_reference_forward_and_backward(feature_map, case):
+@pytest.mark.parametrize(
+    "feature_map,case,keys",
+    [(f, c, "unit") for f in FEATURE_MAPS for c in PREFIX_CASES] + [("exp", c, "x30_strong") for c in PREFIX_CASES],
+)
+def test_prefix_op_matches_the_reference_forward_and_backward(feature_map, case, keys):
     """`prefix_causal_linear_attention`: the L = m - n + prefix_length leading keys are one state, decayed to where
     they end, which the prefix's queries read; the other queries continue causally (chunks of 4). The reference reads
-    the prefix at p = L - 1; with a key mask (row 1's first key padded) and a carried state before it."""
+    the prefix at p = L - 1; with a key mask (row 1's first key padded) and a carried state before it. "x30_strong":
+    exp keys x30 and a strong decay."""
     n, m, prefix = PREFIX_CASES[case]
-    q, k, v, logd = _inputs(n, m, strength=0.3, seed=7)
+    scale, strength = (30.0, STRENGTHS["strong"]) if keys == "x30_strong" else (1.0, 0.3)
+    q, k, v, logd = _inputs(n, m, scale=scale, strength=strength, seed=7)
     mask = torch.ones(B, m, dtype=torch.bool)
     mask[1, 0] = False
     leaves = _leaves(q, k, v, logd)
@@ -460,6 +475,11 @@ def test_greedy_generate_is_the_argmax_of_full_forwards_and_padding_changes_noth
     kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
     cached = model.generate(ids, use_cache=True, **kwargs)
     assert torch.equal(cached, model.generate(ids, use_cache=False, **kwargs))
+    # the in-place (static) recurrent state, and beam search (which reorders the states)
+    static = LinearAttentionCache(config=model.config, static=True)
+    assert torch.equal(model.generate(ids, past_key_values=static, **kwargs), cached)
+    assert torch.equal(model.generate(ids, num_beams=3, **kwargs), model.generate(ids, num_beams=3, use_cache=False,
+                                                                                     **kwargs))
     for row, start in ((0, 0), (1, 3)):
         expected = ids[row:row + 1, start:]
         with torch.no_grad():
@@ -643,18 +663,23 @@ HEAD_FAMILIES = ["encoder", "set_transformer", "perceiver_io"]
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_a_bidirectional_forward_with_a_decay_is_refused(family):
-    """Base models (without `prefix_length`), classifiers, the masked LM and the one-window head attend with no order
-    to decay along: a ValueError naming the decay and the way out. The causal uses of the same weights run."""
+    """Every class of the family but the many-target next-token head (base models without `prefix_length`,
+    classifiers, masked LMs) and the one-window head attend with no order to decay along: a ValueError naming the
+    decay and the way out. The causal uses of the same weights run (a base model with `prefix_length`)."""
     config = tiny_config(family, "linear", "elu", linear_attention_decay="fixed")
-    classes = family_classes(config)
     ids = torch.randint(1, VOCAB, (2, 8))
     refusal = r"`linear_attention_decay='fixed'` decays causal attention along the sequence, and .* no order to decay"
-    refused = [AutoModel, AutoModelForSequenceClassification] + ([AutoModelForMaskedLM] if family == "encoder" else [])
-    for auto in refused:
-        model = make_model(classes[auto], config)
+    refused = []
+    for cls in family_classes(config).values():
+        model = make_model(cls, config)
+        if getattr(model, "objective", None) == "many_target_windows":
+            continue
+        refused.append(cls.__name__)
         with pytest.raises(ValueError, match=refusal):
             model(input_ids=ids)
-    base = make_model(classes[AutoModel], config)
+    assert any(name.endswith("Model") for name in refused)
+    assert any(name.endswith("ForSequenceClassification") for name in refused)
+    base = make_model(family_classes(config)[AutoModel], config)
     with torch.no_grad():
         assert torch.isfinite(base(input_ids=ids, prefix_length=3).last_hidden_state).all()
     window = many_target_head(family, "linear", "elu", linear_attention_decay="fixed", next_token_mode="window")
