@@ -79,7 +79,8 @@ _DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, 
 
 
 def linear_kernel(
-    q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, dropout_p=0.0, module=None, key_states=None, **_
+    q, k, v, mask, state=None, *, feature_map="elu", chunk_size=64, linear_attention_decay="none", dropout_p=0.0,
+    module=None, key_states=None, **_
 ):
     """Linear attention (Katharopoulos et al. 2020; Shen et al. 2021): shapes as `softmax_kernel`, out in fp32,
     weights always None. Causal masks run chunked (`causal_linear_attention`), with a bidirectional prefix or leading
@@ -96,6 +97,8 @@ def linear_kernel(
     non-causal mask has no order, and runs undecayed."""
     drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
     options = {"feature_map": feature_map, "drop": drop}
+    if state is not None and getattr(state, "decay", None) is None:  # a cache made without a config records it
+        state.decay = linear_attention_decay
     if not mask.causal:
         out, _ = linear_attention(q, k, v, mask.key_mask, **options)
         return out, None
@@ -128,10 +131,16 @@ def _describe_by_type(config):
 
 
 def _linear_layer_options(config):
-    return {"feature_map": config.feature_map, "chunk_size": config.linear_attention_chunk_size}
+    return {
+        "feature_map": config.feature_map,
+        "chunk_size": config.linear_attention_chunk_size,
+        "linear_attention_decay": config.linear_attention_decay,
+    }
 
 
-def _linear_layer_modules(config, num_heads):
+def _linear_layer_modules(config, num_heads, ordered=True):
+    if not ordered:  # never causal: no order to decay along
+        return {}
     module = decay_module(config.linear_attention_decay, config.hidden_size, num_heads)
     return {} if module is None else {"decay": module}
 
@@ -143,7 +152,7 @@ def _describe_linear(config):
     return f"linear-{config.feature_map}-{decay}", f"linear ({config.feature_map} feature map, {decay} decay)"
 
 
-def _no_layer_modules(config, num_heads):
+def _no_layer_modules(config, num_heads, ordered=True):
     return {}
 
 
@@ -164,8 +173,10 @@ class AttentionKernel:
         compiled decoding step: `generate(cache_implementation="static")`) when `forward` can extend one, else None
         (linear attention: its recurrent state has a fixed size already, see `LinearAttentionCache(static=True)`).
     layer_options: config -> the keyword options fixed when a layer is built.
-    layer_modules: (config, number of heads) -> {name: module}: modules with the kernel's own parameters, built on each
-        layer as `layer.<name>` (their weights are the layer's); `forward` reads them on `module`.
+    layer_modules: (config, number of heads, ordered) -> {name: module}: modules with the kernel's own parameters,
+        built on each layer as `layer.<name>` (their weights are the layer's); `forward` reads them on `module`.
+        `ordered` is False for a layer that never runs causally (ISAB's inducing points, an encoder-decoder's
+        cross-attention), which then needs no module that an order would use.
     config_fields: the config fields `layer_options` reads; setting another kernel's field draws a warning.
     returns_weights: whether `output_attentions=True` can return attention weights.
     describe: config -> (short tag, words) naming the kernel as configured, for model cards and result tables
@@ -235,10 +246,11 @@ class MultiHeadAttention(nn.Module):
     the config's attention kernel (chosen here, once).
 
     Self-attention uses one fused q/k/v projection; cross-attention a query projection and a fused k/v one.
-    `layer_idx`: this layer's place in a causal stack's cache.
+    `layer_idx`: this layer's place in a causal stack's cache. `ordered=False`: the layer never runs causally (its
+    queries are a set, or read every key), so it builds none of the kernel's modules an order needs (a decay).
     """
 
-    def __init__(self, config, self_attention=True, causal=False, num_heads=None, layer_idx=None):
+    def __init__(self, config, self_attention=True, causal=False, num_heads=None, layer_idx=None, ordered=True):
         super().__init__()
         self.config = config  # read at call time: `model.set_attn_implementation` may change it
         self.hidden_size = config.hidden_size
@@ -249,7 +261,7 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.kernel = attention_kernel(config)
         self.kernel_options = self.kernel.layer_options(config)
-        for name, kernel_module in self.kernel.layer_modules(config, self.num_heads).items():
+        for name, kernel_module in self.kernel.layer_modules(config, self.num_heads, ordered).items():
             self.add_module(name, kernel_module)
         self.is_causal = causal  # read by transformers' attention functions
         self.dropout = config.attention_probs_dropout_prob

@@ -22,19 +22,23 @@ class MAB(GradientCheckpointingLayer):
     """Multihead attention block: queries from `hidden_states`, keys/values from `context` (itself when None)."""
 
     def __init__(
-        self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False, layer_idx=None
+        self, config, self_attention=True, causal=False, num_heads=None, cross_attention=False, layer_idx=None,
+        ordered=True,
     ):
         super().__init__()
         self.attn_norm = make_norm(config)
         self.context_norm = None if self_attention else make_norm(config)
         self.attention = MultiHeadAttention(
-            config, self_attention=self_attention, causal=causal, num_heads=num_heads, layer_idx=layer_idx
+            config, self_attention=self_attention, causal=causal, num_heads=num_heads, layer_idx=layer_idx,
+            ordered=ordered,
         )
         self.cross_attention = None
         if cross_attention:  # decoder block of an encoder-decoder (Vaswani et al. 2017, fig. 1)
             self.cross_norm = make_norm(config)
             self.cross_context_norm = make_norm(config)
-            self.cross_attention = MultiHeadAttention(config, self_attention=False, layer_idx=layer_idx)
+            self.cross_attention = MultiHeadAttention(
+                config, self_attention=False, layer_idx=layer_idx, ordered=False  # every query reads every state
+            )
         self.ffn_norm = make_norm(config)
         self.ffn = FeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -88,7 +92,7 @@ class ISAB(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.inducing_points = LearnedVectors(config.num_inducing_points, config.hidden_size)
-        self.induce = MAB(config, self_attention=False)  # I attends to X
+        self.induce = MAB(config, self_attention=False, ordered=False)  # I attends to X: a set of queries
         self.broadcast = MAB(config, self_attention=False)  # X attends to H
 
     def forward(self, hidden_states, mask=None, output_attentions=False, broadcast_mask=None, keys_from=None):

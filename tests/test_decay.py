@@ -707,6 +707,25 @@ def test_a_cache_of_another_decay_is_refused(made_by, continued_by):
         assert torch.isfinite(model(input_ids=step, past_key_values=own).logits).all()
 
 
+def test_a_cache_made_without_a_config_records_the_decay_of_its_first_model():
+    """A `LinearAttentionCache(num_layers=...)` knows no config: the first model that fills it stamps its decay, and a
+    model of another decay is refused as with a config-made cache."""
+    cache = LinearAttentionCache(num_layers=2)
+    with torch.no_grad():
+        decayed("elu", "fixed")(input_ids=torch.randint(1, VOCAB, (1, 5)), past_key_values=cache, use_cache=True)
+    assert {layer.decay for layer in cache.layers} == {"fixed"}
+    with pytest.raises(ValueError, match="decayed with linear_attention_decay='fixed', but this model's is 'none'"):
+        decayed("elu", "none")(input_ids=torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)
+
+
+def test_an_encoder_decoder_cross_attention_has_no_gate():
+    """A decoder's cross-attention reads every encoder state (no order): it builds no decay, its self-attention does."""
+    model = decayed("elu", "gated", add_cross_attention=True, is_decoder=True)
+    names = [name for name, module in model.named_modules() if isinstance(module, GatedDecay)]
+    assert names and all(".attention.decay" in name for name in names)
+    assert not any("cross_attention" in name for name in names)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 7. the many-target next-token heads
 
@@ -715,7 +734,8 @@ def test_a_cache_of_another_decay_is_refused(made_by, continued_by):
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_many_target_heads_train_their_gates(family, feature_map):
     """`...ForNextTokenPrediction` (next_token_mode="many") with a gated decay: a finite loss whose gradient reaches
-    the gates of the causal attentions (left padding in row 2)."""
+    every gate (left padding in row 2): the attentions that never run causally (ISAB's inducing points) have none,
+    whose parameters would get no gradient (and stop DDP without find_unused_parameters)."""
     model = many_target_head(family, "linear", feature_map, linear_attention_decay="gated").train()
     ids = torch.randint(1, VOCAB, (3, 12))
     mask = torch.ones_like(ids)
@@ -725,9 +745,8 @@ def test_many_target_heads_train_their_gates(family, feature_map):
     loss.backward()
     gates = [m for m in model.modules() if isinstance(m, GatedDecay)]
     assert gates
-    grads = [p.grad for gate in gates for p in (gate.weight, gate.bias) if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    assert any(g.abs().sum() > 0 for g in grads)
+    grads = [p.grad for gate in gates for p in (gate.weight, gate.bias)]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
