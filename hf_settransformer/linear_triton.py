@@ -1,6 +1,7 @@
 """Fused Triton kernels for linear attention with the feature maps they have code for (`KERNEL_IDS`: elu, exp): causal
-(`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation. They
-compute what the PyTorch ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
+(`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation; the
+causal kernels and the step also with the causal ops' decay (`fused_decay_available`). They compute what the PyTorch
+ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
 
 Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
 (`BT`). Inputs are read in their own dtype (bf16/fp16 as autocast gives them, fp32 in the tests) and strides; feature
@@ -293,7 +294,11 @@ class _FusedCausal(torch.autograd.Function):
     each query its own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), the
     carried state read in reference R_{c-1}; every exponent is <= 0 and none comes from a later key. No host read.
 
-    The backward saves only the inputs: one kernel walks the chunks forwards for dq (and the per-query normalisers and
+    A decay (`logd`, see the comment above the kernels) weighs key j by exp(G_i - G_j) at query i inside a chunk (elu)
+    or shifts the keys back to the chunk's start (exp), and decays the carried state between chunks; its gradient
+    (of G, then summed from the end) comes from the same two backward kernels.
+
+    The backward saves only the inputs (and with a decay the final state): one kernel walks the chunks forwards for dq (and the per-query normalisers and
     output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima, b x h x n/c x d), taking
     the exact-path decision on its own (smaller) chunks; a second walks them backwards for dk, dv and the gradient of a
     carried-in state, following that decision."""
@@ -483,6 +488,18 @@ class _FusedNonCausal(torch.autograd.Function):
 # are constants (they cancel in the ratio), so dq = dA * A and dk = dB * B. The state S, z is kept in reference R_c
 # (multiplied by exp(R_{c-1} - R_c) <= 1 on entering chunk c), the reverse state dS, dz likewise (multiplied by
 # exp(R_{c-1} - R_c) on leaving chunk c backwards); kv0 and z0 are in reference m0, the state's k_max.
+#
+# A decay (logd (b, h, n), log g <= 0; G its cumulative sum, b_i the cumulative sum inside the chunk through i, B the
+# chunk's whole): key j weighs exp(G_i - G_j) at query i. elu: P_ij gets exp(b_i - b_j), query i reads the carried
+# state times exp(b_i), and the state leaves the chunk as exp(B) S + sum_j exp(B - b_j) B_j v_j^T (every exponent
+# <= 0); the backward puts the same factors on dP, on what a key reads of dS_>c, and on the reverse state. exp: the
+# keys are taken back to the chunk's start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio), and a state
+# decays by moving its reference, R += B at each chunk's end (`linear_ops._decayed_state`): the kernels above as they
+# are, on these keys. The decay's gradient: the output is a function of A_i exp(G_i) and B_j exp(-G_j) (exp: of
+# q_i + G_i and k_j - G_j) and the final state is exp(G_n) times one, so
+#   dL/dG_t = A_t . dA_t - B_t . dB_t (exp: sum_f dq_tf - sum_f dk_tf) + [t = n - 1] (dkv1 . kv1 + dz1 . z1),
+# the first from the dq kernel, the second from the dkv kernel, the last on the host, which then sums it from the
+# end (log g_t is in every G_s, s >= t).
 
 
 # Helpers shared by the kernels (made triton functions by `_import_triton`).
@@ -732,6 +749,8 @@ def _forward_kernel(
             p = p * _gaps(local, causal)
             read = tl.exp(local)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read  # (c,)
+        if EXP:  # a steep chunk's outputs are the exact path's; a tiny den here would overflow
+            den = tl.where(steep, 1.0, den)
         num = tl.dot(_op(p, RD, DT), vv, input_precision=PRECISION)
         num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION) * read[:, None]  # (c, e)
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
@@ -821,6 +840,8 @@ def _backward_dq_kernel(
             p = p * gaps
             read = tl.exp(local)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read
+        if EXP:  # a steep chunk's chunked terms are dropped below; a tiny den there would overflow into inf and NaN
+            den = tl.where(steep, 1.0, den)
         seen = den > 0
         den = tl.where(seen, den, 1.0)  # as linear_ops._ratio: no key, num / 1 (no reciprocal: a tiny den overflows it)
         g = _op(do / den[:, None], RD, DT)  # (c, e)
