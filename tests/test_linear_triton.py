@@ -283,15 +283,24 @@ def test_fused_elu_feature_map_is_exact_for_negative_bf16_inputs():
     _assert_close(out, running_mean, 1e-2, 1e-2, "out")
 
 
+@pytest.mark.parametrize("decay", [None, "gated"], ids=["no_decay", "decay"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
-def test_fused_largest_heads(feature_map):
+def test_fused_largest_heads(feature_map, decay):
     """Head dim 128 (the largest taken) and value dim 96 (two value blocks in the forward, the second padded), several
-    chunks."""
+    chunks; without and with a decay (each value block decays its own part of the state, exp's reference alike)."""
     q, k, v = _leaves(*_qkv(70, seed=10, b=1, h=1, d=128, e=96))
-    out, _ = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32)
-    want_out, _, _, _ = _reference(q, k, v, feature_map)
+    if decay is None:
+        out, _ = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32)
+        want_out, _, _, _ = _reference(q, k, v, feature_map)
+        inputs = (q, k, v)
+    else:
+        (logd,) = _leaves(_log_decay(70, decay, seed=11, b=1, h=1))
+        out, state = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32, decay=logd)
+        want_out, want_state = _float64_op(q, k, v, None, None, logd, feature_map)
+        _assert_close(state.kv, want_state.kv, 1e-4, 1e-4, "kv")
+        inputs = (q, k, v, logd)
     _assert_close(out, want_out, 1e-5, 1e-4, "out")
-    _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv", atol=5e-5)
+    _assert_grads_close(_grads([out], inputs), _grads([want_out], inputs), "qkvd", atol=5e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,6 +408,25 @@ def test_fused_decay_gradients_of_a_given_state(feature_map):
     got = _grads([out, final.kv, final.z], leaves)
     want_grads = _grads([want, want_final.kv, want_final.z], leaves)
     _assert_grads_close(got, want_grads, ["q", "k", "v", "decay", "kv0", "z0"], atol=5e-5)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_decay_low_precision_inputs(feature_map):
+    """bf16 q, k, v with a strong gate and key padding, head dims 32 and 24: fp32 outputs, gradients (q, k, v in bf16,
+    the decay in fp32) within bf16 error of the float64 reference of the same (rounded) inputs."""
+    n, d, e = 40, 32, 24
+    q, k, v = _leaves(*(x.to(torch.bfloat16) for x in _qkv(n, seed=57, d=d, e=e)))
+    (logd,) = _leaves(_log_decay(n, "gated", seed=58))
+    key_mask = _key_mask("random", n, seed=59)
+    key_mask[:, 0] = True
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK, decay=logd)
+    assert out.dtype == torch.float32
+    want = naive_decayed_linear_attention(q, k, v, logd, key_mask, feature_map)
+    _assert_close(out, want, 2e-2, 2e-2, "out")
+    got = _grads([out], (q, k, v, logd))
+    assert [x.dtype for x in got] == [torch.bfloat16] * 3 + [torch.float32]
+    for name, a, b in zip("qkvd", got, _grads([want], (q, k, v, logd))):
+        _assert_close(a, b, 5e-2, 5e-2, f"d/d{name}")
 
 
 def test_fused_exp_decay_takes_the_exact_path_for_steep_chunks():
@@ -971,6 +999,35 @@ def test_decayed_states_continue_across_implementations(monkeypatch, feature_map
             )
             steps.append(o)
         _assert_close(torch.cat(steps, dim=2), whole[:, :, split:], 1e-5, 1e-4, f"steps after prefill {prefilled}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("feature_map", "decay"), [("elu", "fixed"), ("exp", "gated")])
+def test_decayed_decoder_trains_and_generates_the_same_with_the_kernels(
+    monkeypatch, count_fused, count_fused_step, feature_map, decay
+):
+    """A tiny linear decoder with `linear_attention_decay`: a training step (key dropout) gives the same logits and
+    gradients (the gate's too) with the fused causal kernels, and cached greedy generation the same tokens and scores
+    with the fused prefill and steps."""
+    model = decoder("linear", feature_map, linear_attention_decay=decay, attention_probs_dropout_prob=0.1).to(DEVICE)
+    attention_mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
+    attention_mask[0, :2] = 0  # left padding
+    _assert_same_step_with_the_kernel(monkeypatch, model.train(), attention_mask)
+    assert count_fused == [True] * model.config.num_hidden_layers
+    model.eval()
+    input_ids = batch_of_tokens(2, 5).to(DEVICE)
+
+    def run():
+        out = model.generate(
+            input_ids, attention_mask=attention_mask[:, :5], max_new_tokens=4, do_sample=False, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=0,
+        )  # fmt: skip
+        return out.sequences, torch.stack(out.scores)
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert torch.equal(fused[0], pytorch[0])
+    _assert_close(fused[1], pytorch[1], 1e-5, 1e-4, "scores")
+    assert count_fused_step and all(count_fused_step)
 
 
 @pytest.mark.slow
