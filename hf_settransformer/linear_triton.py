@@ -298,8 +298,9 @@ class _FusedCausal(torch.autograd.Function):
     or shifts the keys back to the chunk's start (exp), and decays the carried state between chunks; its gradient
     (of G, then summed from the end) comes from the same two backward kernels.
 
-    The backward saves only the inputs (and with a decay the final state): one kernel walks the chunks forwards for dq (and the per-query normalisers and
-    output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima, b x h x n/c x d), taking
+    The backward saves only the inputs (and with a decay the final state): one kernel walks the chunks forwards for dq
+    (and the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key
+    maxima, b x h x n/c x d), taking
     the exact-path decision on its own (smaller) chunks; a second walks them backwards for dk, dv and the gradient of a
     carried-in state, following that decision."""
 
