@@ -26,15 +26,11 @@ from .cache import LinearAttentionState
 from .feature_maps import get_feature_map
 from .linear_triton import (
     fused_causal_linear_attention,
+    fused_decay_available,
     fused_linear_attention,
     fused_linear_attention_available,
     fused_linear_attention_step,
 )
-
-
-def fused_decay_available():
-    return False
-
 
 
 def _ratio(num, den):
@@ -129,7 +125,7 @@ def use_triton(q, k, v, state, fmap, step=False, decay=None):
     no matrix product and so also takes fp32, only where no gradient is needed (the fused step has no backward)."""
     if step and _needs_grad(q, k, v, state, decay):
         return False
-    if decay is not None and not fused_decay_available():
+    if decay is not None and not fused_decay_available(fmap.name):
         return False
     return fused_linear_attention_available(q, fmap.name, v, dots=not step)
 

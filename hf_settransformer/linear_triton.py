@@ -1,6 +1,7 @@
 """Fused Triton kernels for linear attention with the feature maps they have code for (`KERNEL_IDS`: elu, exp): causal
-(`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation. They
-compute what the PyTorch ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
+(`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation; the
+causal kernels and the step also with the causal ops' decay (`fused_decay_available`). They compute what the PyTorch
+ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
 
 Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
 (`BT`). Inputs are read in their own dtype (bf16/fp16 as autocast gives them, fp32 in the tests) and strides; feature
@@ -27,6 +28,7 @@ from .feature_maps import FEATURE_MAPS, get_feature_map
 __all__ = [
     "fused_causal_linear_attention",
     "fused_causal_linear_attention_available",
+    "fused_decay_available",
     "fused_linear_attention",
     "fused_linear_attention_available",
     "fused_linear_attention_step",
@@ -104,17 +106,19 @@ fused_causal_linear_attention_available = fused_linear_attention_available  # it
 
 
 def fused_causal_linear_attention(
-    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, spread=40.0
+    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, spread=40.0, decay=None
 ):
     """Causal linear attention in Triton kernels; the arguments and results of
-    `linear_ops.causal_linear_attention(q, k, v, mask, state, feature_map=, drop=)`:
+    `linear_ops.causal_linear_attention(q, k, v, mask, state, feature_map=, drop=, decay=)`:
 
     q, k (b,h,n,d), v (b,h,n,e), mask (b,n) bool, drop (b,h,n) bool (the keys key dropout keeps), state a
     `LinearAttentionState` or None -> (out (b,h,n,e) fp32, `LinearAttentionState` after the last token, fp32). A
-    masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v and
-    the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"` computes a
-    chunk whose key maximum rises more than `spread` nats above a real query's running maximum
-    (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path."""
+    masked or dropped key is left out of every sum; a query that sees no key gives 0. Gradients flow to q, k, v, the
+    decay and the carried state's kv and z. `chunk_size` (a power of 2, >= 16) only sets how the work is cut. `"exp"`
+    computes a chunk whose key maximum rises more than `spread` nats above a real query's running maximum
+    (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path. `decay` (b,h,n): each position's log-decay log g <= 0, or None
+    (masked positions do not decay: it is taken as 0 there); exp's returned `k_max` is then the decayed reference,
+    as the PyTorch op's."""
     fmap = _kernel_map_of("fused_causal_linear_attention", feature_map)
     if not _import_triton():
         raise ImportError("fused_causal_linear_attention needs triton (`pip install triton`).")
@@ -129,8 +133,24 @@ def fused_causal_linear_attention(
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
         m0 = state.k_max.float() if exp and state.k_max is not None else None
-    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, fmap, chunk_size, spread)
+    logd = _decay_arg(decay, mask, q.shape[:3])
+    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
+
+
+def fused_decay_available(feature_map):
+    """Whether the fused causal kernels and step take a decay for `feature_map`: every map they have code for."""
+    return _kernel_map(feature_map) is not None
+
+
+def _decay_arg(decay, mask, shape):
+    """The kernels' log-decay: fp32 (b, h, n) contiguous, 0 at masked positions (padding is not time); or None."""
+    if decay is None:
+        return None
+    if tuple(decay.shape) != tuple(shape):
+        raise ValueError(f"`decay` must have shape {tuple(shape)} (batch, heads, tokens); got {tuple(decay.shape)}.")
+    decay = decay.float()
+    return (decay if mask is None else decay.masked_fill(~mask[:, None, :], 0.0)).contiguous()
 
 
 def fused_linear_attention(
@@ -159,15 +179,16 @@ def fused_linear_attention(
     return out, None
 
 
-def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None):
+def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None):
     """One causal step of generation in one Triton kernel; the arguments and results of
-    `linear_ops.linear_attention_step(q, k, v, mask, state, feature_map=, drop=)`:
+    `linear_ops.linear_attention_step(q, k, v, mask, state, feature_map=, drop=, decay=)`:
 
-    q, k (b,h,1,d), v (b,h,1,e), mask (b,1) bool, drop (b,h,1) bool, state a `LinearAttentionState` or None ->
-    (out (b,h,1,e) fp32, the state after this token, fp32). One program per (batch, head, value block of 64) reads the
-    token and the state, updates the state (exp: rescaled to the new per-feature key maxima) and writes the output and
-    the new state: one launch where the PyTorch step makes about a dozen. No autograd: for generation (the PyTorch
-    step serves a step whose inputs need gradients)."""
+    q, k (b,h,1,d), v (b,h,1,e), mask (b,1) bool, drop (b,h,1) bool, state a `LinearAttentionState` or None, decay
+    (b,h,1) the token's log-decay or None -> (out (b,h,1,e) fp32, the state after this token, fp32). One program per
+    (batch, head, value block of 64) reads the token and the state, decays the state (exp: lowers its reference by
+    log g), updates it (exp: rescaled to the new per-feature key maxima) and writes the output and the new state: one
+    launch where the PyTorch step makes about a dozen. No autograd: for generation (the PyTorch step serves a step
+    whose inputs need gradients)."""
     fmap = _kernel_map_of("fused_linear_attention_step", feature_map)
     if not _import_triton():
         raise ImportError("fused_linear_attention_step needs triton (`pip install triton`).")
@@ -187,13 +208,15 @@ def fused_linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="
         kv0, z0 = state.kv.float().contiguous(), state.z.float().contiguous()
         m0 = state.k_max.float().contiguous() if exp and state.k_max is not None else None
     keep, s_mb, s_mh, _ = _mask_args(keep, q)
+    logd = _decay_arg(decay, mask, (b, h, 1))
     be = min(64, max(16, triton.next_power_of_2(e)))
     _run(
         _step_kernel, (b * h, triton.cdiv(e, be)),
         q, k, v, keep, kv0 if kv0 is not None else kv1, z0 if z0 is not None else z1, m0 if m0 is not None else m1,
+        logd if logd is not None else z1,
         out, kv1, z1, m1, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), s_mb, s_mh,
         h, d, e, **_map_flags(fmap), HAS_KEEP=keep is not q, HAS_STATE=kv0 is not None, HAS_MAX=m0 is not None,
-        BK=max(16, triton.next_power_of_2(d)), BE=be,
+        HAS_DECAY=logd is not None, BK=max(16, triton.next_power_of_2(d)), BE=be,
     )  # fmt: skip
     return out, LinearAttentionState(kv=kv1, z=z1, k_max=m1 if exp else None)
 
@@ -271,13 +294,18 @@ class _FusedCausal(torch.autograd.Function):
     each query its own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), the
     carried state read in reference R_{c-1}; every exponent is <= 0 and none comes from a later key. No host read.
 
-    The backward saves only the inputs: one kernel walks the chunks forwards for dq (and the per-query normalisers and
-    output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key maxima, b x h x n/c x d), taking
+    A decay (`logd`, see the comment above the kernels) weighs key j by exp(G_i - G_j) at query i inside a chunk (elu)
+    or shifts the keys back to the chunk's start (exp), and decays the carried state between chunks; its gradient
+    (of G, then summed from the end) comes from the same two backward kernels.
+
+    The backward saves only the inputs (and with a decay the final state): one kernel walks the chunks forwards for dq
+    (and the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key
+    maxima, b x h x n/c x d), taking
     the exact-path decision on its own (smaller) chunks; a second walks them backwards for dk, dv and the gradient of a
     carried-in state, following that decision."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, fmap, chunk_size, spread):
+    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
         q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
         b, h, n, d = q.shape
         e = v.shape[-1]
@@ -294,24 +322,27 @@ class _FusedCausal(torch.autograd.Function):
             _run(
                 _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
                 q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
-                kv0 if has_state else kv1, z0 if has_state else z1, m0, out, kv1, z1, m1, float(spread),
+                kv0 if has_state else kv1, z0 if has_state else z1, m0, logd if logd is not None else m0,
+                out, kv1, z1, m1, float(spread),
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                 h, n, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, HAS_REAL=real is not None,
-                HAS_STATE=has_state,
+                HAS_STATE=has_state, HAS_DECAY=logd is not None,
                 **blocks,
             )  # fmt: skip
         else:  # no tokens: the state passes through
             kv1.copy_(kv0) if has_state else kv1.zero_()
             z1.copy_(z0) if has_state else z1.zero_()
             m1.copy_(m0)
-        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0)
+        # with a decay the backward also needs the final state (its gradient w.r.t. the last position's decay)
+        final = (kv1, z1) if logd is not None else (None, None)
+        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0, logd, *final)
         ctx.fmap, ctx.chunk_size, ctx.spread = fmap, chunk_size, float(spread)
         ctx.mark_non_differentiable(m1)
         return out, kv1, z1, m1
 
     @staticmethod
     def backward(ctx, dout, dkv1, dz1, _dm1):
-        q, k, v, keep, real, kv0, z0, m0 = ctx.saved_tensors
+        q, k, v, keep, real, kv0, z0, m0, logd, kv1, z1 = ctx.saved_tensors
         b, h, n, d = q.shape
         e = v.shape[-1]
         f32 = {"device": q.device, "dtype": torch.float32}
@@ -321,6 +352,8 @@ class _FusedCausal(torch.autograd.Function):
         dout = torch.zeros(b, h, n, e, **f32) if dout is None else _inner_contiguous(dout)
         dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
         dkv0, dz0 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+        has_decay = logd is not None
+        dg = torch.empty(b, h, n, **f32) if has_decay else None  # dL/dG, G the cumulative log-decay
         if n:
             blocks = _blocks(q, v, ctx.chunk_size, backward=True)
             den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
@@ -330,24 +363,33 @@ class _FusedCausal(torch.autograd.Function):
             refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
             steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
             strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-            flags = {**_map_flags(ctx.fmap), "HAS_KEEP": keep is not None, **blocks}
+            flags = {**_map_flags(ctx.fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, **blocks}
+            decay_args = (logd, dg) if has_decay else (den, den)
             _run(
                 _backward_dq_kernel, (b * h,),
-                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, dq, den, r, refs, steeps,
-                ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
+                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, *decay_args, dq, den, r,
+                refs, steeps, ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
                 HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
             )  # fmt: skip
             _run(
                 _backward_dkv_kernel, (b * h,),
-                q, k, v, dout, den, r, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0, *_mask_args(keep, q), *strides,
-                h, n, d, e, **flags,
+                q, k, v, dout, den, r, refs, steeps, m0, *decay_args, dkv1, dz1, dk, dv, dkv0, dz0,
+                *_mask_args(keep, q), *strides, h, n, d, e, **flags,
             )  # fmt: skip
         else:
             dkv0.copy_(dkv1)
             dz0.copy_(dz1)
+        dlogd = None
+        if has_decay and n:
+            # the final state scales with exp(G_n) as a whole: its own term at the last position; then
+            # log g_t enters every G_s, s >= t: the reversed cumulative sum
+            dg[..., -1] += (dkv1 * kv1).sum((-2, -1)) + (dz1 * z1).sum(-1)
+            dlogd = dg.flip(-1).cumsum(-1).flip(-1)
+        elif has_decay:
+            dlogd = torch.zeros_like(logd)
         if not has_state:
             dkv0 = dz0 = None
-        return dq, dk, dv, None, None, dkv0, dz0, None, None, None, None
+        return dq, dk, dv, None, None, dkv0, dz0, None, dlogd, None, None, None
 
 
 def _split(length, bt, split):
@@ -447,6 +489,18 @@ class _FusedNonCausal(torch.autograd.Function):
 # are constants (they cancel in the ratio), so dq = dA * A and dk = dB * B. The state S, z is kept in reference R_c
 # (multiplied by exp(R_{c-1} - R_c) <= 1 on entering chunk c), the reverse state dS, dz likewise (multiplied by
 # exp(R_{c-1} - R_c) on leaving chunk c backwards); kv0 and z0 are in reference m0, the state's k_max.
+#
+# A decay (logd (b, h, n), log g <= 0; G its cumulative sum, b_i the cumulative sum inside the chunk through i, B the
+# chunk's whole): key j weighs exp(G_i - G_j) at query i. elu: P_ij gets exp(b_i - b_j), query i reads the carried
+# state times exp(b_i), and the state leaves the chunk as exp(B) S + sum_j exp(B - b_j) B_j v_j^T (every exponent
+# <= 0); the backward puts the same factors on dP, on what a key reads of dS_>c, and on the reverse state. exp: the
+# keys are taken back to the chunk's start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio), and a state
+# decays by moving its reference, R += B at each chunk's end (`linear_ops._decayed_state`): the kernels above as they
+# are, on these keys. The decay's gradient: the output is a function of A_i exp(G_i) and B_j exp(-G_j) (exp: of
+# q_i + G_i and k_j - G_j) and the final state is exp(G_n) times one, so
+#   dL/dG_t = A_t . dA_t - B_t . dB_t (exp: sum_f dq_tf - sum_f dk_tf) + [t = n - 1] (dkv1 . kv1 + dz1 . z1),
+# the first from the dq kernel, the second from the dkv kernel, the last on the host, which then sums it from the
+# end (log g_t is in every G_s, s >= t).
 
 
 # Helpers shared by the kernels (made triton functions by `_import_triton`).
@@ -547,6 +601,24 @@ def _max(a, b):
     return tl.maximum(a, b)
 
 
+def _chunk_decay(logd, pos, in_t, xk, EXP: tl.constexpr, HAS_DECAY: tl.constexpr):
+    """A chunk's decay: b (c,) the cumulative log-decay inside it through each position, B its whole decay, and the
+    keys, for exp taken back to the chunk's start (k_j - b_j: exp(q_i + k_j + b_i - b_j) is exp(b_i), a per-query
+    factor that cancels in the ratio, times exp(q_i + k_j - b_j)). Without a decay: zeros and the keys as they are."""
+    ld = tl.zeros_like(pos).to(tl.float32)
+    if HAS_DECAY:
+        ld = tl.load(logd + pos, in_t, other=0.0)
+    local = tl.cumsum(ld, 0)
+    if HAS_DECAY and EXP:
+        xk = xk - local[:, None]
+    return local, tl.sum(ld, 0), xk
+
+
+def _gaps(local, causal):
+    """exp(b_i - b_j) for j <= i in the chunk, 0 elsewhere: how much key j has decayed when query i reads it."""
+    return tl.exp(tl.where(causal, local[:, None] - local[None, :], float("-inf")))
+
+
 def _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr, HAS_REAL: tl.constexpr):
     """exp: whether a chunk is too steep for the chunked form: its reference R_c lies more than `spread` nats above
     the running key maximum at its first real query that sees a key (the running maxima grow along the chunk; a query
@@ -619,16 +691,17 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 _HELPERS = [
     "_phi", "_phi_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
     "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
-    "_exact_grads", "_exact_dq",
+    "_exact_grads", "_exact_dq", "_chunk_decay", "_gaps",
 ]  # fmt: skip
 
 
 def _forward_kernel(
     q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
-    kv0, z0, m0, out, kv1, z1, m1, spread,
+    kv0, z0, m0, logd, out, kv1, z1, m1, spread,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, N, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), value block
@@ -636,6 +709,7 @@ def _forward_kernel(
     q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
     real += i_bh // H * s_rb
     out += i_bh * N * E
+    logd += i_bh * N  # contiguous (b, h, n)
     state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T, (d, e)
     norm = tl.zeros([BK], dtype=tl.float32)  # sum_j B_j, (d,)
     if HAS_STATE:
@@ -647,6 +721,7 @@ def _forward_kernel(
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
+        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
@@ -666,19 +741,32 @@ def _forward_kernel(
         else:
             a = tl.where(tile_k, _phi(xq, PHI), 0.0)  # (c, d)
             bk = tl.where(tile_key, _phi(xk, PHI), 0.0)  # (c, d)
+        b32 = bk
         a, bk = _op(a, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
-        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)  # (c,)
+        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # how each query reads the carried state: exp(b_i) (elu)
+        if HAS_DECAY and not EXP:
+            p = p * _gaps(local, causal)
+            read = tl.exp(local)
+        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read  # (c,)
+        if EXP:  # a steep chunk's outputs are the exact path's; a tiny den here would overflow
+            den = tl.where(steep, 1.0, den)
         num = tl.dot(_op(p, RD, DT), vv, input_precision=PRECISION)
-        num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION)  # (c, e)
+        num += tl.dot(a, _op(state, RD, DT), input_precision=PRECISION) * read[:, None]  # (c, e)
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # no key: num = 0, out = 0
         if EXP:
             o = tl.where(steep, exact, o)
         tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
 
+        if HAS_DECAY and not EXP:  # the state decays over the chunk, each key from its position to the chunk's end
+            state *= tl.exp(total)
+            norm *= tl.exp(total)
+            bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
+        if HAS_DECAY and EXP:  # the state decays: its reference moves down by the chunk's decay
+            ref += total
     _store_state(kv1, state, i_bh, o_k, o_e, D, E)
     if i_e == 0:
         tl.store(z1 + i_bh * D + o_k, norm, in_k)
@@ -687,11 +775,12 @@ def _forward_kernel(
 
 
 def _backward_dq_kernel(
-    q, k, v, dout, kv0, z0, m0, dq, den_out, r_out, refs, steeps, spread,
+    q, k, v, dout, kv0, z0, m0, logd, dg, dq, den_out, r_out, refs, steeps, spread,
     keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
+    HAS_DECAY: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -701,6 +790,8 @@ def _backward_dq_kernel(
     dq += i_bh * N * D  # contiguous (b, h, n, d)
     den_out += i_bh * N
     r_out += i_bh * N
+    logd += i_bh * N  # contiguous (b, h, n), as dg
+    dg += i_bh * N
     real += i_bh // H * s_rb
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
@@ -717,6 +808,7 @@ def _backward_dq_kernel(
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
         do = _rows(dout, pos, s_dn, o_e, tile_e)
+        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
             tl.store(refs + t * D + o_k, r_c, in_k)
@@ -738,36 +830,57 @@ def _backward_dq_kernel(
             a32 = tl.where(tile_k, _phi(xq, PHI), 0.0)
             da_dx = _phi_slope(xq, PHI)
             bk = tl.where(tile_key, _phi(xk, PHI), 0.0)
+        b32 = bk
         a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
-        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1)
+        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # exp(b_i) (elu with a decay), as in the forward
+        gaps = p
+        if HAS_DECAY and not EXP:
+            gaps = _gaps(local, causal)
+            p = p * gaps
+            read = tl.exp(local)
+        den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read
+        if EXP:  # a steep chunk's chunked terms are dropped below; a tiny den there would overflow into inf and NaN
+            den = tl.where(steep, 1.0, den)
         seen = den > 0
         den = tl.where(seen, den, 1.0)  # as linear_ops._ratio: no key, num / 1 (no reciprocal: a tiny den overflows it)
         g = _op(do / den[:, None], RD, DT)  # (c, e)
         gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)  # (c, c): g_i . v_j
-        sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION)  # (c, d): S g_i
+        sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION) * read[:, None]  # (c, d): S g_i
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
         dp = tl.where(causal, gv + r[:, None], 0.0)
-        da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + r[:, None] * norm[None, :]  # (c, d)
+        if HAS_DECAY and not EXP:
+            dp = dp * gaps
+        da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + (r * read)[:, None] * norm[None, :]
+        row = tl.sum(da * a32, axis=1)  # elu: A_i . dA_i, what query i adds to dL/dG_i
         da = da * da_dx
         if EXP:
             da = tl.where(steep, dq_x, da)
             den = tl.where(steep, den_x, den)
             r = tl.where(steep, r_x, r)
+            row = tl.sum(da, axis=1)  # exp: G_i enters as a shift of q_i, so dL/dG_i gets sum_f dq_if
         tl.store(dq + pos[:, None] * D + o_k[None, :], da.to(dq.dtype.element_ty), tile_k)
         tl.store(den_out + pos, den, in_t)
         tl.store(r_out + pos, r, in_t)
+        if HAS_DECAY:
+            tl.store(dg + pos, row, in_t)
 
+        if HAS_DECAY and not EXP:
+            state *= tl.exp(total)
+            norm *= tl.exp(total)
+            bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
+        if HAS_DECAY and EXP:
+            ref += total
 
 
 def _backward_dkv_kernel(
-    q, k, v, dout, den_in, r_in, refs, steeps, m0, dkv1, dz1, dk, dv, dkv0, dz0,
+    q, k, v, dout, den_in, r_in, refs, steeps, m0, logd, dg, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_DECAY: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -775,6 +888,8 @@ def _backward_dkv_kernel(
     q, k, v, keep = _heads(q, k, v, keep, i_bh, H, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh)
     dk += i_bh * N * D  # contiguous, as dv
     dv += i_bh * N * E
+    logd += i_bh * N  # contiguous (b, h, n), as dg
+    dg += i_bh * N
     dout += _head(i_bh, H, s_db, s_dh)
     den_in += i_bh * N
     r_in += i_bh * N
@@ -788,9 +903,14 @@ def _backward_dkv_kernel(
         t = nt - 1 - i
         pos = t * BT + o_t
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
+        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
         if EXP:
             r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
-            before = tl.where(t > 0, tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30), ref0)
+            before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
+            if HAS_DECAY:  # R_{c-1} decayed by chunk c-1, as the dq kernel carried it
+                prev = (t - 1) * BT + o_t
+                before += tl.sum(tl.load(logd + prev, (prev >= 0) & (prev < N), other=0.0), 0)
+            before = tl.where(t > 0, before, ref0)
             xk = tl.where(tile_key, xk, float("-inf"))
             a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(xk - r_c[None, :])
@@ -799,6 +919,7 @@ def _backward_dkv_kernel(
             a = tl.where(tile_k, _phi(xq, PHI), 0.0)
             b32 = tl.where(tile_key, _phi(xk, PHI), 0.0)
             db_dx = tl.where(tile_key, _phi_slope(xk, PHI), 0.0)
+        a32 = a
         a, bk = _op(a, RD, DT), _op(b32, RD, DT)
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
@@ -810,9 +931,15 @@ def _backward_dkv_kernel(
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
         dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
         later = tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]  # dS_>c, dz_>c
-        db = (tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION) + later) * db_dx  # (c, d)
-        dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION)
-        dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e)
+        carried = tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e): dS_>c^T B_j
+        if HAS_DECAY and not EXP:  # key j reaches the chunk's end decayed by exp(B - b_j), query i by exp(b_i - b_j)
+            gaps = _gaps(local, causal)
+            p, dp = p * gaps, dp * gaps
+            to_end = tl.exp(total - local)[:, None]
+            later, carried = later * to_end, carried * to_end
+        d_b = tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION) + later  # (c, d): dL/dB
+        db = d_b * db_dx
+        dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION) + carried  # (c, e)
         if EXP:
             # the reverse state into the reference of the chunk before (or of kv0, z0)
             scale = tl.exp(before - r_c)
@@ -831,11 +958,20 @@ def _backward_dkv_kernel(
                 dstate_x += tl.dot(tl.trans(a), g, input_precision=PRECISION) * scale[:, None]
                 dnorm_x += tl.sum(r[:, None] * a.to(tl.float32), axis=0) * scale
             dstate, dnorm = dstate_x, dnorm_x
+            col = tl.sum(db, axis=1)  # exp: G_j enters as a shift of k_j by -G_j
         else:
-            dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
-            dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
+            col = tl.sum(d_b * b32, axis=1)  # elu: B_j . dB_j
+            if HAS_DECAY:  # the state entering the chunk decays by exp(B) to its end, and query i reads exp(b_i) of it
+                dstate = dstate * tl.exp(total) + tl.dot(tl.trans(_op(a32 * tl.exp(local)[:, None], RD, DT)), g,
+                                                         input_precision=PRECISION)  # fmt: skip
+                dnorm = dnorm * tl.exp(total) + tl.sum((r * tl.exp(local))[:, None] * a32, axis=0)
+            else:
+                dstate += tl.dot(tl.trans(a), g, input_precision=PRECISION)
+                dnorm += tl.sum(r[:, None] * a.to(tl.float32), axis=0)
         tl.store(dk + pos[:, None] * D + o_k[None, :], db.to(dk.dtype.element_ty), tile_k)
         tl.store(dv + pos[:, None] * E + o_e[None, :], dvv.to(dv.dtype.element_ty), tile_e)
+        if HAS_DECAY:  # dL/dG_t: what position t adds as a query (the dq kernel's), less what it adds as a key
+            tl.store(dg + pos, tl.load(dg + pos, in_t, other=0.0) - col, in_t)
     _store_state(dkv0, dstate, i_bh, o_k, o_e, D, E)
     tl.store(dz0 + i_bh * D + o_k, dnorm, in_k)
 
@@ -984,13 +1120,14 @@ def _key_grads_kernel(
 
 
 def _step_kernel(
-    q, k, v, keep, kv0, z0, m0, out, kv1, z1, m1, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh, H, D, E,
+    q, k, v, keep, kv0, z0, m0, logd, out, kv1, z1, m1, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_mb, s_mh, H, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_STATE: tl.constexpr, HAS_MAX: tl.constexpr,
-    BK: tl.constexpr, BE: tl.constexpr,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr,
 ):  # fmt: skip
     """One token of generation for (batch, head) i_bh and value block i_e: the state (b*h, D, E) contiguous fp32
-    updated with phi(k) v^T, the output phi(q) S / phi(q) z. exp: the keys scaled by the new running per-feature
-    maximum (the state rescaled to it), the query shifted by max_f (q_f + M_f), as `linear_ops._causal_features`."""
+    decayed by g (logd (b*h,) log g; exp: its reference lowered by log g, as `linear_ops._decayed_state`) and updated
+    with phi(k) v^T, the output phi(q) S / phi(q) z. exp: the keys scaled by the new running per-feature maximum (the
+    state rescaled to it), the query shifted by max_f (q_f + M_f), as `linear_ops._causal_features`."""
     i_bh, i_e = tl.program_id(0), tl.program_id(1)
     o_k, o_e = tl.arange(0, BK), i_e * BE + tl.arange(0, BE)
     in_k, in_e = o_k < D, o_e < E
@@ -1005,14 +1142,20 @@ def _step_kernel(
     in_s = in_k[:, None] & in_e[None, :]
     kv = tl.zeros((BK, BE), tl.float32)
     z = tl.zeros((BK,), tl.float32)
+    log_g = 0.0
+    if HAS_DECAY:
+        log_g = tl.load(logd + i_bh).to(tl.float32)
     if HAS_STATE:
         kv = tl.load(kv0 + tile, in_s, other=0.0)
         z = tl.load(z0 + row, in_k, other=0.0)
+        if HAS_DECAY and not EXP:
+            kv = kv * tl.exp(log_g)
+            z = z * tl.exp(log_g)
     if EXP:
         key = tl.where(kept, xk, float("-inf"))
         before = tl.full((BK,), float("-inf"), tl.float32)
         if HAS_MAX:
-            before = tl.load(m0 + row, in_k, other=0.0)
+            before = tl.load(m0 + row, in_k, other=0.0) + log_g
         ref = tl.maximum(tl.maximum(before, key), -1e30)
         if HAS_STATE and HAS_MAX:
             scale = tl.exp(before - ref)

@@ -10,6 +10,7 @@ triton is imported): small shapes keep it fast. Skipped where triton is not inst
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,17 +23,22 @@ from hf_settransformer import linear_ops
 from hf_settransformer.cache import LinearAttentionState
 from hf_settransformer.feature_maps import FEATURE_MAPS as FEATURE_TABLE
 from hf_settransformer.linear_naive import (
+    cumulative_decay,
     naive_causal_linear_attention,
+    naive_decayed_linear_attention,
     naive_linear_attention,
     naive_linear_visible,
+    normalise_rows,
     phi,
 )
 from hf_settransformer.linear_ops import causal_linear_attention, linear_attention
 from hf_settransformer.linear_triton import (
     fused_causal_linear_attention,
     fused_causal_linear_attention_available,
+    fused_decay_available,
     fused_linear_attention,
     fused_linear_attention_available,
+    fused_linear_attention_step,
 )
 
 pytest.importorskip("triton")
@@ -277,15 +283,174 @@ def test_fused_elu_feature_map_is_exact_for_negative_bf16_inputs():
     _assert_close(out, running_mean, 1e-2, 1e-2, "out")
 
 
+@pytest.mark.parametrize("decay", [None, "gated"], ids=["no_decay", "decay"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
-def test_fused_largest_heads(feature_map):
+def test_fused_largest_heads(feature_map, decay):
     """Head dim 128 (the largest taken) and value dim 96 (two value blocks in the forward, the second padded), several
-    chunks."""
+    chunks; without and with a decay (each value block decays its own part of the state, exp's reference alike)."""
     q, k, v = _leaves(*_qkv(70, seed=10, b=1, h=1, d=128, e=96))
-    out, _ = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32)
-    want_out, _, _, _ = _reference(q, k, v, feature_map)
+    if decay is None:
+        out, _ = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32)
+        want_out, _, _, _ = _reference(q, k, v, feature_map)
+        inputs = (q, k, v)
+    else:
+        (logd,) = _leaves(_log_decay(70, decay, seed=11, b=1, h=1))
+        out, state = fused_causal_linear_attention(q, k, v, None, feature_map=feature_map, chunk_size=32, decay=logd)
+        want_out, want_state = _float64_op(q, k, v, None, None, logd, feature_map)
+        _assert_close(state.kv, want_state.kv, 1e-4, 1e-4, "kv")
+        inputs = (q, k, v, logd)
     _assert_close(out, want_out, 1e-5, 1e-4, "out")
-    _assert_grads_close(_grads([out], (q, k, v)), _grads([want_out], (q, k, v)), "qkv", atol=5e-5)
+    _assert_grads_close(_grads([out], inputs), _grads([want_out], inputs), "qkvd", atol=5e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the causal kernels with a decay
+
+DECAY_SCALES = {"fixed": 0.05, "gated": 3.0}  # log g = -rand * scale: a RetNet-like slow decay, a strong gate
+
+
+def _log_decay(n, kind, seed=50, b=B, h=H):
+    """A log-decay (b, h, n) <= 0: -rand * DECAY_SCALES[kind] (or a given scale)."""
+    scale = DECAY_SCALES.get(kind, kind)
+    return (-torch.rand(b, h, n, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE)
+
+
+def _decayed_reference(q, k, v, logd, key_mask, drop, feature_map):
+    """Float64 `naive_decayed_linear_attention` with key dropout's dropped keys (b, h, n) left out of every sum; they
+    still decay (time passes), masked (padding) positions do not."""
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[2]
+    g = cumulative_decay(logd, key_mask)  # (b, h, n)
+    allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() & drop[:, :, None, :]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    logdecay = (g[..., :, None] - g[..., None, :]).masked_fill(~allowed, float("-inf"))
+    if feature_map == "elu":
+        return normalise_rows((phi(q, "elu") @ phi(k, "elu").transpose(-1, -2)) * torch.exp(logdecay), v)
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1) + logdecay
+    return torch.softmax(logw, dim=-1) @ v
+
+
+def _decay_inputs(n, kind, seed):
+    """q, k, v, log-decay leaves; a random key mask and key dropout that keep key 0, so that every query sees a key
+    (the float64 softmax's gradient is NaN for a row that sees none)."""
+    q, k, v = _qkv(n, seed=seed)
+    logd = _log_decay(n, kind, seed=seed + 1)
+    key_mask = _key_mask("random", n, seed=seed + 2)
+    key_mask[:, 0] = True
+    drop = (torch.rand(B, H, n, generator=torch.Generator().manual_seed(seed + 3)) >= 0.25).to(DEVICE)
+    drop[:, :, 0] = True
+    return (*_leaves(q, k, v, logd), key_mask, drop)
+
+
+@pytest.mark.parametrize("kind", ["fixed", "gated"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_decay_matches_float64_reference_with_gradients(feature_map, kind):
+    """With a decay (slow, or a strong gate), key padding and key dropout, cut at token 21 into a first call and a
+    second that continues its state (neither a multiple of the chunk): the outputs and the gradients of q, k, v and
+    the decay (through the carried state too) equal the float64 reference's, which drops keys but lets them decay."""
+    n, split = 37, 21
+    q, k, v, logd, key_mask, drop = _decay_inputs(n, kind, seed=51)
+    parts = []
+    state = None
+    for sl in (slice(0, split), slice(split, n)):
+        out, state = fused_causal_linear_attention(
+            q[:, :, sl], k[:, :, sl], v[:, :, sl], key_mask[:, sl], state, feature_map=feature_map,
+            drop=drop[..., sl], chunk_size=CHUNK, decay=logd[..., sl],
+        )  # fmt: skip
+        parts.append(out)
+    out = torch.cat(parts, dim=2)
+    want = _decayed_reference(q, k, v, logd, key_mask, drop, feature_map)
+    everything = torch.ones_like(drop)
+    torch.testing.assert_close(  # the reference is naive_decayed_linear_attention where no key is dropped
+        _decayed_reference(q, k, v, logd, key_mask, everything, feature_map),
+        naive_decayed_linear_attention(q, k, v, logd, key_mask, feature_map),
+    )
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    got = _grads([out], (q, k, v, logd))
+    _assert_grads_close(got, _grads([want], (q, k, v, logd)), ["q", "k", "v", "decay"], atol=5e-5)
+    assert torch.equal(got[3][~key_mask[:, None].expand(B, H, n)].cpu(), torch.zeros(int((~key_mask).sum()) * H))
+
+
+def _float64_op(q, k, v, key_mask, state, logd, feature_map, drop=None):
+    """`linear_ops`' PyTorch chunks in float64 (chunks of 8): outputs and state, the reference of a carried state."""
+    if state is not None:
+        state = LinearAttentionState(state.kv.double(), state.z.double(), state.k_max)
+        state = state if state.k_max is None else LinearAttentionState(state.kv, state.z, state.k_max.double())
+    logd = linear_ops._log_decay(logd, key_mask).double()
+    fmap = FEATURE_TABLE[feature_map]
+    return linear_ops._causal_linear_attention(q.double(), k.double(), v.double(), key_mask, fmap, 8, state, drop, logd)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_decay_gradients_of_a_given_state(feature_map):
+    """A state given as leaves (kv0, z0; exp's k_max a constant reference) and a strong gate: outputs, the final state
+    (exp: its decayed reference, kv and z as stored) and the gradients of kv0, z0, q, k, v and the decay, through the
+    outputs and the final state, equal the PyTorch op's in float64."""
+    n = 37
+    q, k, v, logd, key_mask, _ = _decay_inputs(n, "gated", seed=55)
+    g = torch.Generator().manual_seed(56)
+    kv0, z0 = _leaves(torch.rand(B, H, D, E, generator=g).to(DEVICE) * 3, torch.rand(B, H, D, generator=g).to(DEVICE))
+    k_max = torch.randn(B, H, D, generator=g).to(DEVICE) + 1 if feature_map == "exp" else None
+    state = LinearAttentionState(kv0, z0 + 1, k_max)
+    out, final = fused_causal_linear_attention(
+        q, k, v, key_mask, state, feature_map=feature_map, chunk_size=CHUNK, decay=logd
+    )
+    want, want_final = _float64_op(q, k, v, key_mask, state, logd, feature_map)
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    if feature_map == "exp":
+        _assert_close(final.k_max, want_final.k_max, 1e-5, 1e-5, "k_max")
+    else:
+        assert final.k_max is None
+    _assert_close(final.kv, want_final.kv, 1e-4, 1e-4, "kv")
+    _assert_close(final.z, want_final.z, 1e-4, 1e-4, "z")
+    leaves = (q, k, v, logd, kv0, z0)
+    got = _grads([out, final.kv, final.z], leaves)
+    want_grads = _grads([want, want_final.kv, want_final.z], leaves)
+    _assert_grads_close(got, want_grads, ["q", "k", "v", "decay", "kv0", "z0"], atol=5e-5)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_decay_low_precision_inputs(feature_map):
+    """bf16 q, k, v with a strong gate and key padding, head dims 32 and 24: fp32 outputs, gradients (q, k, v in bf16,
+    the decay in fp32) within bf16 error of the float64 reference of the same (rounded) inputs."""
+    n, d, e = 40, 32, 24
+    q, k, v = _leaves(*(x.to(torch.bfloat16) for x in _qkv(n, seed=57, d=d, e=e)))
+    (logd,) = _leaves(_log_decay(n, "gated", seed=58))
+    key_mask = _key_mask("random", n, seed=59)
+    key_mask[:, 0] = True
+    out, _ = fused_causal_linear_attention(q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK, decay=logd)
+    assert out.dtype == torch.float32
+    want = naive_decayed_linear_attention(q, k, v, logd, key_mask, feature_map)
+    _assert_close(out, want, 2e-2, 2e-2, "out")
+    got = _grads([out], (q, k, v, logd))
+    assert [x.dtype for x in got] == [torch.bfloat16] * 3 + [torch.float32]
+    for name, a, b in zip("qkvd", got, _grads([want], (q, k, v, logd))):
+        _assert_close(a, b, 5e-2, 5e-2, f"d/d{name}")
+
+
+def test_fused_exp_decay_takes_the_exact_path_for_steep_chunks():
+    """A gate strong enough (about 6 nats a token) that a chunk's keys, taken back to its start, rise ~100 nats above
+    its first queries' running maximum: the kernels' exact path (forward and backward) gives the float64 outputs and
+    gradients, and the chunked form alone (spread = inf) would not (its early queries' terms underflow)."""
+    n = 40
+    q, k, v = _qkv(n, seed=60)
+    logd = _log_decay(n, 12.0, seed=61)
+    q, k, v, logd = _leaves(q, k, v, logd)
+    want = naive_decayed_linear_attention(q, k, v, logd, None, "exp")
+    with warnings.catch_warnings():
+        # on CPU: no inf or NaN either in the chunked terms the steep chunks drop (the interpreter's numpy would warn)
+        warnings.simplefilter("error", RuntimeWarning)
+        out, _ = fused_causal_linear_attention(q, k, v, None, feature_map="exp", chunk_size=CHUNK, decay=logd)
+        got = _grads([out], (q, k, v, logd))
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(got, _grads([want], (q, k, v, logd)), "qkvd", atol=5e-5)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy: the underflow this test shows
+        chunked, _ = fused_causal_linear_attention(
+            q, k, v, None, feature_map="exp", chunk_size=CHUNK, spread=float("inf"), decay=logd
+        )
+    assert not torch.allclose(chunked.double(), want, atol=1e-3, rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,7 +541,8 @@ def test_fused_noncausal_largest_heads(feature_map):
     _assert_grads_close(_grads([out], (q, k, v)), _grads([want], (q, k, v)), "qkv", atol=5e-5)
 
 
-COMPILE_FOR_H100 = """
+COMPILE_FOR_GPU = """
+import sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -384,39 +550,60 @@ from hf_settransformer import linear_triton as lt
 from hf_settransformer.feature_maps import FEATURE_MAPS
 
 assert lt._import_triton()
+arch, decayed_only = int(sys.argv[1]), sys.argv[2] == "decayed"
 pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
             "real": "*u8", "spread": "fp32"}
+decayable = [lt._forward_kernel, lt._backward_dq_kernel, lt._backward_dkv_kernel, lt._step_kernel]
 for feature_map, d in [("elu", 64), ("exp", 128)]:
     q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16, device="meta")  # `_blocks` reads the shape and dtype only
-    forward = [lt._forward_kernel, lt._key_sums_kernel, lt._output_kernel]
+    forward = [lt._forward_kernel, lt._key_sums_kernel, lt._output_kernel, lt._step_kernel]
     backward = [lt._backward_dq_kernel, lt._backward_dkv_kernel, lt._query_grads_kernel, lt._key_grads_kernel]
     for kernel in forward + backward:
-        fn = triton.runtime.jit.JITFunction(kernel)
-        blocks = lt._blocks(q, q, 64, backward=kernel in backward)
-        options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
-        flags = {**lt._map_flags(FEATURE_MAPS[feature_map]), "HAS_KEEP": True, "HAS_REAL": True, "HAS_STATE": True}
-        constexprs = {**blocks, **{name: flags[name] for name in flags if name in fn.arg_names}}
-        scalar = lambda name: "i32" if len(name) == 1 or name.startswith("s_") else "*fp32"
-        signature = {n: "constexpr" if n in constexprs else pointers.get(n, scalar(n)) for n in fn.arg_names}
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), GPUTarget("cuda", 90, 32), options)
-        assert compiled.asm["cubin"]
-        print("compiled", kernel.__name__, feature_map, d)
+        # the step kernel with its decay only; the causal ones with and without; decayed_only: the decayed variants
+        for decay in [False, True] if kernel in decayable else [False]:
+            if (decayed_only or kernel is lt._step_kernel) and not decay:
+                continue
+            fn = triton.runtime.jit.JITFunction(kernel)
+            blocks = lt._blocks(q, q, 64, backward=kernel in backward)
+            options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
+            flags = {**lt._map_flags(FEATURE_MAPS[feature_map]), "HAS_KEEP": True, "HAS_REAL": True,
+                     "HAS_STATE": True, "HAS_MAX": True, "HAS_DECAY": decay}
+            constexprs = {name: value for name, value in {**blocks, **flags}.items() if name in fn.arg_names}
+            scalar = lambda name: "i32" if len(name) == 1 or name.startswith("s_") else "*fp32"
+            signature = {n: "constexpr" if n in constexprs else pointers.get(n, scalar(n)) for n in fn.arg_names}
+            compiled = triton.compile(ASTSource(fn, signature, constexprs), GPUTarget("cuda", arch, 32), options)
+            assert compiled.asm["cubin"]
+            print("compiled", kernel.__name__, feature_map, d, "decay" if decay else "")
 """
+
+
+def _compile_for(arch, which):
+    """Run COMPILE_FOR_GPU for sm_<arch> in a process of its own, without the interpreter: its stdout."""
+    pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, str(arch), which], check=False,
+                            cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_an_h100_without_one():
-    """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all seven (causal and
-    non-causal) for sm_90 (H100),
-    with the ptxas triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp) would (`_blocks`' sizes); in a
-    process of its own, without the interpreter."""
-    pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], check=False, cwd=Path(__file__).parents[1],
-                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("compiled ") == 14
+    """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all eight (causal and
+    non-causal, the step) for sm_90 (H100), the causal ones also with a decay (the step with one only), with the ptxas
+    triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp) would (`_blocks`' sizes)."""
+    stdout = _compile_for(90, "all")
+    assert stdout.count("compiled ") == 22
+    assert stdout.count(" decay") == 8
+
+
+@pytest.mark.slow
+def test_decayed_kernels_compile_for_an_a100_without_one():
+    """The decayed variants of the causal kernels and of the step, compiled for sm_80 (A100) as for sm_90."""
+    stdout = _compile_for(80, "decayed")
+    assert stdout.count("compiled ") == stdout.count(" decay") == 8
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -598,6 +785,41 @@ def test_prefix_causal_linear_attention_through_the_kernel_equals_the_pytorch_pa
         _assert_close(a, b, 2e-5, 1e-4, name)
 
 
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_decayed_ops_through_the_kernel_equal_the_pytorch_path(monkeypatch, count_fused, feature_map):
+    """`causal_linear_attention` and `prefix_causal_linear_attention` (leading keys, a bidirectional prefix) with a
+    decay, key padding, key dropout and a carried state: the fused kernels run (`fused_decay_available`), with the same
+    outputs, final state (exp: its decayed reference) and gradients (q, k, v, decay, the carried state) as PyTorch."""
+    assert fused_decay_available(feature_map) and not fused_decay_available("relu")
+    n, lead = 29, 5
+    q, _, _ = _qkv(n, seed=33)
+    _, k, v = _qkv(n + lead, seed=34)
+    logd = _log_decay(n + lead, "gated", seed=35)
+    q, k, v, logd = _leaves(q, k, v, logd)
+    key_mask = _key_mask("random", n + lead)
+    drop = (torch.rand(B, H, n + lead, generator=torch.Generator().manual_seed(36)) >= 0.2).to(DEVICE)
+    k_max = torch.randn(B, H, D, device=DEVICE) if feature_map == "exp" else None
+    kv0, z0 = _leaves(torch.rand(B, H, D, E, device=DEVICE), torch.rand(B, H, D, device=DEVICE) + 1)
+    state = LinearAttentionState(kv0, z0, k_max)
+
+    def run():
+        out, new = causal_linear_attention(
+            q, k[:, :, lead:], v[:, :, lead:], key_mask[:, lead:], state, feature_map=feature_map, chunk_size=8,
+            drop=drop[..., lead:], decay=logd[..., lead:],
+        )  # fmt: skip
+        pre, pre_new = linear_ops.prefix_causal_linear_attention(
+            q, k, v, key_mask, state, feature_map=feature_map, prefix_length=9, drop=drop, decay=logd
+        )
+        states = [new.kv, new.z, pre_new.kv, pre_new.z] + ([] if k_max is None else [new.k_max, pre_new.k_max])
+        return (out, pre, *states, *_grads([out, new.kv, pre, pre_new.z], (q, k, v, logd, kv0, z0)))
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused == [True, True]
+    names = ["out", "prefix_out", "kv", "z", "prefix_kv", "prefix_z"] + ([] if k_max is None else ["k_max", "k_max_"])
+    for name, a, b in zip(names + ["dq", "dk", "dv", "ddecay", "dkv0", "dz0"], fused, pytorch):
+        _assert_close(a, b, 2e-5, 1e-4, name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train_key_dropout"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
@@ -692,13 +914,14 @@ def count_fused_step(monkeypatch):
     return _count_calls(monkeypatch, "fused_linear_attention_step")
 
 
+@pytest.mark.parametrize("decay", [None, "gated"], ids=["no_decay", "decay"])
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 @pytest.mark.parametrize("start", ["no_state", "state"])
-def test_fused_step_equals_the_pytorch_step(feature_map, start):
+def test_fused_step_equals_the_pytorch_step(feature_map, start, decay):
     """One generation step in the fused kernel: output and new state equal to the PyTorch step's, from no state or a
-    carried state; with a masked row and per-head dropped keys."""
-    from hf_settransformer.linear_ops import _linear_attention_step, _with_dropped
-    from hf_settransformer.linear_triton import fused_linear_attention_step
+    carried state, with or without the token's decay (the masked row's does not apply); with a masked row and
+    per-head dropped keys."""
+    from hf_settransformer.linear_ops import _decayed_state, _linear_attention_step, _with_dropped
 
     q, k, v = _qkv(1, seed=40, e=70)  # two value blocks of 64
     k = k * 3
@@ -713,8 +936,11 @@ def test_fused_step_equals_the_pytorch_step(feature_map, start):
     drop = torch.tensor([[[True], [False]], [[True], [True]]], device=DEVICE)  # head 1 of row 0 drops its key
     with pytest.raises(ValueError, match="takes one token"):
         fused_linear_attention_step(*_qkv(2), feature_map=feature_map)
-    out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop)
-    want, want_new = _linear_attention_step(q, k, v, state, _with_dropped(mask, drop), FEATURE_TABLE[feature_map])
+    logd = None if decay is None else _log_decay(1, decay, seed=43)
+    out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop, decay=logd)
+    fmap = FEATURE_TABLE[feature_map]
+    decayed = _decayed_state(state, None if logd is None else linear_ops._log_decay(logd, mask)[..., 0], fmap)
+    want, want_new = _linear_attention_step(q, k, v, decayed, _with_dropped(mask, drop), fmap)
     _assert_close(out, want, 1e-6, 1e-5, "out")
     for name in ["kv", "z", "k_max"]:
         got, expected = getattr(new, name), getattr(want_new, name)
@@ -747,6 +973,65 @@ def test_fused_steps_continue_a_prefill_as_the_one_pass_forward(monkeypatch, cou
     qq = q[:, :, :1].clone().requires_grad_()
     linear_ops.linear_attention_step(qq, k[:, :, :1], v[:, :, :1], None, state, feature_map=feature_map)
     assert len(count_fused_step) == n - 8
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_decayed_states_continue_across_implementations(monkeypatch, feature_map):
+    """With a strong gate: a prefill's state from the fused kernels continued by PyTorch steps, and the PyTorch
+    prefill's state continued by fused steps, both give the one-pass float64 outputs (exp: keys 300 nats apart): the
+    kernels' state, exp's decayed reference included, is the PyTorch op's."""
+    n, split = 20, 9
+    q, k, v = _qkv(n, seed=44)
+    if feature_map == "exp":
+        k[:, :, 12, 0] += 300.0
+    logd = _log_decay(n, "gated", seed=45)
+    whole = naive_decayed_linear_attention(q, k, v, logd, None, feature_map)
+    prefill = {}
+    for force in ["1", "0"]:
+        monkeypatch.setenv("HFST_FORCE_TRITON", force)
+        monkeypatch.setenv("HFST_DISABLE_TRITON", "0" if force == "1" else "1")
+        args = (q[:, :, :split], k[:, :, :split], v[:, :, :split])
+        prefill[force] = causal_linear_attention(*args, feature_map=feature_map, decay=logd[..., :split])[1]
+    for prefilled, step_force in [("1", "0"), ("0", "1")]:
+        monkeypatch.setenv("HFST_FORCE_TRITON", step_force)
+        monkeypatch.setenv("HFST_DISABLE_TRITON", "0" if step_force == "1" else "1")
+        state, steps = prefill[prefilled], []
+        for t in range(split, n):
+            sl = slice(t, t + 1)
+            o, state = linear_ops.linear_attention_step(
+                q[:, :, sl], k[:, :, sl], v[:, :, sl], None, state, feature_map=feature_map, decay=logd[..., sl]
+            )
+            steps.append(o)
+        _assert_close(torch.cat(steps, dim=2), whole[:, :, split:], 1e-5, 1e-4, f"steps after prefill {prefilled}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("feature_map", "decay"), [("elu", "fixed"), ("exp", "gated")])
+def test_decayed_decoder_trains_and_generates_the_same_with_the_kernels(
+    monkeypatch, count_fused, count_fused_step, feature_map, decay
+):
+    """A tiny linear decoder with `linear_attention_decay`: a training step (key dropout) gives the same logits and
+    gradients (the gate's too) with the fused causal kernels, and cached greedy generation the same tokens and scores
+    with the fused prefill and steps."""
+    model = decoder("linear", feature_map, linear_attention_decay=decay, attention_probs_dropout_prob=0.1).to(DEVICE)
+    attention_mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
+    attention_mask[0, :2] = 0  # left padding
+    _assert_same_step_with_the_kernel(monkeypatch, model.train(), attention_mask)
+    assert count_fused == [True] * model.config.num_hidden_layers
+    model.eval()
+    input_ids = batch_of_tokens(2, 5).to(DEVICE)
+
+    def run():
+        out = model.generate(
+            input_ids, attention_mask=attention_mask[:, :5], max_new_tokens=4, do_sample=False, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=0,
+        )  # fmt: skip
+        return out.sequences, torch.stack(out.scores)
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert torch.equal(fused[0], pytorch[0])
+    _assert_close(fused[1], pytorch[1], 1e-5, 1e-4, "scores")
+    assert count_fused_step and all(count_fused_step)
 
 
 @pytest.mark.slow
