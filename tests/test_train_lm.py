@@ -847,7 +847,7 @@ def test_gpu_presets_use_a_dense_output_layer_and_more_dropout(preset):
     from types import SimpleNamespace
 
     model_args = SimpleNamespace(preset=preset, family="decoder", attention_type="softmax", feature_map="elu",
-                                 next_token_mode="many", config_overrides=None)
+                                 linear_attention_decay="none", next_token_mode="many", config_overrides=None)
     data_args = SimpleNamespace(block_size=512, context_length=512, target_length=None)
     config = lm_arguments.new_config(model_args, data_args, vocab_size=33279, eos_id=0)
     assert config.adaptive_softmax_cutoffs is None and config.adaptive_input_cutoffs is None
@@ -875,7 +875,7 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
     from types import SimpleNamespace
 
     model_args = SimpleNamespace(preset="small", family=family, attention_type="softmax", feature_map="elu",
-                                 next_token_mode="many", config_overrides=None)
+                                 linear_attention_decay="none", next_token_mode="many", config_overrides=None)
     data_args = SimpleNamespace(block_size=128, context_length=128, target_length=None)
     config = lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert config.adaptive_input_cutoffs == config.adaptive_softmax_cutoffs == [2000, 10000]
