@@ -25,7 +25,12 @@ def left_padded_batch():
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 def test_cached_steps_equal_full_forward_with_left_padding(attention_type, feature_map):
-    model = decoder(attention_type, feature_map)
+    assert check_cached_steps(decoder(attention_type, feature_map)).get_seq_length() == 13
+
+
+def check_cached_steps(model, atol=ATOL):
+    """A left-padded prefill (7 tokens) and six one-token steps with the cache give the full forward's logits at every
+    real position; returns the cache."""
     ids, mask = left_padded_batch()
     continuation = torch.randint(1, VOCAB, (2, 6))
     full_ids = torch.cat([ids, continuation], dim=1)
@@ -34,7 +39,7 @@ def test_cached_steps_equal_full_forward_with_left_padding(attention_type, featu
         full = model(input_ids=full_ids, attention_mask=full_mask, use_cache=False).logits
         out = model(input_ids=ids, attention_mask=mask, use_cache=True)
         real = mask.bool()
-        assert torch.allclose(out.logits[real], full[:, :7][real], atol=ATOL)
+        torch.testing.assert_close(out.logits[real], full[:, :7][real], atol=atol, rtol=0)
         cache = out.past_key_values
         for t in range(6):
             length = 7 + t + 1
@@ -45,8 +50,8 @@ def test_cached_steps_equal_full_forward_with_left_padding(attention_type, featu
                 use_cache=True,
             )
             cache = step.past_key_values
-            assert torch.allclose(step.logits[:, 0], full[:, length - 1], atol=ATOL), t
-    assert cache.get_seq_length() == 13
+            torch.testing.assert_close(step.logits[:, 0], full[:, length - 1], atol=atol, rtol=0)
+    return cache
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)

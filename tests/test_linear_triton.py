@@ -1018,12 +1018,17 @@ def test_decayed_decoder_trains_and_generates_the_same_with_the_kernels(
     attention_mask[0, :2] = 0  # left padding
     _assert_same_step_with_the_kernel(monkeypatch, model.train(), attention_mask)
     assert count_fused == [True] * model.config.num_hidden_layers
-    model.eval()
+    _assert_same_generation_with_the_kernels(monkeypatch, model.eval(), attention_mask[:, :5], count_fused_step)
+
+
+def _assert_same_generation_with_the_kernels(monkeypatch, model, attention_mask, count_fused_step):
+    """Cached greedy generation (4 tokens after 5): the same tokens and scores with the fused kernels (prefill and
+    steps) as with the PyTorch ops, and the steps ran in the fused kernel."""
     input_ids = batch_of_tokens(2, 5).to(DEVICE)
 
     def run():
         out = model.generate(
-            input_ids, attention_mask=attention_mask[:, :5], max_new_tokens=4, do_sample=False, output_scores=True,
+            input_ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False, output_scores=True,
             return_dict_in_generate=True, pad_token_id=0,
         )  # fmt: skip
         return out.sequences, torch.stack(out.scores)
@@ -1040,18 +1045,6 @@ def test_decoder_generates_the_same_with_the_fused_step(monkeypatch, count_fused
     """A tiny linear decoder's cached greedy generation, left-padded: the same tokens and scores with the fused
     kernels (prefill and steps) as with the PyTorch ops, and the steps ran in the fused kernel."""
     model = decoder("linear", feature_map).to(DEVICE)
-    input_ids = batch_of_tokens(2, 5).to(DEVICE)
     attention_mask = torch.ones(2, 5, dtype=torch.long, device=DEVICE)
     attention_mask[0, :2] = 0
-
-    def run():
-        out = model.generate(
-            input_ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False, output_scores=True,
-            return_dict_in_generate=True, pad_token_id=0,
-        )  # fmt: skip
-        return out.sequences, torch.stack(out.scores)
-
-    pytorch, fused = _both_paths(monkeypatch, run)
-    assert torch.equal(fused[0], pytorch[0])
-    _assert_close(fused[1], pytorch[1], 1e-5, 1e-4, "scores")
-    assert count_fused_step and all(count_fused_step)
+    _assert_same_generation_with_the_kernels(monkeypatch, model, attention_mask, count_fused_step)
