@@ -89,6 +89,26 @@ def test_generate_and_evaluation_make_no_tensor_off_the_inputs_device(family, cl
         assert out.device.type == "cpu" and out.shape == (2, 11)
 
 
+DECAYED = [(f, c, m, d) for f, c in MODEL_CLASSES for m in ("elu", "exp") for d in ("fixed", "gated")
+           if c.__name__.endswith(("ForCausalLM", "ForNextTokenPrediction"))]  # the causal heads a decay applies to
+
+
+@pytest.mark.parametrize("family,cls,feature_map,decay", DECAYED,
+                         ids=[f"{c.__name__}-{m}-{d}" for _, c, m, d in DECAYED])
+def test_decayed_heads_make_no_tensor_off_the_inputs_device(family, cls, feature_map, decay):
+    """`linear_attention_decay`: a padded training forward and backward, and cached generation, on the meta device."""
+    config = tiny_config(family, "linear", feature_map, linear_attention_decay=decay, attention_probs_dropout_prob=0.1)
+    model = make_model(cls, config).train()
+    inputs = batch(cls, padded=True)
+    with torch.device("meta"):
+        loss = scalar(model(**inputs))
+        loss.backward()
+        with torch.no_grad():
+            out = model.eval().generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                        max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert loss.device.type == "cpu" and torch.isfinite(loss) and out.device.type == "cpu"
+
+
 def test_the_meta_device_technique_catches_a_tensor_made_on_the_default_device():
     """The technique itself: a mask made without the inputs' device is refused under the meta device, as on CUDA; the
     attention mask built for the same call takes the queries' device."""
