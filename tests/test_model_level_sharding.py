@@ -159,7 +159,7 @@ def test_no_split_modules_name_the_blocks_each_model_holds_and_accelerate_wraps_
 
 # ------------------------------------------------------------------------------------------------------------ FSDP2
 
-# every family x attention; the decoder's chunked loss reads `lm_head.weight` from the root module's forward; under
+# every family x attention; decays; the decoder's chunked loss reads `lm_head.weight` from the root module's forward; under
 # activation checkpointing (applied to the blocks before sharding) the Set Transformer with inducing points (ISAB) and
 # without (SAB), whose forward must not tell its blocks apart by class, and every other family once
 FSDP2_CASES = (
@@ -168,6 +168,9 @@ FSDP2_CASES = (
     + [("set_transformer", a, m, {}, True) for a, m in ATTENTIONS]
     + [("set_transformer", "softmax", "elu", {"num_inducing_points": 0}, True)]
     + [(family, "linear", "elu", {}, True) for family in ("encoder", "decoder", "perceiver_io")]
+    # a decay (the causal LM heads): the gates are parameters of the sharded blocks (ISAB's inducing points have none)
+    + [("decoder", "linear", "exp", {"linear_attention_decay": "gated"}, False)]
+    + [("set_transformer", "linear", "elu", {"linear_attention_decay": "gated"}, True)]
 )
 
 
