@@ -232,6 +232,39 @@ def _prefix_loop(x, reverse):
     return out
 
 
+class _DecayedScanLoop(torch.autograd.Function):
+    """The decayed scan of chunk states x (b, h, k, ...) with decays g (b, h, k) from `start` (b, h, ...):
+    before[:, :, i] = the state entering chunk i, which hands on g_i * before_i + x_i; -> (before, the last state).
+    In-place updates of one running state, as `_ExclusivePrefixSumLoop` (autograd would record two ops per chunk)."""
+
+    @staticmethod
+    def forward(ctx, x, g, start):
+        g = g.reshape(*g.shape, *[1] * (x.dim() - 3))
+        before = torch.empty_like(x)
+        running = start.clone()
+        for i in range(x.shape[2]):
+            before[:, :, i] = running
+            running.mul_(g[:, :, i]).add_(x[:, :, i])
+        ctx.save_for_backward(before, g)
+        return before, running
+
+    @staticmethod
+    def backward(ctx, d_before, d_last):
+        before, g = ctx.saved_tensors
+        # the gradient of the state each chunk hands on, from the last chunk back
+        grad = d_last.clone() if d_last is not None else torch.zeros_like(before[:, :, 0])
+        dx = torch.empty_like(before)
+        dg = torch.empty(before.shape[:3], dtype=before.dtype, device=before.device)
+        feature_dims = tuple(range(2, before.dim() - 1))
+        for i in reversed(range(before.shape[2])):
+            dx[:, :, i] = grad
+            dg[:, :, i] = (grad * before[:, :, i]).sum(dim=feature_dims)
+            grad = grad * g[:, :, i]
+            if d_before is not None:
+                grad += d_before[:, :, i]
+        return dx, dg, grad
+
+
 def exclusive_prefix_sum(x):
     """Exclusive prefix sum over dim 2 of the chunk states (b, h, k, ...): the state before each chunk.
 
@@ -480,18 +513,14 @@ def _decayed_chunks(phi_q, phi_k, v, logd, state, n):
     to_end = phi_k * torch.exp(total[..., None] - local)[..., None]  # keys decayed to the chunk's end
     kv_chunks = torch.matmul(to_end.transpose(-1, -2), v)  # (b, h, k, d, e)
     z_chunks = to_end.sum(dim=-2)  # (b, h, k, d)
-    kv_run = state.kv if state is not None else phi_q.new_zeros(b, h, d, e)
-    z_run = state.z if state is not None else phi_q.new_zeros(b, h, d)
-    kv_before, z_before = [], []
-    for i in range(nk):  # the carried state, decayed by each chunk before it adds its keys
-        kv_before.append(kv_run)
-        z_before.append(z_run)
-        g = torch.exp(total[:, :, i])  # (b, h)
-        kv_run = kv_run * g[..., None, None] + kv_chunks[:, :, i]
-        z_run = z_run * g[..., None] + z_chunks[:, :, i]
+    kv_start = state.kv if state is not None else phi_q.new_zeros(b, h, d, e)
+    z_start = state.z if state is not None else phi_q.new_zeros(b, h, d)
+    g = torch.exp(total)  # (b, h, k): the carried state, decayed by each chunk before it adds its keys
+    kv_before, kv_run = _DecayedScanLoop.apply(kv_chunks, g, kv_start)
+    z_before, z_run = _DecayedScanLoop.apply(z_chunks, g, z_start)
     read = phi_q * torch.exp(local)[..., None]  # the carried state as each query sees it
-    num = num + torch.matmul(read, torch.stack(kv_before, dim=2))
-    den = den + torch.matmul(read, torch.stack(z_before, dim=2).unsqueeze(-1)).squeeze(-1)
+    num = num + torch.matmul(read, kv_before)
+    den = den + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)
     out = _ratio(num, den.unsqueeze(-1)).reshape(b, h, nk * c, e)[:, :, :n]
     return out, LinearAttentionState(kv=kv_run, z=z_run)
 
