@@ -104,6 +104,9 @@ def test_lm_results_table_and_plot(tmp_path):
                     adaptive_input_cutoffs=[2000, 10000], validation_cpu_seconds=120.0, test_cpu_seconds=180.0)
     (tmp_path / "runs" / "decoder-linear-elu").mkdir()
     (tmp_path / "runs" / "decoder-linear-elu" / "all_results.json").write_text(json.dumps(adaptive))
+    gated = dict(adaptive, feature_map="exp", linear_attention_decay="gated", test_perplexity=130.0)
+    (tmp_path / "runs" / "decoder-linear-exp-gated").mkdir()
+    (tmp_path / "runs" / "decoder-linear-exp-gated" / "all_results.json").write_text(json.dumps(gated))
     no_clock = {k: v for k, v in result.items() if k != "train_seconds_whole_run"}  # resumed from an old checkpoint
     (tmp_path / "runs" / "encoder-softmax").mkdir()
     (tmp_path / "runs" / "encoder-softmax" / "all_results.json").write_text(
@@ -127,6 +130,8 @@ def test_lm_results_table_and_plot(tmp_path):
     # a run with the adaptive layers, its selected checkpoint and the evaluation's CPU time
     assert ("| decoder | causal LM | linear elu | 2.20M | adaptive in+out | bf16 | 1 | 28.0 | 0 | 3.00M | 1,786 | 6,000 "
             "| 150.0 | 140.0 | 0.200 | 5.0 |") in stdout
+    # a decayed run names its decay (`linear_attention_decay` in all_results.json)
+    assert "| decoder | causal LM | linear exp, gated decay | 2.20M |" in stdout
     # no record of the whole run's time: CPU-minutes unknown, tokens per wall second of this process, marked
     assert "| encoder | many targets | softmax | 5.05M | full | fp32 | 1 | ? | 0 | 3.00M | 1,700 wall | last |" in stdout
     assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
