@@ -35,7 +35,11 @@ class FeatureMap:
 
 def _elu1(x):
     """elu(x) + 1 as the ops' fp32 takes it: off by up to ~1e-7 (cancellation) for negative x, and about a fifth of
-    the exact form's cost (forward and backward on CPU)."""
+    the exact form's cost (forward and backward on CPU). Compiled, the exact form (one fused kernel there): torch
+    2.13's AOT autograd gives elu's backward of a non-contiguous tensor (heads split off a projection) strides its
+    kernel does not produce, and the compiled backward fails on a view ("view size is not compatible")."""
+    if torch.compiler.is_compiling():
+        return _elu1_exact(x)
     return F.elu(x) + 1.0
 
 
