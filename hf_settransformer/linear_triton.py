@@ -294,9 +294,9 @@ class _FusedCausal(torch.autograd.Function):
     each query its own running maximum M_i, w_ij = sum_f exp(q_if + k_jf - s_i), s_i = max_f (q_if + M_if), the
     carried state read in reference R_{c-1}; every exponent is <= 0 and none comes from a later key. No host read.
 
-    A decay (`logd`, see the comment above the kernels) weighs key j by exp(G_i - G_j) at query i inside a chunk (elu)
-    or shifts the keys back to the chunk's start (exp), and decays the carried state between chunks; its gradient
-    (of G, then summed from the end) comes from the same two backward kernels.
+    A decay (`logd`, see the comment above the kernels) weighs key j by exp(G_i - G_j) at query i inside a chunk and
+    decays the carried state between chunks (exp: by moving its reference, which keeps the decayed key maximum); its
+    gradient (of G, then summed from the end) comes from the same two backward kernels.
 
     The backward saves only the inputs (and with a decay the final state): one kernel walks the chunks forwards for dq
     (and the per-query normalisers and output-gradient dot products, b x h x n fp32 each, and for exp the chunks' key
@@ -361,6 +361,7 @@ class _FusedCausal(torch.autograd.Function):
             chunks = triton.cdiv(n, blocks["BT"])
             exp = ctx.fmap.stabilised
             refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
+            urefs = torch.empty(b, h, chunks, d, **f32) if exp and has_decay else den  # U_c (exp with a decay)
             steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
             strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
             flags = {**_map_flags(ctx.fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, **blocks}
@@ -368,12 +369,12 @@ class _FusedCausal(torch.autograd.Function):
             _run(
                 _backward_dq_kernel, (b * h,),
                 q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, *decay_args, dq, den, r,
-                refs, steeps, ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
+                refs, urefs, steeps, ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
                 HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
             )  # fmt: skip
             _run(
                 _backward_dkv_kernel, (b * h,),
-                q, k, v, dout, den, r, refs, steeps, m0, *decay_args, dkv1, dz1, dk, dv, dkv0, dz0,
+                q, k, v, dout, den, r, refs, urefs, steeps, m0, *decay_args, dkv1, dz1, dk, dv, dkv0, dz0,
                 *_mask_args(keep, q), *strides, h, n, d, e, **flags,
             )  # fmt: skip
         else:
@@ -493,10 +494,13 @@ class _FusedNonCausal(torch.autograd.Function):
 # A decay (logd (b, h, n), log g <= 0; G its cumulative sum, b_i the cumulative sum inside the chunk through i, B the
 # chunk's whole): key j weighs exp(G_i - G_j) at query i. elu: P_ij gets exp(b_i - b_j), query i reads the carried
 # state times exp(b_i), and the state leaves the chunk as exp(B) S + sum_j exp(B - b_j) B_j v_j^T (every exponent
-# <= 0); the backward puts the same factors on dP, on what a key reads of dS_>c, and on the reverse state. exp: the
-# keys are taken back to the chunk's start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio), and a state
-# decays by moving its reference, R += B at each chunk's end (`linear_ops._decayed_state`): the kernels above as they
-# are, on these keys. The decay's gradient: the output is a function of A_i exp(G_i) and B_j exp(-G_j) (exp: of
+# <= 0); the backward puts the same factors on dP, on what a key reads of dS_>c, and on the reverse state. exp, as
+# `linear_ops._causal_exp_linear_attention`: inside a chunk the raw keys and R_c (the carried state's reference and
+# the chunk's keys) with the decay the same mask exp(b_i - b_j) and read exp(b_i); the state keeps the *decayed*
+# maximum U_c = max(R_{c-1}, max_j (k_j - b_j)) >= R_c, a key entering it as exp(k_j - b_j - U_c), and leaves the
+# chunk in reference U_c + B (a state decays by moving its reference), so a decayed-away key stops setting it and no
+# decay, however strong, makes a chunk steep. The exact path of a steep chunk takes the keys back to the chunk's
+# start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio). The decay's gradient: the output is a function of A_i exp(G_i) and B_j exp(-G_j) (exp: of
 # q_i + G_i and k_j - G_j) and the final state is exp(G_n) times one, so
 #   dL/dG_t = A_t . dA_t - B_t . dB_t (exp: sum_f dq_tf - sum_f dk_tf) + [t = n - 1] (dkv1 . kv1 + dz1 . z1),
 # the first from the dq kernel, the second from the dkv kernel, the last on the host, which then sums it from the
@@ -601,17 +605,22 @@ def _max(a, b):
     return tl.maximum(a, b)
 
 
-def _chunk_decay(logd, pos, in_t, xk, EXP: tl.constexpr, HAS_DECAY: tl.constexpr):
-    """A chunk's decay: b (c,) the cumulative log-decay inside it through each position, B its whole decay, and the
-    keys, for exp taken back to the chunk's start (k_j - b_j: exp(q_i + k_j + b_i - b_j) is exp(b_i), a per-query
-    factor that cancels in the ratio, times exp(q_i + k_j - b_j)). Without a decay: zeros and the keys as they are."""
+def _chunk_decay(logd, pos, in_t, HAS_DECAY: tl.constexpr):
+    """A chunk's decay: b (c,) the cumulative log-decay inside it through each position and B its whole decay (zeros
+    without a decay)."""
     ld = tl.zeros_like(pos).to(tl.float32)
     if HAS_DECAY:
         ld = tl.load(logd + pos, in_t, other=0.0)
-    local = tl.cumsum(ld, 0)
-    if HAS_DECAY and EXP:
-        xk = xk - local[:, None]
-    return local, tl.sum(ld, 0), xk
+    return tl.cumsum(ld, 0), tl.sum(ld, 0)
+
+
+def _exp_decayed(ref, xk, local, HAS_DECAY: tl.constexpr):
+    """exp: the keys taken back to the chunk's start, k_j - b_j (masked ones stay -inf), and U, the reference the state
+    leaves the chunk in before it decays: max(ref, their maximum) (R_c without a decay)."""
+    back = xk
+    if HAS_DECAY:
+        back = xk - local[:, None]
+    return back, tl.maximum(ref, tl.max(back, axis=0))
 
 
 def _gaps(local, causal):
@@ -629,6 +638,18 @@ def _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constex
     i0 = tl.min(tl.where(first, o_t, BT))
     at = tl.maximum(ref, tl.max(tl.where((o_t <= i0)[:, None], xk, float("-inf")), axis=0))
     return tl.max(tl.where(i0 < BT, r_c - at, 0.0), axis=0) > spread
+
+
+def _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr,
+                   HAS_REAL: tl.constexpr):
+    """exp with a decay: whether R_c lies more than `spread` nats above some real query's own decayed running maximum,
+    max(ref, max_{j <= i} (k_j - b_j)) + b_i (these do not grow along the chunk: every query is checked), among the
+    queries that see a key. `back`: the keys k_j - b_j, the masked ones at -inf."""
+    own = tl.maximum(ref[None, :], tl.associative_scan(back, 0, _max)) + local[:, None]  # (c, d)
+    sees = in_t & (o_t >= tl.where(tl.max(ref, axis=0) > -1e30, 0, tl.min(tl.where(key, o_t, BT))))
+    if HAS_REAL:
+        sees = sees & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
+    return tl.max(tl.where(sees, tl.max(r_c[None, :] - own, axis=1), 0.0), axis=0) > spread
 
 
 def _exact_term(xq, xk, s, mask, o_k, f):
@@ -691,7 +712,7 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 _HELPERS = [
     "_phi", "_phi_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
     "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
-    "_exact_grads", "_exact_dq", "_chunk_decay", "_gaps",
+    "_exact_grads", "_exact_dq", "_chunk_decay", "_gaps", "_exp_decayed", "_steep_decayed",
 ]  # fmt: skip
 
 
@@ -721,14 +742,18 @@ def _forward_kernel(
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
-        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
+        local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
-            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            back, u_c = _exp_decayed(ref, xk, local, HAS_DECAY)
+            if HAS_DECAY:
+                steep = _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            else:
+                steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             exact = tl.zeros([BT, BE], dtype=tl.float32)
             if steep:  # rare: the outputs with each query's own running maximum, from the state in reference R_{c-1}
                 mask = causal & key[None, :]
-                _, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+                _, a_prev, w = _exact_chunk(xq, back, ref, mask, in_k, tile_k, o_k, D)
                 den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
                 num_x = tl.dot(_op(w, RD, DT), vv, input_precision=PRECISION)
                 num_x += tl.dot(_op(a_prev, RD, DT), _op(state, RD, DT), input_precision=PRECISION)
@@ -737,7 +762,7 @@ def _forward_kernel(
             norm = norm * scale
             a = _exp_queries(xq, r_c, in_k, tile_k)  # (c, d), <= 1
             bk = tl.exp(xk - r_c[None, :])  # (c, d), <= 1, 0 where masked
-            ref = r_c
+            ref = u_c
         else:
             a = tl.where(tile_k, _phi(xq, PHI), 0.0)  # (c, d)
             bk = tl.where(tile_key, _phi(xk, PHI), 0.0)  # (c, d)
@@ -745,8 +770,8 @@ def _forward_kernel(
         a, bk = _op(a, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
-        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # how each query reads the carried state: exp(b_i) (elu)
-        if HAS_DECAY and not EXP:
+        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # how each query reads the carried state: exp(b_i)
+        if HAS_DECAY:
             p = p * _gaps(local, causal)
             read = tl.exp(local)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read  # (c,)
@@ -763,6 +788,10 @@ def _forward_kernel(
             state *= tl.exp(total)
             norm *= tl.exp(total)
             bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
+        if HAS_DECAY and EXP:  # the state moves to U_c >= R_c; each key enters it taken back to the chunk's start
+            state *= tl.exp(r_c - u_c)[:, None]
+            norm *= tl.exp(r_c - u_c)
+            bk = _op(tl.exp(back - u_c[None, :]), RD, DT)
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
         if HAS_DECAY and EXP:  # the state decays: its reference moves down by the chunk's decay
@@ -775,7 +804,7 @@ def _forward_kernel(
 
 
 def _backward_dq_kernel(
-    q, k, v, dout, kv0, z0, m0, logd, dg, dq, den_out, r_out, refs, steeps, spread,
+    q, k, v, dout, kv0, z0, m0, logd, dg, dq, den_out, r_out, refs, urefs, steeps, spread,
     keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
@@ -795,6 +824,7 @@ def _backward_dq_kernel(
     real += i_bh // H * s_rb
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
+    urefs += i_bh * nt * D
     steeps += i_bh * nt
     state = tl.zeros([BK, BE], dtype=tl.float32)
     norm = tl.zeros([BK], dtype=tl.float32)
@@ -808,24 +838,29 @@ def _backward_dq_kernel(
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
         do = _rows(dout, pos, s_dn, o_e, tile_e)
-        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
+        local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            back, u_c = _exp_decayed(ref, xk, local, HAS_DECAY)
             tl.store(refs + t * D + o_k, r_c, in_k)
-            steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            if HAS_DECAY:
+                tl.store(urefs + t * D + o_k, u_c, in_k)
+                steep = _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
+            else:
+                steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             tl.store(steeps + t, steep.to(tl.float32))
             dq_x = tl.zeros([BT, BK], dtype=tl.float32)
             den_x = tl.zeros([BT], dtype=tl.float32)
             r_x = tl.zeros([BT], dtype=tl.float32)
             if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
-                dq_x, den_x, r_x = _exact_dq(xq, xk, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do, state,
-                                             norm, RD, DT, PRECISION)
+                dq_x, den_x, r_x = _exact_dq(xq, back, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do,
+                                             state, norm, RD, DT, PRECISION)
             state = state * scale[:, None]
             norm = norm * scale
             a32 = _exp_queries(xq, r_c, in_k, tile_k)
             da_dx = a32  # d exp(x + const) / dx
             bk = tl.exp(xk - r_c[None, :])
-            ref = r_c
+            ref = u_c
         else:
             a32 = tl.where(tile_k, _phi(xq, PHI), 0.0)
             da_dx = _phi_slope(xq, PHI)
@@ -834,9 +869,9 @@ def _backward_dq_kernel(
         a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
 
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
-        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # exp(b_i) (elu with a decay), as in the forward
+        read = tl.zeros([BT], dtype=tl.float32) + 1.0  # exp(b_i) with a decay, as in the forward
         gaps = p
-        if HAS_DECAY and not EXP:
+        if HAS_DECAY:
             gaps = _gaps(local, causal)
             p = p * gaps
             read = tl.exp(local)
@@ -850,7 +885,7 @@ def _backward_dq_kernel(
         sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION) * read[:, None]  # (c, d): S g_i
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
         dp = tl.where(causal, gv + r[:, None], 0.0)
-        if HAS_DECAY and not EXP:
+        if HAS_DECAY:
             dp = dp * gaps
         da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + (r * read)[:, None] * norm[None, :]
         row = tl.sum(da * a32, axis=1)  # elu: A_i . dA_i, what query i adds to dL/dG_i
@@ -870,6 +905,10 @@ def _backward_dq_kernel(
             state *= tl.exp(total)
             norm *= tl.exp(total)
             bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
+        if HAS_DECAY and EXP:
+            state *= tl.exp(r_c - u_c)[:, None]
+            norm *= tl.exp(r_c - u_c)
+            bk = _op(tl.exp(back - u_c[None, :]), RD, DT)
         state += tl.dot(tl.trans(bk), vv, input_precision=PRECISION)
         norm += tl.sum(bk.to(tl.float32), axis=0)
         if HAS_DECAY and EXP:
@@ -877,7 +916,7 @@ def _backward_dq_kernel(
 
 
 def _backward_dkv_kernel(
-    q, k, v, dout, den_in, r_in, refs, steeps, m0, logd, dg, dkv1, dz1, dk, dv, dkv0, dz0,
+    q, k, v, dout, den_in, r_in, refs, urefs, steeps, m0, logd, dg, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_DECAY: tl.constexpr,
@@ -895,6 +934,7 @@ def _backward_dkv_kernel(
     r_in += i_bh * N
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
+    urefs += i_bh * nt * D
     steeps += i_bh * nt
     dstate = _state_tile(dkv1, i_bh, o_k, o_e, D, E)  # (d, e) fp32
     dnorm = tl.load(dz1 + i_bh * D + o_k, in_k, other=0.0)  # (d,)
@@ -903,22 +943,28 @@ def _backward_dkv_kernel(
         t = nt - 1 - i
         pos = t * BT + o_t
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
-        local, total, xk = _chunk_decay(logd, pos, in_t, xk, EXP, HAS_DECAY)
+        local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
         if EXP:
-            r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)
+            r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)  # the chunk's reference, R_c
+            u_c = r_c  # the state's, U_c
             before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
-            if HAS_DECAY:  # R_{c-1} decayed by chunk c-1, as the dq kernel carried it
+            if HAS_DECAY:  # U_{c-1} decayed by chunk c-1, as the dq kernel carried it
+                u_c = tl.load(urefs + t * D + o_k, in_k, other=-1e30)
                 prev = (t - 1) * BT + o_t
+                before = tl.load(urefs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
                 before += tl.sum(tl.load(logd + prev, (prev >= 0) & (prev < N), other=0.0), 0)
             before = tl.where(t > 0, before, ref0)
             xk = tl.where(tile_key, xk, float("-inf"))
+            back, _ = _exp_decayed(before, xk, local, HAS_DECAY)
             a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
+            to_state = tl.exp(back - u_c[None, :])  # how each key enters the state (b32 without a decay)
         else:
             a = tl.where(tile_k, _phi(xq, PHI), 0.0)
             b32 = tl.where(tile_key, _phi(xk, PHI), 0.0)
             db_dx = tl.where(tile_key, _phi_slope(xk, PHI), 0.0)
+            to_state = b32
         a32 = a
         a, bk = _op(a, RD, DT), _op(b32, RD, DT)
         tile_e = in_t[:, None] & in_e[None, :]
@@ -931,32 +977,41 @@ def _backward_dkv_kernel(
         p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
         dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
         later = tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]  # dS_>c, dz_>c
-        carried = tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e): dS_>c^T B_j
-        if HAS_DECAY and not EXP:  # key j reaches the chunk's end decayed by exp(B - b_j), query i by exp(b_i - b_j)
+        carried = tl.dot(_op(to_state, RD, DT), _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e): dS_>c^T B_j
+        dp_x = dp  # the exact path's (its weights carry the decay)
+        if HAS_DECAY:  # query i reads key j decayed by exp(b_i - b_j)
             gaps = _gaps(local, causal)
             p, dp = p * gaps, dp * gaps
+        if HAS_DECAY and not EXP:  # key j reaches the chunk's end decayed by exp(B - b_j)
             to_end = tl.exp(total - local)[:, None]
             later, carried = later * to_end, carried * to_end
-        d_b = tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION) + later  # (c, d): dL/dB
-        db = d_b * db_dx
+        d_b = tl.dot(tl.trans(_op(dp, RD, DT)), a, input_precision=PRECISION)  # (c, d): dL/dB inside the chunk
+        if EXP:  # what a key adds to the state, exp(k_j - b_j - U_c), and inside the chunk, exp(k_j - R_c)
+            db = d_b * db_dx + later * to_state
+        else:
+            d_b += later
+            db = d_b * db_dx
         dvv = tl.dot(tl.trans(_op(p, RD, DT)), g, input_precision=PRECISION) + carried  # (c, e)
         if EXP:
-            # the reverse state into the reference of the chunk before (or of kv0, z0)
-            scale = tl.exp(before - r_c)
-            dstate_x = dstate * scale[:, None]
-            dnorm_x = dnorm * scale
+            # the reverse state into the reference of the chunk before (or of kv0, z0): the state entering the chunk
+            # reaches its end times exp(before - U_c), and its queries read it times exp(before - R_c) exp(b_i)
+            dstate_x = dstate * tl.exp(before - u_c)[:, None]
+            dnorm_x = dnorm * tl.exp(before - u_c)
             steep = tl.load(steeps + t) != 0  # the dq kernel's exact path: its den and r are those of each query's
             if steep:  # own running maximum (see `_exact_chunk`), and its queries read the state in reference R_{c-1}
                 mask = causal & key[None, :]
-                s_i, a_prev, w = _exact_chunk(xq, xk, before, mask, in_k, tile_k, o_k, D)
-                db = _exact_grads(xq, xk, s_i, dp, mask, o_k, D, 0) + later * db_dx
-                dvv = tl.dot(tl.trans(_op(w, RD, DT)), g, input_precision=PRECISION)
-                dvv += tl.dot(bk, _op(dstate, RD, DT), input_precision=PRECISION)
+                s_i, a_prev, w = _exact_chunk(xq, back, before, mask, in_k, tile_k, o_k, D)
+                db = _exact_grads(xq, back, s_i, dp_x, mask, o_k, D, 0) + later * to_state
+                dvv = tl.dot(tl.trans(_op(w, RD, DT)), g, input_precision=PRECISION) + carried
                 dstate_x += tl.dot(tl.trans(_op(a_prev, RD, DT)), g, input_precision=PRECISION)
                 dnorm_x += tl.sum(r[:, None] * a_prev, axis=0)
             else:
-                dstate_x += tl.dot(tl.trans(a), g, input_precision=PRECISION) * scale[:, None]
-                dnorm_x += tl.sum(r[:, None] * a.to(tl.float32), axis=0) * scale
+                read = a
+                if HAS_DECAY:
+                    read = _op(a32 * tl.exp(local)[:, None], RD, DT)
+                scale = tl.exp(before - r_c)
+                dstate_x += tl.dot(tl.trans(read), g, input_precision=PRECISION) * scale[:, None]
+                dnorm_x += tl.sum(r[:, None] * read.to(tl.float32), axis=0) * scale
             dstate, dnorm = dstate_x, dnorm_x
             col = tl.sum(db, axis=1)  # exp: G_j enters as a shift of k_j by -G_j
         else:

@@ -429,13 +429,33 @@ def test_fused_decay_low_precision_inputs(feature_map):
         _assert_close(a, b, 5e-2, 5e-2, f"d/d{name}")
 
 
-def test_fused_exp_decay_takes_the_exact_path_for_steep_chunks():
-    """A gate strong enough (about 6 nats a token) that a chunk's keys, taken back to its start, rise ~100 nats above
-    its first queries' running maximum: the kernels' exact path (forward and backward) gives the float64 outputs and
-    gradients, and the chunked form alone (spread = inf) would not (its early queries' terms underflow)."""
+def test_fused_exp_decay_needs_no_exact_path_for_a_strong_gate():
+    """A gate of about 6 nats a token (~100 nats over a chunk of 16): the chunked form alone (spread = inf: no chunk
+    may take the exact path) gives the float64 outputs and gradients, with no overflow or underflow warning from the
+    interpreter: inside a chunk the decay is a mask on the raw keys, and the state keeps the decayed key maximum."""
     n = 40
     q, k, v = _qkv(n, seed=60)
     logd = _log_decay(n, 12.0, seed=61)
+    q, k, v, logd = _leaves(q, k, v, logd)
+    want = naive_decayed_linear_attention(q, k, v, logd, None, "exp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out, _ = fused_causal_linear_attention(
+            q, k, v, None, feature_map="exp", chunk_size=CHUNK, spread=float("inf"), decay=logd
+        )
+        got = _grads([out], (q, k, v, logd))
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(got, _grads([want], (q, k, v, logd)), "qkvd", atol=5e-5)
+
+
+def test_fused_exp_decay_takes_the_exact_path_for_steep_chunks():
+    """With a decay, a chunk is steep where its keys are: a key 200 nats above the rest in the middle of a chunk. The
+    kernels' exact path (forward and backward) gives the float64 outputs and gradients, and the chunked form alone
+    (spread = inf) would not (the chunk's earlier queries' terms underflow)."""
+    n = 40
+    q, k, v = _qkv(n, seed=62)
+    k[:, :, 21, 0] += 200.0
+    logd = _log_decay(n, "gated", seed=63)
     q, k, v, logd = _leaves(q, k, v, logd)
     want = naive_decayed_linear_attention(q, k, v, logd, None, "exp")
     with warnings.catch_warnings():
