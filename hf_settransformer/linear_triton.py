@@ -640,8 +640,9 @@ def _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constex
     return tl.max(tl.where(i0 < BT, r_c - at, 0.0), axis=0) > spread
 
 
-def _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr,
-                   HAS_REAL: tl.constexpr):
+def _steep_decayed(
+    ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT: tl.constexpr, HAS_REAL: tl.constexpr
+):
     """exp with a decay: whether R_c lies more than `spread` nats above some real query's own decayed running maximum,
     max(ref, max_{j <= i} (k_j - b_j)) + b_i (these do not grow along the chunk: every query is checked), among the
     queries that see a key. `back`: the keys k_j - b_j, the masked ones at -inf."""
@@ -853,8 +854,9 @@ def _backward_dq_kernel(
             den_x = tl.zeros([BT], dtype=tl.float32)
             r_x = tl.zeros([BT], dtype=tl.float32)
             if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
-                dq_x, den_x, r_x = _exact_dq(xq, back, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do,
-                                             state, norm, RD, DT, PRECISION)
+                dq_x, den_x, r_x = _exact_dq(
+                    xq, back, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do, state, norm, RD, DT, PRECISION
+                )
             state = state * scale[:, None]
             norm = norm * scale
             a32 = _exp_queries(xq, r_c, in_k, tile_k)
