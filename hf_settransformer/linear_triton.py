@@ -500,8 +500,8 @@ class _FusedNonCausal(torch.autograd.Function):
 # maximum U_c = max(R_{c-1}, max_j (k_j - b_j)) >= R_c, a key entering it as exp(k_j - b_j - U_c), and leaves the
 # chunk in reference U_c + B (a state decays by moving its reference), so a decayed-away key stops setting it and no
 # decay, however strong, makes a chunk steep. The exact path of a steep chunk takes the keys back to the chunk's
-# start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio). The decay's gradient: the output is a function of A_i exp(G_i) and B_j exp(-G_j) (exp: of
-# q_i + G_i and k_j - G_j) and the final state is exp(G_n) times one, so
+# start, k_j - b_j (query i's factor exp(b_i) cancels in the ratio). The decay's gradient: the output is a function
+# of A_i exp(G_i) and B_j exp(-G_j) (exp: of q_i + G_i and k_j - G_j) and the final state is exp(G_n) times one, so
 #   dL/dG_t = A_t . dA_t - B_t . dB_t (exp: sum_f dq_tf - sum_f dk_tf) + [t = n - 1] (dkv1 . kv1 + dz1 . z1),
 # the first from the dq kernel, the second from the dkv kernel, the last on the host, which then sums it from the
 # end (log g_t is in every G_s, s >= t).
@@ -614,13 +614,14 @@ def _chunk_decay(logd, pos, in_t, HAS_DECAY: tl.constexpr):
     return tl.cumsum(ld, 0), tl.sum(ld, 0)
 
 
-def _exp_decayed(ref, xk, local, HAS_DECAY: tl.constexpr):
-    """exp: the keys taken back to the chunk's start, k_j - b_j (masked ones stay -inf), and U, the reference the state
-    leaves the chunk in before it decays: max(ref, their maximum) (R_c without a decay)."""
-    back = xk
+def _exp_decayed(ref, r_c, xk, local, HAS_DECAY: tl.constexpr):
+    """exp: the keys taken back to the chunk's start, k_j - b_j (masked ones stay -inf), and U_c, the reference the
+    state leaves the chunk in before it decays: max(ref, their maximum) (R_c without a decay)."""
+    back, u_c = xk, r_c
     if HAS_DECAY:
         back = xk - local[:, None]
-    return back, tl.maximum(ref, tl.max(back, axis=0))
+        u_c = tl.maximum(ref, tl.max(back, axis=0))
+    return back, u_c
 
 
 def _gaps(local, causal):
@@ -746,7 +747,7 @@ def _forward_kernel(
         local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
-            back, u_c = _exp_decayed(ref, xk, local, HAS_DECAY)
+            back, u_c = _exp_decayed(ref, r_c, xk, local, HAS_DECAY)
             if HAS_DECAY:
                 steep = _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             else:
@@ -842,7 +843,7 @@ def _backward_dq_kernel(
         local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
         if EXP:
             xk, r_c, scale = _exp_reference(ref, xk, tile_key)
-            back, u_c = _exp_decayed(ref, xk, local, HAS_DECAY)
+            back, u_c = _exp_decayed(ref, r_c, xk, local, HAS_DECAY)
             tl.store(refs + t * D + o_k, r_c, in_k)
             if HAS_DECAY:
                 tl.store(urefs + t * D + o_k, u_c, in_k)
@@ -957,7 +958,7 @@ def _backward_dkv_kernel(
                 before += tl.sum(tl.load(logd + prev, (prev >= 0) & (prev < N), other=0.0), 0)
             before = tl.where(t > 0, before, ref0)
             xk = tl.where(tile_key, xk, float("-inf"))
-            back, _ = _exp_decayed(before, xk, local, HAS_DECAY)
+            back, _ = _exp_decayed(before, r_c, xk, local, HAS_DECAY)
             a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
