@@ -5,7 +5,8 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
     python scripts/lm_results.py outputs/wikitext2 --copy_to results/wikitext2 --plot results/wikitext2.png
     python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
 
-`--copy_to` keeps each run's all_results.json (small) where it can be committed; the folder can be read back later.
+`--copy_to` keeps each run's all_results.json (small) where it can be committed, with the run's config (the card is
+written again from it: scripts/make_model_cards.py); the folder can be read back later.
 `--refresh_cards` first writes each run's model card again with the current templates
 (`hf_settransformer.toolkit.refresh_model_card`), for runs made before a change to the card.
 """

@@ -1,7 +1,6 @@
 """What the results scripts (lm_results.py, set_results.py) share: a helper module beside them, not a script."""
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -57,13 +56,20 @@ def check_folders(folders):
 
 
 def keep(runs, folder):
-    """Copy each run's all_results.json, and its filled model card (README.md) where it has one, to
-    folder/<run name>/ (skipping runs already there): small files that can be committed, the weights stay behind."""
+    """Copy each run's all_results.json to folder/<run name>/: small files that can be committed, the weights stay
+    behind. Where the run folder has the saved model's config.json and the results do not record them, the copy gains
+    `config` (config.json's fields) and `transformers_version`, so that the copy alone writes the run's model card again
+    (`refresh_model_card(folder/<run>, card_path=...)`, scripts/make_model_cards.py): the card itself is not copied."""
     target = Path(folder)
     for r in runs:
-        if r["path"].parent.resolve() != (target / r["name"]).resolve():
-            (target / r["name"]).mkdir(parents=True, exist_ok=True)
-            shutil.copy(r["path"], target / r["name"] / "all_results.json")
-            card = r["path"].parent / "README.md"
-            if card.is_file():
-                shutil.copy(card, target / r["name"] / "README.md")
+        if r["path"].parent.resolve() == (target / r["name"]).resolve():
+            continue
+        results = json.loads(r["path"].read_text())
+        config = r["path"].parent / "config.json"
+        if config.is_file() and "config" not in results:
+            results["config"] = json.loads(config.read_text())
+            results.setdefault("transformers_version", results["config"].get("transformers_version"))
+        (target / r["name"]).mkdir(parents=True, exist_ok=True)
+        tmp = target / r["name"] / "all_results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.replace(target / r["name"] / "all_results.json")

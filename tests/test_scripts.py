@@ -107,6 +107,9 @@ def test_lm_results_table_and_plot(tmp_path):
     gated = dict(adaptive, feature_map="exp", linear_attention_decay="gated", test_perplexity=130.0)
     (tmp_path / "runs" / "decoder-linear-exp-gated").mkdir()
     (tmp_path / "runs" / "decoder-linear-exp-gated" / "all_results.json").write_text(json.dumps(gated))
+    config = {"model_type": "hf_settransformer_decoder", "linear_attention_decay": "gated", "transformers_version": "5.0"}
+    (tmp_path / "runs" / "decoder-linear-exp-gated" / "config.json").write_text(json.dumps(config))  # a saved model
+    (tmp_path / "runs" / "decoder-linear-exp-gated" / "README.md").write_text("# its card")
     no_clock = {k: v for k, v in result.items() if k != "train_seconds_whole_run"}  # resumed from an old checkpoint
     (tmp_path / "runs" / "encoder-softmax").mkdir()
     (tmp_path / "runs" / "encoder-softmax" / "all_results.json").write_text(
@@ -134,7 +137,11 @@ def test_lm_results_table_and_plot(tmp_path):
     assert "| decoder | causal LM | linear exp, gated decay | 2.20M |" in stdout
     # no record of the whole run's time: CPU-minutes unknown, tokens per wall second of this process, marked
     assert "| encoder | many targets | softmax | 5.05M | full | fp32 | 1 | ? | 0 | 3.00M | 1,700 wall | last |" in stdout
-    assert (tmp_path / "kept" / "decoder-softmax" / "all_results.json").exists()
+    assert json.loads((tmp_path / "kept" / "decoder-softmax" / "all_results.json").read_text()) == result
+    # a saved model's config goes with the kept results (its card is written again from them), the card does not
+    kept = json.loads((tmp_path / "kept" / "decoder-linear-exp-gated" / "all_results.json").read_text())
+    assert kept == dict(gated, config=config, transformers_version="5.0")
+    assert not list((tmp_path / "kept").glob("*/README.md"))
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 

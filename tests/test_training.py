@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from conftest import quiet_training_args, tiny_config
 from transformers import Trainer
 
@@ -480,6 +481,8 @@ def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     assert environment["threads_per_process"] == torch.get_num_threads()
     assert environment["cpu_model"] == toolkit.measure.cpu_model_name() and environment["cpu_model"]
     assert environment["gpu_name"] is None  # trained on the CPU
+    assert (environment["transformers_version"], environment["torch_version"]) == (
+        transformers.__version__, torch.__version__)
     assert isinstance(toolkit.measure.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     assert toolkit.measure.replica_checksums(trainer) == [pytest.approx(total)]

@@ -158,7 +158,7 @@ def fast_bf16_available(use_cpu=False):
 def run_environment(trainer):
     """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
     Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training
-    device's `torch.cuda.get_device_name`, None off CUDA)}."""
+    device's `torch.cuda.get_device_name`, None off CUDA), "transformers_version", "torch_version"}."""
     mixed, device = trainer.accelerator.mixed_precision, trainer.args.device
     return {
         "cpu_model": cpu_model_name(),
@@ -166,6 +166,8 @@ def run_environment(trainer):
         "precision": "fp32" if mixed in (None, "no") else mixed,
         "torch_compile": bool(trainer.args.torch_compile),
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
     }
 
 
