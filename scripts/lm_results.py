@@ -164,6 +164,14 @@ def curve_label_and_style(r):
         (r["attention"], r["feature_map"])]]
 
 
+def curve_colors(runs):
+    """A colour per run, one per (family, decay): the line style tells the attention, so runs that differ only in
+    their decay would otherwise draw alike (without decayed runs: a colour per family)."""
+    groups = [(r["family"], r.get("linear_attention_decay", "none")) for r in runs]
+    colors = {group: f"C{i % 10}" for i, group in enumerate(dict.fromkeys(groups))}
+    return [colors[group] for group in groups]
+
+
 def plot(runs, path):
     import matplotlib
 
@@ -171,9 +179,7 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    families = list(dict.fromkeys(r["family"] for r in runs))
-    colors = {family: f"C{i % 10}" for i, family in enumerate(families)}
-    for r in runs:
+    for r, color in zip(runs, curve_colors(runs)):
         curve = r.get("validation_curve") or []
         if not curve:
             continue
@@ -182,7 +188,7 @@ def plot(runs, path):
             [p["seconds"] * cpu_minutes_per_clock_second(r) for p in curve],
             [math.exp(p["eval_loss"]) for p in curve],
             style,
-            color=colors[r["family"]],
+            color=color,
             label=label,
         )
     ax.set_yscale("log")

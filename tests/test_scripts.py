@@ -196,6 +196,23 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
         "decoder, linear exp", ":")
 
 
+def test_lm_results_curves_tell_decays_apart():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from lm_results import curve_colors
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    elu = {"family": "decoder", "attention": "linear", "feature_map": "elu"}
+    runs = [{"family": "decoder", "attention": "softmax", "feature_map": "elu"}, dict(elu),
+            dict(elu, linear_attention_decay="fixed"), dict(elu, linear_attention_decay="gated"),
+            dict(elu, feature_map="exp", linear_attention_decay="gated"), dict(elu, family="perceiver_io")]
+    colors = curve_colors(runs)
+    # the three elu decoders draw the same line style: only their colours tell none, fixed and gated apart
+    assert len(set(colors[1:4])) == 3
+    assert colors[0] == colors[1] and colors[3] == colors[4]  # same family and decay, one colour
+    assert colors[5] not in colors[:5]  # another family
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script,args,flag,nearest", [
     ("push_run.py", ["run", "user/name", "--privte"], "--privte", "--private"),
