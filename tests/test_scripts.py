@@ -1,6 +1,7 @@
 """The scripts run as their docstrings say (tiny modes: seconds, nothing asserted about speed): the benchmarks, the
 results tables, and train_sets.py end to end (train_lm.py has its own file, test_train_lm.py)."""
 
+import importlib
 import importlib.util
 import json
 import math
@@ -16,6 +17,15 @@ from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+
+def _import(folder, module):
+    """`module` from the repository's `folder` (scripts/ and benchmarks/ are not packages), leaving sys.path as it was."""
+    sys.path.insert(0, str(ROOT / folder))
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(ROOT / folder))
 
 def script_path(script):
     """benchmarks/bench_*.py, else scripts/<script>."""
@@ -168,11 +178,7 @@ def test_lm_results_reads_the_keys_that_name_their_clock_as_the_old_ones(tmp_pat
 def test_the_results_scripts_read_old_keys_as_the_toolkit_does():
     """scripts/results_common.py keeps its own copy of the renamed keys (the tables need no torch): the same as the
     toolkit's, and the same reading of a run of any date."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import results_common
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    results_common = _import("scripts", "results_common")
     from hf_settransformer import toolkit
 
     assert results_common.RENAMED_RESULT_KEYS == toolkit.measure.RENAMED_RESULT_KEYS
@@ -184,11 +190,7 @@ def test_the_results_scripts_read_old_keys_as_the_toolkit_does():
 
 
 def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from lm_results import curve_label_and_style
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    curve_label_and_style = _import("scripts", "lm_results").curve_label_and_style
     run = {"family": "encoder", "attention": "softmax", "feature_map": "elu"}
     assert curve_label_and_style(dict(run, next_token_mode="many")) == ("encoder, softmax", "-")
     assert curve_label_and_style(dict(run, next_token_mode="window")) == ("encoder, softmax, one target / window", "-.")
@@ -197,11 +199,7 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
 
 
 def test_lm_results_curves_tell_decays_apart():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from lm_results import curve_colors
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    curve_colors = _import("scripts", "lm_results").curve_colors
     elu = {"family": "decoder", "attention": "linear", "feature_map": "elu"}
     runs = [{"family": "decoder", "attention": "softmax", "feature_map": "elu"}, dict(elu),
             dict(elu, linear_attention_decay="fixed"), dict(elu, linear_attention_decay="gated"),
@@ -324,11 +322,7 @@ def test_bench_crossover_tiny(tmp_path):
 
 
 def test_crossover_is_where_linear_stays_faster():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_crossover import crossover
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    crossover = _import("benchmarks", "bench_crossover").crossover
     lengths = [100, 200, 400, 800]
     # softmax / linear = 0.5, 2 (faster), 0.9 (slower again), then 4: linear stays faster from 800 only
     first, estimate = crossover(lengths, [1, 2, 0.9, 4], [2, 1, 1, 1])
@@ -341,11 +335,7 @@ def test_crossover_is_where_linear_stays_faster():
 
 
 def test_peak_memory_counts_what_the_call_allocates():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_common import peak_memory_bytes
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    peak_memory_bytes = _import("benchmarks", "bench_common").peak_memory_bytes
     import torch
 
     held = []
