@@ -958,7 +958,9 @@ def _backward_dkv_kernel(
                 before += tl.sum(tl.load(logd + prev, (prev >= 0) & (prev < N), other=0.0), 0)
             before = tl.where(t > 0, before, ref0)
             xk = tl.where(tile_key, xk, float("-inf"))
-            back, _ = _exp_decayed(before, r_c, xk, local, HAS_DECAY)
+            back = xk
+            if HAS_DECAY:  # the keys taken back to the chunk's start
+                back = xk - local[:, None]
             a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
