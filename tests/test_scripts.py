@@ -18,7 +18,6 @@ from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def _import(folder, module):
     """`module` from the repository's `folder` (scripts/ and benchmarks/ are not packages), leaving sys.path as it was."""
     sys.path.insert(0, str(ROOT / folder))
@@ -26,6 +25,7 @@ def _import(folder, module):
         return importlib.import_module(module)
     finally:
         sys.path.remove(str(ROOT / folder))
+
 
 def script_path(script):
     """benchmarks/bench_*.py, else scripts/<script>."""
