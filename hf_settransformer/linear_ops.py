@@ -1,8 +1,9 @@
-"""Linear attention ops in PyTorch, in float32 whatever autocast says (their sums over the sequence overflow in fp16);
-the fused Triton kernels of `linear_triton.py` compute them instead where `use_triton` says so, once per call.
+"""The linear attention ops: one signature, checked arguments, and the choice of implementation, made once per call:
+the PyTorch ops of `linear_torch.py` (fp32, with autograd), or the fused Triton kernels of `linear_triton.py`
+(`use_triton`), called inline or through the `torch.library` custom ops of `linear_library.py` (`through_op`), which
+a compiled graph keeps whole.
 
-Shape legend: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim, c chunk length,
-k number of chunks.
+Shape legend: b batch, h heads, n queries, m keys, d query/key head dim, e value head dim.
 
 Every op has one signature, `op(q, k, v, mask=None, state=None, *, feature_map="elu", ...) -> (out, state)`:
 q (b,h,n,d), k (b,h,m,d), v (b,h,m,e) -> out (b,h,n,e) fp32; `mask` the (b, m) key mask (True for real keys) or
@@ -17,35 +18,25 @@ cumulative log-decay (RetNet's fixed per-head gamma, Sun et al. 2023; simple GLA
 chunk the decay is a mask of cumulative log-gates, between chunks a scaled state. A masked (padding) position does not
 decay (padding is not time); a dropped key still does. Non-causal attention has no order to decay along: refused.
 The naive float64 references these ops are tested against are in `linear_naive.py`.
+
+Which path runs where (`use_triton` and `through_op`; the same rule in every op):
+
+| | CPU | CUDA, bf16/fp16 | CUDA, fp32 |
+|---|---|---|---|
+| eager | PyTorch ops | Triton, through the custom op | PyTorch ops (cuBLAS) |
+| `torch.compile` | PyTorch ops, compiled by Inductor | Triton, through the custom op | PyTorch ops inside the custom op |
+
+`HFST_DISABLE_TRITON=1` takes Triton out (CUDA then runs as fp32 does); `HFST_FORCE_TRITON=1` takes it for fp32 and
+CPU tensors too (triton's interpreter on CPU: the tests). A one-token step whose inputs need gradients, a feature
+map the kernels have no code for and head dims above 128 run the PyTorch ops.
 """
 
 import torch
-import torch.nn.functional as F
 
+from . import linear_library, linear_torch
 from .cache import LinearAttentionState
 from .feature_maps import get_feature_map
-from .linear_triton import (
-    fused_causal_linear_attention,
-    fused_decay_available,
-    fused_linear_attention,
-    fused_linear_attention_available,
-    fused_linear_attention_step,
-)
-
-
-def _ratio(num, den):
-    """num / den, and 0 where den is 0 (a query that sees no real key); no floor that would bias tiny denominators."""
-    return num / torch.where(den > 0, den, torch.ones_like(den))
-
-
-def _no_autocast(tensor):
-    """The linear kernels run in float32 whatever autocast says: their sums over the sequence overflow in fp16."""
-    return torch.autocast(device_type=tensor.device.type, enabled=False)
-
-
-def _keep(key_mask):
-    """A linear kernel's key mask, (b, m) (every head) or (b, h, m) (per head), as a (b, 1 or h, m, 1) multiplier."""
-    return None if key_mask is None else (key_mask[:, None, :, None] if key_mask.dim() == 2 else key_mask[..., None])
+from .linear_triton import fused_decay_available, fused_linear_attention_available
 
 
 def _check_drop(drop, k):
@@ -107,22 +98,12 @@ def _log_decay(decay, mask):
     return decay if mask is None else decay.masked_fill(~mask[:, None, :], 0.0)
 
 
-def _decayed_state(state, log_g, fmap):
-    """`state` decayed by log g (b, h): sums scaled by g; a stabilised map's sums are kept and their reference
-    lowered by log g instead (its sums are stored divided by exp(k_max)), which never under- or overflows."""
-    if state is None or log_g is None:
-        return state
-    if fmap.stabilised:
-        return LinearAttentionState(kv=state.kv, z=state.z, k_max=state.k_max + log_g[..., None])
-    g = torch.exp(log_g)
-    return LinearAttentionState(kv=state.kv * g[..., None, None], z=state.z * g[..., None], k_max=state.k_max)
-
-
 def use_triton(q, k, v, state, fmap, step=False, decay=None):
-    """The Triton-or-PyTorch choice, made once at the top of each op and passed down: the fused kernels where they have
-    code for the feature map `fmap` and take these inputs (`linear_triton.fused_linear_attention_available`: CUDA or
-    forced, dtypes, head dims, the environment, not compiling, triton installed); for the one-token `step`, which has
-    no matrix product and so also takes fp32, only where no gradient is needed (the fused step has no backward)."""
+    """The Triton-or-PyTorch choice, made once at the top of each op and passed down (into the custom op as its
+    `fused` argument): the fused kernels where they have code for the feature map `fmap` and take these inputs
+    (`linear_triton.fused_linear_attention_available`: CUDA or forced, dtypes, head dims, the environment, triton
+    installed); for the one-token `step`, which has no matrix product and so also takes fp32, only where no gradient
+    is needed (the fused step has no backward)."""
     if step and _needs_grad(q, k, v, state, decay):
         return False
     if decay is not None and not fused_decay_available(fmap.name):
@@ -130,11 +111,19 @@ def use_triton(q, k, v, state, fmap, step=False, decay=None):
     return fused_linear_attention_available(q, fmap.name, v, dots=not step)
 
 
-def _with_dropped(key_mask, drop):
-    """The key mask (b, m) or None, and key dropout's kept keys (b, h, m) or None -> the keys to use, (b, h, m)."""
-    if drop is None:
-        return key_mask
-    return drop if key_mask is None else drop & key_mask[:, None, :]
+def through_op(q, fused):
+    """Whether an op runs through its `linear_library` custom op rather than inline: wherever the Triton kernels run
+    (`fused`), and under torch.compile on any device but the CPU, where the graph then holds the op (Inductor's own
+    code for these scans is slow on a GPU, and for exp with a prefix it failed on triton 3.6). On the CPU Inductor
+    compiles the PyTorch ops themselves, fusing their elementwise work (an op would run them eagerly and recompute
+    its forward for the backward)."""
+    return fused or (torch.compiler.is_compiling() and q.device.type != "cpu")
+
+
+def _needs_grad(q, k, v, state, decay=None):
+    """Whether a step's result needs autograd (the fused step has none; generation never does)."""
+    tensors = [q, k, v] + ([] if state is None else [state.kv, state.z]) + ([] if decay is None else [decay])
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -144,7 +133,7 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
     """Non-causal linear attention: every query sees every (real, kept) key. q (b,h,n,d), k (b,h,m,d), v (b,h,m,e),
     mask (b,m), drop (b,h,m) -> (out (b,h,n,e) fp32, None). `state` must be None: a non-causal op carries no state.
     A stabilised map (exp) is Shen et al.'s efficient attention: a softmax over the features for queries and over the
-    sequence for keys (the denominator is then exactly 1). Fused Triton kernels compute it where `use_triton` says."""
+    sequence for keys (the denominator is then exactly 1)."""
     fmap = _check_op_inputs("linear_attention", q, k, mask, state, drop, feature_map)
     if state is not None:
         raise ValueError(
@@ -155,126 +144,11 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
             "`linear_attention` is non-causal: its keys have no order to decay along; pass decay=None (the causal "
             "ops take one)."
         )
-    fused = use_triton(q, k, v, state, fmap)
-    key_mask = _with_dropped(mask, drop)
-    if fused:
-        out, _ = fused_linear_attention(q, k, v, key_mask, feature_map=fmap.name)
-        if out is not None:  # None: no query or no key
-            return out, None
-    with _no_autocast(q):
-        return _linear_attention(q.float(), k.float(), v.float(), key_mask, fmap), None
-
-
-def _linear_attention(q, k, v, key_mask, fmap):
-    keep = _keep(key_mask)  # (b, 1 or h, m, 1)
-    if not fmap.stabilised:
-        phi_q, phi_k = fmap.phi(q), fmap.phi(k)
-        if keep is not None:
-            phi_k = phi_k * keep
-    else:  # Shen et al.: softmax over features for queries, over the sequence for keys
-        phi_q = torch.softmax(q, dim=-1)
-        if keep is not None:
-            k = k.masked_fill(~keep, float("-inf"))
-        k_max = k.amax(dim=-2, keepdim=True).clamp_min(torch.finfo(k.dtype).min)  # (b, h, 1, d), finite
-        phi_k = torch.exp(k - k_max)  # masked keys -> exp(-inf) = 0
-        phi_k = _ratio(phi_k, phi_k.sum(dim=-2, keepdim=True))
-    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
-    z = phi_k.sum(dim=-2)  # (b, h, d)
-    num = torch.matmul(phi_q, kv)  # (b, h, n, e)
-    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, n, 1)
-    return _ratio(num, den)
-
-
-def _causal_features(q, k, key_mask, fmap, state):
-    """Feature maps of the causal kernels; for a stabilised map (exp) also rescales `state` to the new key maxima."""
-    keep = _keep(key_mask)  # (b, 1 or h, n, 1)
-    if not fmap.stabilised:
-        phi_q, phi_k = fmap.phi(q), fmap.phi(k)
-        if keep is not None:
-            phi_k = phi_k * keep
-        return phi_q, phi_k, state, None
-    k_masked = k if keep is None else k.masked_fill(~keep, float("-inf"))
-    # the key maxima are a stabiliser, a constant of the function (they cancel in the ratio) and out of autograd, as in
-    # the chunked kernel: a state made here (a prefix's) is carried on there, which treats its maxima as constants
-    with torch.no_grad():
-        k_max = k_masked.amax(dim=-2)  # (b, h, d)
-        if state is not None and state.k_max is not None:
-            k_max = torch.maximum(k_max, state.k_max)
-        k_max = k_max.clamp_min(-1e30)  # all masked so far: any finite reference works
-    if state is not None:
-        scale = torch.exp(state.k_max - k_max) if state.k_max is not None else 1.0  # (b, h, d), <= 1
-        state = LinearAttentionState(kv=state.kv * scale[..., None], z=state.z * scale, k_max=k_max)
-    phi_k = torch.exp(k_masked - k_max[:, :, None, :])  # (b, h, n, d), <= 1, 0 where masked
-    # exp(q_f) * exp(k_f) = exp(q_f + k_max_f) * exp(k_f - k_max_f): fold the key maxima into the queries
-    q_fold = q + k_max[:, :, None, :]
-    phi_q = torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))  # per-query shift cancels in the ratio
-    return phi_q, phi_k, state, k_max
-
-
-class _ExclusivePrefixSumLoop(torch.autograd.Function):
-    """out[:, :, i] = x[:, :, :i].sum(2), as k in-place additions of one chunk state each (k = x.shape[2])."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return _prefix_loop(x, reverse=False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _prefix_loop(grad, reverse=True)  # d out[j] / d x[i] = 1 for j > i: the reversed exclusive sum
-
-
-def _prefix_loop(x, reverse):
-    out = torch.empty_like(x)
-    running = torch.zeros_like(x[:, :, 0])
-    for i in reversed(range(x.shape[2])) if reverse else range(x.shape[2]):
-        out[:, :, i] = running
-        running += x[:, :, i]
-    return out
-
-
-class _DecayedScanLoop(torch.autograd.Function):
-    """The decayed scan of chunk states x (b, h, k, ...) with decays g (b, h, k) from `start` (b, h, ...):
-    before[:, :, i] = the state entering chunk i, which hands on g_i * before_i + x_i; -> (before, the last state).
-    In-place updates of one running state, as `_ExclusivePrefixSumLoop` (autograd would record two ops per chunk)."""
-
-    @staticmethod
-    def forward(ctx, x, g, start):
-        g = g.reshape(*g.shape, *[1] * (x.dim() - 3))
-        before = torch.empty_like(x)
-        running = start.clone()
-        for i in range(x.shape[2]):
-            before[:, :, i] = running
-            running.mul_(g[:, :, i]).add_(x[:, :, i])
-        ctx.save_for_backward(before, g)
-        return before, running
-
-    @staticmethod
-    def backward(ctx, d_before, d_last):
-        before, g = ctx.saved_tensors
-        # the gradient of the state each chunk hands on, from the last chunk back
-        grad = d_last.clone() if d_last is not None else torch.zeros_like(before[:, :, 0])
-        dx = torch.empty_like(before)
-        dg = torch.empty(before.shape[:3], dtype=before.dtype, device=before.device)
-        feature_dims = tuple(range(2, before.dim() - 1))
-        for i in reversed(range(before.shape[2])):
-            dx[:, :, i] = grad
-            dg[:, :, i] = (grad * before[:, :, i]).sum(dim=feature_dims)
-            grad = grad * g[:, :, i]
-            if d_before is not None:
-                grad += d_before[:, :, i]
-        return dx, dg, grad
-
-
-def exclusive_prefix_sum(x):
-    """Exclusive prefix sum over dim 2 of the chunk states (b, h, k, ...): the state before each chunk.
-
-    On CPU, torch.cumsum over this non-innermost dim (plus the flips of its backward) measured slower than k in-place
-    additions of whole chunk states, each a large contiguous block (forward+backward of the chunked kernel at
-    n = 16384, 8 heads of 64, chunk 64: 1125 ms with cumsum, 936 ms with the loop; benchmarks/bench_attention.py). On
-    other devices, where each addition is a kernel launch, cumsum."""
-    if x.device.type == "cpu":
-        return _ExclusivePrefixSumLoop.apply(x)
-    return torch.cumsum(x, dim=2) - x
+    keep = linear_torch.with_dropped(mask, drop)
+    fused = use_triton(q, k, v, state, fmap) and q.shape[2] > 0 and k.shape[2] > 0  # the kernels need both
+    if through_op(q, fused):
+        return linear_library.noncausal(q, k, v, keep, fmap, fused), None
+    return linear_torch.linear_attention(q, k, v, keep, fmap), None
 
 
 def causal_linear_attention(
@@ -286,243 +160,22 @@ def causal_linear_attention(
     `state` continues from earlier tokens (chunked prefill, generation). `drop` (b,h,n) bool: the keys key dropout
     keeps; a dropped key is left out of every sum as a masked one is, but its own query still reads the others.
     A stabilised map (exp) cannot normalise keys over the sequence (that would read the future): it is the ratio
-    phi(q) S / phi(q) z with phi = exp, stabilised by key maxima that never look ahead (`_causal_exp_linear_attention`).
-    `decay` (b,h,n): each position's log-decay (see the module's docstring), or None.
-    Fused Triton kernels compute it where `use_triton` says.
+    phi(q) S / phi(q) z with phi = exp, stabilised by key maxima that never look ahead
+    (`linear_torch._causal_exp_linear_attention`). `decay` (b,h,n): each position's log-decay (see the module's
+    docstring), or None.
     """
     fmap = _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
+    return _causal(q, k, v, mask, state, fmap, chunk_size, 0, drop, decay)
+
+
+def _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay):
     fused = use_triton(q, k, v, state, fmap, decay=decay)
-    return _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused, _log_decay(decay, mask))
-
-
-def _causal(q, k, v, mask, state, fmap, chunk_size, drop, fused, logd=None):
-    """The causal ops' chunks, in the fused kernels or in PyTorch as the op chose (`fused`, from `use_triton`);
-    `logd` the log-decay as `_log_decay` gives it, or None."""
-    if fused:
-        extra = {} if logd is None else {"decay": logd}
-        return fused_causal_linear_attention(
-            q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD, **extra
-        )
-    with _no_autocast(q):
-        return _causal_linear_attention(q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop, logd)
-
-
-# Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
-# rises by more than this many nats after a query's position, the query's terms would be scaled by a later key (fp32
-# keeps ~87 nats of exponent below 1): such chunks are recomputed with each position's own running maximum.
-EXP_CHUNK_SPREAD = 40.0
-
-
-def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None, logd=None):
-    """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
-    stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
-
-    Chunk c scales its keys by R_c, the running per-feature key maximum through its end; the state carried into it is
-    rescaled from R_{c-1} to R_c (as `linear_attention_step` does per token), and its queries fold R_c in. A chunk
-    where R_c exceeds the running maximum at some real query's position by more than `EXP_CHUNK_SPREAD` nats is
-    recomputed for that query with its own running maximum M_i: w_ij = sum_f exp(q_if + k_jf - s_i),
-    s_i = max_f (q_if + M_if), an explicit (c x c x d) sum. The stabilisers are constants of the function (they cancel
-    in the ratio) and are kept out of autograd.
-
-    With a decay (`logd`, b,h,n; b_j its cumulative sum inside a chunk), w_ij = sum_f exp(q_if + k_jf) exp(b_i - b_j):
-    inside a chunk the keys keep the reference R_c (the carried state's reference, decayed, and the chunk's keys) and
-    the decay is a mask; the state keeps the *decayed* maximum, so a key that has decayed away stops setting it: a
-    key enters it as exp(k_j - b_j - U_c), U_c = max(reference before the chunk, max_j (k_j - b_j)), the state after
-    the chunk is in reference U_c + B_c (B_c the chunk's decay), and that is the `k_max` a state carries. The exact
-    path takes the keys back to the chunk's start, k_j - b_j, whose per-query factor exp(b_i) cancels in the ratio."""
-    b, h, n, d = q.shape
-    e = v.shape[-1]
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    nk = (n + pad) // c
-    real = None  # the queries whose outputs are used (masked and padded ones do not count in the stability check)
-    if key_mask is not None or pad:
-        real = key_mask if key_mask is not None else torch.ones(b, n, dtype=torch.bool, device=q.device)
-        real = torch.cat([real, real.new_zeros(b, pad)], dim=1).reshape(b, 1, nk, c)
-    keep = _keep(_with_dropped(key_mask, drop))
-    k = k if keep is None else k.masked_fill(~keep, float("-inf"))  # masked and dropped keys: exp(-inf) = 0
-    if pad:
-        q = F.pad(q, (0, 0, 0, pad))
-        k = F.pad(k, (0, 0, 0, pad), value=float("-inf"))
-        v = F.pad(v, (0, 0, 0, pad))
-    q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
-    floor = -1e30  # reference while every key so far is masked: any finite value works
-    start = state.k_max.clamp_min(floor) if state is not None else k.new_full((b, h, d), floor)
-    decayed = logd is not None
-    if decayed:
-        local = F.pad(logd, (0, pad)).reshape(b, h, nk, c).cumsum(dim=-1)  # b_j, (b, h, k, c)
-        total = local[..., -1]  # B_c, (b, h, k)
-        back = k - local[..., None]  # the keys taken back to their chunk's start
-    with torch.no_grad():
-        if not decayed:
-            running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
-            running = ref = running.clamp_min(floor)
-        else:  # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c
-            offset = exclusive_prefix_sum(total.detach())[..., None]  # (b, h, k, 1)
-            running = torch.cummax(torch.maximum(back.amax(dim=3) - offset, start[:, :, None]), dim=2).values
-            running = (running + offset).clamp_min(floor)
-            ends = running + total[..., None]  # the state's reference after each chunk
-            ref = torch.maximum(torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2), k.amax(dim=3))
-            ref = ref.clamp_min(floor)
-        shift = (q + ref[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
-    # the carried state's reference before each chunk (decayed by the chunk before: the decay keeps its gradient)
-    last = running[:, :, :-1] if not decayed else running[:, :, :-1] + total[:, :, :-1, None]
-    before = torch.cat([start[:, :, None], last], dim=2)
-    phi_k = torch.exp(k - ref[:, :, :, None])  # (b, h, k, c, d), <= 1
-    phi_q = torch.exp(q + ref[:, :, :, None] - shift)  # <= 1
-    to_state = phi_k if not decayed else torch.exp(back - running[:, :, :, None])  # <= 1
-    kv_chunks = torch.matmul(to_state.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = to_state.sum(dim=-2)  # (b, h, k, d)
-
-    # the carried state, a scan over chunks that rescales it to each chunk's reference before adding the chunk
-    kv_run = state.kv if state is not None else q.new_zeros(b, h, d, e)
-    z_run = state.z if state is not None else q.new_zeros(b, h, d)
-    carried_kv, carried_z, rescaled_kv, rescaled_z = [], [], [], []
-    for i in range(nk):
-        carried_kv.append(kv_run)  # in the reference before the chunk, for the exact path
-        carried_z.append(z_run)
-        scale = torch.exp(before[:, :, i] - running[:, :, i])  # (b, h, d), <= 1
-        kv_run, z_run = kv_run * scale[..., None], z_run * scale
-        rescaled_kv.append(kv_run)
-        rescaled_z.append(z_run)
-        kv_run, z_run = kv_run + kv_chunks[:, :, i], z_run + z_chunks[:, :, i]
-
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    if not decayed:
-        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
-        kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
-        read = phi_q
-    else:
-        gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j
-        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)
-        kv_before, z_before = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
-        read = torch.exp(q + before[:, :, :, None] + local[..., None] - shift)  # <= 1: before <= ref, b_i <= 0
-    num = torch.matmul(scores, v) + torch.matmul(read, kv_before)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1) + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-
-    with torch.no_grad():
-        # each query's own reference, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(back if decayed else k, dim=3).values, before.detach()[:, :, :, None])
-        at = at.clamp_min(floor)
-        own = at if not decayed else at + local[..., None]
-        spread = (ref[:, :, :, None] - own).amax(dim=-1)  # (b, h, k, c)
-        if real is not None:
-            spread = spread.masked_fill(~real, 0.0)
-        steep = spread.amax(dim=-1) > EXP_CHUNK_SPREAD  # (b, h, k)
-    # a steep chunk's terms here may underflow; they are replaced below, and kept out of the ratio's gradient
-    # (a zero gradient times 1/den^2 of an underflowed den would be NaN)
-    num = num.masked_fill(steep[..., None, None], 0.0)
-    out = _ratio(num, den.masked_fill(steep[..., None], 1.0).unsqueeze(-1))
-    keys = back if decayed else k
-    if torch.compiler.is_compiling():
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b,h,k,d,e), (b,h,k,d)
-        # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
-        # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
-        # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
-        # ("strides of the two branches' output doesn't match")
-        exact = _exp_chunks_exact(q, keys, v, at, before, carried_kv, carried_z)
-        out = torch.where(steep[..., None, None], exact, out)
-    elif steep.any():  # rare: the stacked carried states are only built here
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
-        idx = steep.nonzero(as_tuple=True)
-        exact = _exp_chunks_exact(q[idx], keys[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
-        out = out.index_put(idx, exact)
-    out = out.reshape(b, h, nk * c, e)[:, :, :n]
-    k_max = running[:, :, -1]
-    if decayed:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
-        k_max = k_max + total[:, :, -1, None].detach()
-        grad = torch.exp(total[:, :, -1] - total[:, :, -1].detach())  # 1, with the decay's gradient
-        kv_run, z_run = kv_run * grad[..., None, None], z_run * grad[..., None]
-    return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=k_max)
-
-
-def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
-    """The exp kernel's exact path for chunks (any leading dims ...): q, k (..., c, d), v (..., c, e), `at` (..., c, d)
-    each position's running key maximum, `before` (..., d) the carried state's reference, carried_kv (..., d, e) and
-    carried_z (..., d) the state before the chunk -> (..., c, e). w_ij = sum_f exp(q_if + k_jf - s_i), j <= i in the
-    chunk, with s_i = max_f (q_if + at_if): every exponent <= 0, none from a later key."""
-    c = q.shape[-2]
-    own = (q + at).amax(dim=-1, keepdim=True).detach()  # (..., c, 1)
-    logits = q[..., :, None, :] + k[..., None, :, :] - own[..., None]  # (..., c, c, d), <= 0 where j <= i
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    w = torch.exp(logits.masked_fill(~causal[:, :, None], float("-inf"))).sum(dim=-1)  # (..., c, c)
-    phi_q = torch.exp(q + before[..., None, :] - own)  # the carried state is in `before` <= at_i
-    num = torch.matmul(w, v) + torch.matmul(phi_q, carried_kv)
-    den = w.sum(dim=-1) + torch.matmul(phi_q, carried_z.unsqueeze(-1)).squeeze(-1)
-    return _ratio(num, den.unsqueeze(-1))
-
-
-def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None, logd=None):
-    if fmap.stabilised:
-        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop, logd)
-    b, h, n, d = q.shape
-    e = v.shape[-1]
-    phi_q, phi_k, state, k_max = _causal_features(q, k, _with_dropped(key_mask, drop), fmap, state)
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    if pad:
-        phi_q = F.pad(phi_q, (0, 0, 0, pad))
-        phi_k = F.pad(phi_k, (0, 0, 0, pad))
-        v = F.pad(v, (0, 0, 0, pad))
-    nk = (n + pad) // c
-    phi_q = phi_q.reshape(b, h, nk, c, d)
-    phi_k = phi_k.reshape(b, h, nk, c, d)
-    v = v.reshape(b, h, nk, c, e)
-    if logd is not None:
-        return _decayed_chunks(phi_q, phi_k, v, F.pad(logd, (0, pad)).reshape(b, h, nk, c), state, n)
-
-    # inside each chunk: masked quadratic form
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
-    scores = scores * torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    num = torch.matmul(scores, v)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1)  # (b, h, k, c)
-
-    # across chunks: the state before each chunk is an exclusive cumulative sum of the chunk states
-    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
-    kv_before = exclusive_prefix_sum(kv_chunks)
-    z_before = exclusive_prefix_sum(z_chunks)
-    if state is not None:
-        kv_before = kv_before + state.kv[:, :, None]
-        z_before = z_before + state.z[:, :, None]
-    num = num + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
-    den = den + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = _ratio(num, den.unsqueeze(-1))
-    out = out.reshape(b, h, nk * c, e)[:, :, :n]
-
-    new_state = LinearAttentionState(
-        kv=kv_before[:, :, -1] + kv_chunks[:, :, -1], z=z_before[:, :, -1] + z_chunks[:, :, -1], k_max=k_max
-    )
-    return out, new_state
-
-
-def _decayed_chunks(phi_q, phi_k, v, logd, state, n):
-    """The chunks of an elementwise map with a decay: phi_q, phi_k (b,h,k,c,d), v (b,h,k,c,e), logd (b,h,k,c) ->
-    (out (b,h,n,e), state). Inside a chunk, key j weighs exp(b_i - b_j) at query i (b the cumulative log-decay in the
-    chunk); a chunk reads the state carried into it scaled by exp(b_i), and hands on exp(B) times it plus its keys
-    decayed to its end, exp(B - b_j) (B its whole decay): every exponent <= 0."""
-    b, h, nk, c, d = phi_q.shape
-    e = v.shape[-1]
-    local = logd.cumsum(dim=-1)  # (b, h, k, c)
-    total = local[..., -1]  # (b, h, k)
-    causal = torch.ones(c, c, dtype=torch.bool, device=phi_q.device).tril()
-    gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j, j <= i
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)  # (b, h, k, c, c)
-    num = torch.matmul(scores, v)
-    den = scores.sum(dim=-1)
-    to_end = phi_k * torch.exp(total[..., None] - local)[..., None]  # keys decayed to the chunk's end
-    kv_chunks = torch.matmul(to_end.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = to_end.sum(dim=-2)  # (b, h, k, d)
-    kv_start = state.kv if state is not None else phi_q.new_zeros(b, h, d, e)
-    z_start = state.z if state is not None else phi_q.new_zeros(b, h, d)
-    g = torch.exp(total)  # (b, h, k): the carried state, decayed by each chunk before it adds its keys
-    kv_before, kv_run = _DecayedScanLoop.apply(kv_chunks, g, kv_start)
-    z_before, z_run = _DecayedScanLoop.apply(z_chunks, g, z_start)
-    read = phi_q * torch.exp(local)[..., None]  # the carried state as each query sees it
-    num = num + torch.matmul(read, kv_before)
-    den = den + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)
-    out = _ratio(num, den.unsqueeze(-1)).reshape(b, h, nk * c, e)[:, :, :n]
-    return out, LinearAttentionState(kv=kv_run, z=z_run)
+    logd = _log_decay(decay, mask)
+    if through_op(q, fused):
+        return linear_library.causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused)
+    if k.shape[2] == q.shape[2] and not prefix_length:
+        return linear_torch.causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, drop, logd)
+    return linear_torch.prefix_causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd)
 
 
 def prefix_causal_linear_attention(
@@ -534,13 +187,11 @@ def prefix_causal_linear_attention(
     `causal_linear_attention`; `state`: earlier keys, seen by every query.
 
     The K = m - n + prefix_length leading keys are folded into one state (continuing `state`); the first
-    `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally with
-    `causal_linear_attention`'s chunks: where `use_triton` says, its fused kernels, which take the prefix's state as a
-    carried state (and give it its gradients).
-
-    `decay` (b,h,m): as in `causal_linear_attention`, over the m key positions (the queries are the last n). The
-    leading keys decay to where they end, where the prefix's queries read them: the bidirectional prefix is one step
-    of the decay, as it is one state."""
+    `prefix_length` queries read that state alone (the bidirectional prefix), the others continue it causally, in
+    the fused kernels where `use_triton` says (which take the prefix's state as a carried state and give it its
+    gradients). `decay` (b,h,m): as in `causal_linear_attention`, over the m key positions (the queries are the last
+    n). The leading keys decay to where they end, where the prefix's queries read them: the bidirectional prefix is
+    one step of the decay, as it is one state."""
     fmap = _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
@@ -548,54 +199,7 @@ def prefix_causal_linear_attention(
             f"`prefix_causal_linear_attention` needs 0 <= prefix_length <= n and one key per query after the prefix "
             f"(m - n + prefix_length >= 0); got n={n} queries, m={m} keys, prefix_length={prefix_length}."
         )
-    fused = use_triton(q, k, v, state, fmap, decay=decay)
-    logd = _log_decay(decay, mask)
-    with _no_autocast(q):
-        lead = m - n + prefix_length
-        if lead:
-            lead_mask = _with_dropped(None if mask is None else mask[:, :lead], _slice(drop, 0, lead))
-            k_lead, v_lead = k[:, :, :lead].float(), v[:, :, :lead].float()
-            to_end = None
-            if logd is not None:
-                cumulative = logd[:, :, :lead].cumsum(dim=-1)
-                state = _decayed_state(state, cumulative[..., -1], fmap)
-                to_end = (cumulative[..., -1:] - cumulative)[..., None]  # (b, h, lead, 1), <= 0
-                k_lead = k_lead + to_end if fmap.stabilised else k_lead
-            _, phi_k, state, k_max = _causal_features(k_lead[:, :, :1], k_lead, lead_mask, fmap, state)
-            if to_end is not None and not fmap.stabilised:
-                phi_k = phi_k * torch.exp(to_end)
-            kv = torch.matmul(phi_k.transpose(-1, -2), v_lead)  # (b, h, d, e)
-            z = phi_k.sum(dim=-2)
-            if state is not None:  # rescaled to the new key maxima by _causal_features
-                kv, z = kv + state.kv, z + state.z
-            state = LinearAttentionState(kv=kv, z=z, k_max=k_max)
-        outs = []
-        if prefix_length:
-            phi_q = _query_features(q[:, :, :prefix_length].float(), fmap, state.k_max)
-            num = torch.matmul(phi_q, state.kv)  # (b, h, prefix, e)
-            den = torch.matmul(phi_q, state.z.unsqueeze(-1))  # (b, h, prefix, 1)
-            outs.append(_ratio(num, den))
-        if prefix_length < n:
-            rest_mask = None if mask is None else mask[:, lead:]
-            q_rest, k_rest, v_rest = q[:, :, prefix_length:], k[:, :, lead:], v[:, :, lead:]
-            # from the prefix's state (in the fused kernels too, whose gradients flow into it)
-            out, state = _causal(
-                q_rest, k_rest, v_rest, rest_mask, state, fmap, chunk_size, _slice(drop, lead, m), fused,
-                _slice(logd, lead, m),
-            )
-            outs.append(out)
-        return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
-
-
-def _slice(drop, start, stop):
-    return None if drop is None else drop[..., start:stop]
-
-
-def _query_features(q, fmap, k_max):
-    if not fmap.stabilised:
-        return fmap.phi(q)
-    q_fold = q + k_max[:, :, None, :]  # as in _causal_features
-    return torch.exp(q_fold - q_fold.amax(dim=-1, keepdim=True))
+    return _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay)
 
 
 def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None):
@@ -614,28 +218,8 @@ def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", 
             f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "
             "(use causal_linear_attention for several)."
         )
-    if use_triton(q, k, v, state, fmap, step=True, decay=decay):
-        extra = {} if decay is None else {"decay": _log_decay(decay, mask)}
-        return fused_linear_attention_step(q, k, v, mask, state, feature_map=fmap.name, drop=drop, **extra)
-    with _no_autocast(q):
-        key_mask = _with_dropped(mask, drop)
-        logd = _log_decay(decay, mask)
-        state = _decayed_state(state, None if logd is None else logd[..., 0], fmap)
-        return _linear_attention_step(q.float(), k.float(), v.float(), state, key_mask, fmap)
-
-
-def _needs_grad(q, k, v, state, decay=None):
-    """Whether a step's result needs autograd (the fused step has none; generation never does)."""
-    tensors = [q, k, v] + ([] if state is None else [state.kv, state.z]) + ([] if decay is None else [decay])
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _linear_attention_step(q, k, v, state, key_mask, fmap):
-    phi_q, phi_k, state, k_max = _causal_features(q, k, key_mask, fmap, state)
-    kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, d, e)
-    z = phi_k.squeeze(-2)  # (b, h, d)
-    if state is not None:
-        kv, z = kv + state.kv, z + state.z
-    num = torch.matmul(phi_q, kv)  # (b, h, 1, e)
-    den = torch.matmul(phi_q, z.unsqueeze(-1))  # (b, h, 1, 1)
-    return _ratio(num, den), LinearAttentionState(kv=kv, z=z, k_max=k_max)
+    fused = use_triton(q, k, v, state, fmap, step=True, decay=decay)
+    logd = _log_decay(decay, mask)
+    if through_op(q, fused) and not _needs_grad(q, k, v, state, decay):  # the step op has no backward
+        return linear_library.step(q, k, v, mask, state, fmap, drop, logd, fused)
+    return linear_torch.linear_attention_step(q, k, v, mask, state, fmap, drop, logd)

@@ -10,9 +10,10 @@ for fp16: a long sequence's state overflows fp16's range), accumulating in fp32.
 Block sizes and warps (`_blocks`) come from the register use of the kernels compiled for an H100, not from timings.
 
 Which implementation runs is decided once per call (`linear_ops.use_triton`) by `fused_linear_attention_available`:
-bf16/fp16 CUDA tensors, triton installed, not under torch.compile, and `HFST_DISABLE_TRITON` unset;
-`HFST_FORCE_TRITON=1` also sends fp32 and CPU tensors here, where triton's interpreter runs the kernels (what the tests
-do). Nothing about it is saved in a checkpoint.
+bf16/fp16 CUDA tensors, triton installed and `HFST_DISABLE_TRITON` unset, eager or compiled (a compiled graph holds
+the `linear_library` custom ops, whose bodies call `causal_forward`, `causal_backward`, `noncausal_forward`,
+`noncausal_backward` and `fused_linear_attention_step`); `HFST_FORCE_TRITON=1` also sends fp32 and CPU tensors here,
+where triton's interpreter runs the kernels (what the tests do). Nothing about it is saved in a checkpoint.
 """
 
 from __future__ import annotations  # the kernels' `tl.constexpr` annotations are read by triton, not evaluated
@@ -57,6 +58,11 @@ def _import_triton():
     return True
 
 
+def _require_triton(op):
+    if not _import_triton():
+        raise ImportError(f"{op} needs triton (`pip install triton`).")
+
+
 def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
@@ -86,8 +92,8 @@ def _map_flags(fmap):
 
 def fused_linear_attention_available(q, feature_map="elu", v=None, dots=True):
     """Whether the linear ops run the fused kernels for queries `q` (and values `v`): a feature map they have code for
-    (`KERNEL_IDS`), head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, not under
-    torch.compile (which compiles the PyTorch ops), triton installed, and `q` on a CUDA device. `dots=False` (the
+    (`KERNEL_IDS`), head dims of at most 128, bf16 or fp16 inputs (autocast's), `HFST_DISABLE_TRITON` unset, triton
+    installed, and `q` on a CUDA device, eager or under torch.compile (through the `linear_library` ops). `dots=False` (the
     one-token step, which has no matrix product) also takes fp32 inputs. `HFST_FORCE_TRITON=1` also takes fp32 inputs,
     and CPU tensors, which triton's interpreter then runs (`TRITON_INTERPRET=1`: slow, for tests)."""
     if _kernel_map(feature_map) is None or q.dtype not in _DTYPES or q.shape[-1] > MAX_HEAD_DIM:
@@ -99,7 +105,7 @@ def fused_linear_attention_available(q, feature_map="elu", v=None, dots=True):
         return False
     if q.dtype == torch.float32 and dots and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS is faster
         return False
-    return not torch.compiler.is_compiling() and _import_triton()
+    return _import_triton()
 
 
 fused_causal_linear_attention_available = fused_linear_attention_available  # its first name
@@ -123,19 +129,27 @@ def fused_causal_linear_attention(
     if not _import_triton():
         raise ImportError("fused_causal_linear_attention needs triton (`pip install triton`).")
     exp = fmap.stabilised
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    if drop is not None:
-        keep = drop if mask is None else drop & mask[:, None, :]  # (b, h, n)
-    else:
-        keep = None if mask is None else mask[:, None, :]  # (b, 1, n): every head
-    real = mask[:, None, :] if exp and mask is not None else None  # the queries the steepness check counts
+    keep, real = causal_masks(mask, drop, fmap)
     kv0 = z0 = m0 = None
     if state is not None:
         kv0, z0 = state.kv.float(), state.z.float()
         m0 = state.k_max.float() if exp and state.k_max is not None else None
     logd = _decay_arg(decay, mask, q.shape[:3])
-    out, kv, z, k_max = _FusedCausal.apply(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread)
+    args = (q, k.to(q.dtype), v.to(q.dtype), keep, real, kv0, z0, m0, logd)
+    out, kv, z, k_max = _FusedCausal.apply(*args, fmap, chunk_size, spread)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
+
+
+def causal_masks(mask, drop, fmap):
+    """The causal kernels' masks from the key mask (b, n) and key dropout's kept keys (b, h, n), either None: `keep`,
+    the keys every sum uses, (b, h, n) or (b, 1, n) (one for every head); `real`, the queries exp's steepness check
+    counts, (b, 1, n) or None."""
+    if drop is not None:
+        keep = drop if mask is None else drop & mask[:, None, :]  # (b, h, n)
+    else:
+        keep = None if mask is None else mask[:, None, :]  # (b, 1, n): every head
+    real = mask[:, None, :] if fmap.stabilised and mask is not None else None
+    return keep, real
 
 
 def fused_decay_available(feature_map):
@@ -305,92 +319,125 @@ class _FusedCausal(torch.autograd.Function):
     carried-in state, following that decision."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
-        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
-        b, h, n, d = q.shape
-        e = v.shape[-1]
-        f32 = {"device": q.device, "dtype": torch.float32}
-        out = torch.empty(b, h, n, e, **f32)
-        kv1, z1 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
-        m1 = torch.full((b, h, d), FLOOR, **f32)
-        has_state = kv0 is not None
-        if has_state:
-            kv0, z0 = kv0.contiguous(), z0.contiguous()
-        m0 = torch.full((b, h, d), FLOOR, **f32) if m0 is None else m0.contiguous().clamp_min(FLOOR)
-        if n:
-            blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64: more programs
-            _run(
-                _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
-                q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
-                kv0 if has_state else kv1, z0 if has_state else z1, m0, logd if logd is not None else m0,
-                out, kv1, z1, m1, float(spread),
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                h, n, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, HAS_REAL=real is not None,
-                HAS_STATE=has_state, HAS_DECAY=logd is not None,
-                **blocks,
-            )  # fmt: skip
-        else:  # no tokens: the state passes through
-            kv1.copy_(kv0) if has_state else kv1.zero_()
-            z1.copy_(z0) if has_state else z1.zero_()
-            m1.copy_(m0)
+    def forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
+        return causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # apart from forward, as torch.func transforms need
+        q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread = inputs
+        _, kv1, z1, m1 = output
         # with a decay the backward also needs the final state (its gradient w.r.t. the last position's decay)
         final = (kv1, z1) if logd is not None else (None, None)
         ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0, logd, *final)
         ctx.fmap, ctx.chunk_size, ctx.spread = fmap, chunk_size, float(spread)
         ctx.mark_non_differentiable(m1)
-        return out, kv1, z1, m1
 
     @staticmethod
     def backward(ctx, dout, dkv1, dz1, _dm1):
-        q, k, v, keep, real, kv0, z0, m0, logd, kv1, z1 = ctx.saved_tensors
-        b, h, n, d = q.shape
-        e = v.shape[-1]
-        f32 = {"device": q.device, "dtype": torch.float32}
-        has_state = kv0 is not None
-        dkv1 = torch.zeros(b, h, d, e, **f32) if dkv1 is None else dkv1.float().contiguous()
-        dz1 = torch.zeros(b, h, d, **f32) if dz1 is None else dz1.float().contiguous()
-        dout = torch.zeros(b, h, n, e, **f32) if dout is None else _inner_contiguous(dout)
-        dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
-        dkv0, dz0 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
-        has_decay = logd is not None
-        dg = torch.empty(b, h, n, **f32) if has_decay else None  # dL/dG, G the cumulative log-decay
-        if n:
-            blocks = _blocks(q, v, ctx.chunk_size, backward=True)
-            den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
-            r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
-            chunks = triton.cdiv(n, blocks["BT"])
-            exp = ctx.fmap.stabilised
-            refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
-            urefs = torch.empty(b, h, chunks, d, **f32) if exp and has_decay else den  # U_c (exp with a decay)
-            steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
-            strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-            flags = {**_map_flags(ctx.fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, **blocks}
-            decay_args = (logd, dg) if has_decay else (den, den)
-            _run(
-                _backward_dq_kernel, (b * h,),
-                q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, *decay_args, dq, den, r,
-                refs, urefs, steeps, ctx.spread, *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
-                HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
-            )  # fmt: skip
-            _run(
-                _backward_dkv_kernel, (b * h,),
-                q, k, v, dout, den, r, refs, urefs, steeps, m0, *decay_args, dkv1, dz1, dk, dv, dkv0, dz0,
-                *_mask_args(keep, q), *strides, h, n, d, e, **flags,
-            )  # fmt: skip
-        else:
-            dkv0.copy_(dkv1)
-            dz0.copy_(dz1)
-        dlogd = None
-        if has_decay and n:
-            # the final state scales with exp(G_n) as a whole: its own term at the last position; then
-            # log g_t enters every G_s, s >= t: the reversed cumulative sum
-            dg[..., -1] += (dkv1 * kv1).sum((-2, -1)) + (dz1 * z1).sum(-1)
-            dlogd = dg.flip(-1).cumsum(-1).flip(-1)
-        elif has_decay:
-            dlogd = torch.zeros_like(logd)
-        if not has_state:
-            dkv0 = dz0 = None
-        return dq, dk, dv, None, None, dkv0, dz0, None, dlogd, None, None, None
+        grads = causal_backward(dout, dkv1, dz1, *ctx.saved_tensors, ctx.fmap, ctx.chunk_size, ctx.spread)
+        return *grads[:3], None, None, *grads[3:5], None, grads[5], None, None, None
+
+
+
+def _start_reference(m0, b, h, d, f32):
+    """exp's carried-in key reference (b, h, d) as the kernels read it: FLOOR where none, finite."""
+    return torch.full((b, h, d), FLOOR, **f32) if m0 is None else m0.float().contiguous().clamp_min(FLOOR)
+
+
+def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
+    """`_FusedCausal`'s forward: q, k, v (b,h,n,d|e) in one dtype, `keep`/`real` from `causal_masks`, the carried
+    state kv0 (b,h,d,e), z0, m0 (b,h,d) fp32 or None, logd (b,h,n) fp32 or None -> out (b,h,n,e), kv1, z1, m1 fp32
+    (m1 FLOOR for an elementwise map)."""
+    _require_triton("causal_forward")
+    logd = None if logd is None else logd.float().contiguous()  # (b, h, n), read as contiguous
+    q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+    b, h, n, d = q.shape
+    e = v.shape[-1]
+    f32 = {"device": q.device, "dtype": torch.float32}
+    out = torch.empty(b, h, n, e, **f32)
+    kv1, z1 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+    m1 = torch.full((b, h, d), FLOOR, **f32)
+    has_state = kv0 is not None
+    if has_state:
+        kv0, z0 = kv0.contiguous(), z0.contiguous()
+    m0 = _start_reference(m0, b, h, d, f32)
+    if n:
+        blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64: more programs
+        _run(
+            _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
+            q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
+            kv0 if has_state else kv1, z0 if has_state else z1, m0, logd if logd is not None else m0,
+            out, kv1, z1, m1, float(spread),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            h, n, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, HAS_REAL=real is not None,
+            HAS_STATE=has_state, HAS_DECAY=logd is not None,
+            **blocks,
+        )  # fmt: skip
+    else:  # no tokens: the state passes through
+        kv1.copy_(kv0) if has_state else kv1.zero_()
+        z1.copy_(z0) if has_state else z1.zero_()
+        m1.copy_(m0)
+    return out, kv1, z1, m1
+
+
+def causal_backward(dout, dkv1, dz1, q, k, v, keep, real, kv0, z0, m0, logd, kv1, z1, fmap, chunk_size, spread):
+    """`_FusedCausal`'s backward from the forward's inputs (and, with a decay, its final state kv1, z1): the
+    gradients of the outputs out, kv1, z1 (None: zero) -> dq, dk, dv in their dtypes, dkv0, dz0 (None without a
+    carried state) and the log-decay's dlogd (None without one)."""
+    _require_triton("causal_backward")
+    logd = None if logd is None else logd.float().contiguous()  # (b, h, n), read as contiguous
+    q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+    b, h, n, d = q.shape
+    e = v.shape[-1]
+    f32 = {"device": q.device, "dtype": torch.float32}
+    has_state = kv0 is not None
+    if has_state:
+        kv0, z0 = kv0.contiguous(), z0.contiguous()
+    m0 = _start_reference(m0, b, h, d, f32)
+    dkv1 = torch.zeros(b, h, d, e, **f32) if dkv1 is None else dkv1.float().contiguous()
+    dz1 = torch.zeros(b, h, d, **f32) if dz1 is None else dz1.float().contiguous()
+    dout = torch.zeros(b, h, n, e, **f32) if dout is None else _inner_contiguous(dout)
+    dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+    dkv0, dz0 = torch.empty(b, h, d, e, **f32), torch.empty(b, h, d, **f32)
+    has_decay = logd is not None
+    dg = torch.empty(b, h, n, **f32) if has_decay else None  # dL/dG, G the cumulative log-decay
+    if n:
+        blocks = _blocks(q, v, chunk_size, backward=True)
+        den = torch.empty(b, h, n, **f32)  # the normalisers, 1 where no key
+        r = torch.empty(b, h, n, **f32)  # -dout . out / normaliser
+        chunks = triton.cdiv(n, blocks["BT"])
+        exp = fmap.stabilised
+        refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
+        urefs = torch.empty(b, h, chunks, d, **f32) if exp and has_decay else den  # U_c (exp with a decay)
+        steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
+        strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+        flags = {**_map_flags(fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, **blocks}
+        decay_args = (logd, dg) if has_decay else (den, den)
+        _run(
+            _backward_dq_kernel, (b * h,),
+            q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, *decay_args, dq, den, r,
+            refs, urefs, steeps, float(spread), *_mask_args(keep, q), *_mask_args(real, q), *strides, h, n, d, e,
+            HAS_REAL=real is not None, HAS_STATE=has_state, **flags,
+        )  # fmt: skip
+        _run(
+            _backward_dkv_kernel, (b * h,),
+            q, k, v, dout, den, r, refs, urefs, steeps, m0, *decay_args, dkv1, dz1, dk, dv, dkv0, dz0,
+            *_mask_args(keep, q), *strides, h, n, d, e, **flags,
+        )  # fmt: skip
+    else:
+        dkv0.copy_(dkv1)
+        dz0.copy_(dz1)
+    dlogd = None
+    if has_decay and n:
+        # the final state scales with exp(G_n) as a whole: its own term at the last position; then
+        # log g_t enters every G_s, s >= t: the reversed cumulative sum
+        dg[..., -1] += (dkv1 * kv1).sum((-2, -1)) + (dz1 * z1).sum(-1)
+        dlogd = dg.flip(-1).cumsum(-1).flip(-1)
+    elif has_decay:
+        dlogd = torch.zeros_like(logd)
+    if not has_state:
+        dkv0 = dz0 = None
+    return dq, dk, dv, dkv0, dz0, dlogd
 
 
 def _split(length, bt, split):
@@ -424,52 +471,68 @@ class _FusedNonCausal(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, keep, fmap, chunk_size, split):
-        q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
-        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
-        f32 = {"device": q.device, "dtype": torch.float32}
-        blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64
-        length, splits = _split(m, blocks["BT"], split)
-        kv_part = torch.empty(b, h, splits, d, e, **f32)
-        z_part, mx_part = torch.empty(b, h, splits, d, **f32), torch.empty(b, h, splits, d, **f32)
-        _run(
-            _key_sums_kernel, (b * h, splits, triton.cdiv(e, blocks["BE"])),
-            k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
-            h, m, d, e, length, **_map_flags(fmap), HAS_KEEP=keep is not None, **blocks,
-        )  # fmt: skip
-        kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, fmap.stabilised)
-        out = torch.empty(b, h, n, e, **f32)
-        _run(
-            _output_kernel, (b * h, triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"])),
-            q, kv, z, out, *q.stride()[:3], h, n, d, e, **_map_flags(fmap), **blocks,
-        )  # fmt: skip
+        out, kv, z, k_ref, k_sum = noncausal_forward(q, k, v, keep, fmap, chunk_size, split)
         ctx.save_for_backward(q, k, v, keep, kv, z, k_ref, k_sum)
         ctx.fmap, ctx.chunk_size, ctx.split = fmap, chunk_size, split
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, keep, kv, z, k_ref, k_sum = ctx.saved_tensors
-        (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
-        dout = _inner_contiguous(dout.float())
-        dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
-        blocks = _blocks(q, v, ctx.chunk_size, backward=True)
-        length, splits = _split(n, blocks["BT"], ctx.split)
-        dkv = torch.empty(b, h, splits, d, e, device=q.device, dtype=torch.float32)
-        dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
-        _run(
-            _query_grads_kernel, (b * h, splits),
-            q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length,
-            **_map_flags(ctx.fmap), **blocks,
-        )  # fmt: skip
-        dkv, dz = dkv.sum(2), dz.sum(2)
-        exp = ctx.fmap.stabilised
-        shift = (dkv * kv).sum(-1) + dz * z if exp else dz  # exp: sum_j B_jf dB_jf
-        _run(
-            _key_grads_kernel, (b * h, triton.cdiv(m, blocks["BT"])),
-            k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if exp else dz, k_sum if exp else dz, dk, dv,
-            *k.stride()[:3], *v.stride()[:3], h, m, d, e, **_map_flags(ctx.fmap), HAS_KEEP=keep is not None, **blocks,
-        )  # fmt: skip
+        dq, dk, dv = noncausal_backward(dout, *ctx.saved_tensors, ctx.fmap, ctx.chunk_size, ctx.split)
         return dq, dk, dv, None, None, None, None
+
+
+def noncausal_forward(q, k, v, keep, fmap, chunk_size, split):
+    """`_FusedNonCausal`'s forward: q, k, v (b,h,n|m,d|e) in one dtype, `keep` (b, 1 or h, m) bool or None -> out
+    (b,h,n,e) fp32 and what the backward reads: the key sums kv (b,h,d,e), z (b,h,d), and for exp the keys' maximum
+    k_ref and the softmax's denominator k_sum (b,h,d) (None for an elementwise map)."""
+    _require_triton("noncausal_forward")
+    q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+    (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+    f32 = {"device": q.device, "dtype": torch.float32}
+    blocks = _blocks(q, v, chunk_size, backward=False)  # value blocks of at most 64
+    length, splits = _split(m, blocks["BT"], split)
+    kv_part = torch.empty(b, h, splits, d, e, **f32)
+    z_part, mx_part = torch.empty(b, h, splits, d, **f32), torch.empty(b, h, splits, d, **f32)
+    _run(
+        _key_sums_kernel, (b * h, splits, triton.cdiv(e, blocks["BE"])),
+        k, v, *_mask_args(keep, q), kv_part, z_part, mx_part, *k.stride()[:3], *v.stride()[:3],
+        h, m, d, e, length, **_map_flags(fmap), HAS_KEEP=keep is not None, **blocks,
+    )  # fmt: skip
+    kv, z, k_ref, k_sum = _key_sums(kv_part, z_part, mx_part, fmap.stabilised)
+    out = torch.empty(b, h, n, e, **f32)
+    _run(
+        _output_kernel, (b * h, triton.cdiv(n, blocks["BT"]), triton.cdiv(e, blocks["BE"])),
+        q, kv, z, out, *q.stride()[:3], h, n, d, e, **_map_flags(fmap), **blocks,
+    )  # fmt: skip
+    return out, kv, z, k_ref, k_sum
+
+
+def noncausal_backward(dout, q, k, v, keep, kv, z, k_ref, k_sum, fmap, chunk_size, split):
+    """`_FusedNonCausal`'s backward from its inputs and what its forward returned besides the output -> dq, dk, dv."""
+    _require_triton("noncausal_backward")
+    q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+    (b, h, n, d), m, e = q.shape, k.shape[2], v.shape[-1]
+    dout = _inner_contiguous(dout.float())
+    dq, dk, dv = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+    blocks = _blocks(q, v, chunk_size, backward=True)
+    length, splits = _split(n, blocks["BT"], split)
+    dkv = torch.empty(b, h, splits, d, e, device=q.device, dtype=torch.float32)
+    dz = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
+    _run(
+        _query_grads_kernel, (b * h, splits),
+        q, dout, kv, z, dq, dkv, dz, *q.stride()[:3], *dout.stride()[:3], h, n, d, e, length,
+        **_map_flags(fmap), **blocks,
+    )  # fmt: skip
+    dkv, dz = dkv.sum(2), dz.sum(2)
+    exp = fmap.stabilised
+    shift = (dkv * kv).sum(-1) + dz * z if exp else dz  # exp: sum_j B_jf dB_jf
+    _run(
+        _key_grads_kernel, (b * h, triton.cdiv(m, blocks["BT"])),
+        k, v, *_mask_args(keep, q), dkv, dz, shift, k_ref if exp else dz, k_sum if exp else dz, dk, dv,
+        *k.stride()[:3], *v.stride()[:3], h, m, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, **blocks,
+    )  # fmt: skip
+    return dq, dk, dv
 
 
 # ---------------------------------------------------------------------------------------------------------------

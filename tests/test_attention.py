@@ -646,7 +646,7 @@ def test_linear_attention_dropout_acts_only_while_training(feature_map, causal):
 
 
 def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
-    from hf_settransformer.linear_ops import exclusive_prefix_sum
+    from hf_settransformer.linear_torch import exclusive_prefix_sum
 
     x = torch.randn(2, 3, 7, 4, 5, dtype=torch.float64, requires_grad=True)
     expected = torch.cumsum(x, dim=2) - x  # the state before each chunk: everything strictly earlier

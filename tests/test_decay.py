@@ -144,7 +144,7 @@ def test_causal_exp_steep_chunk_gradients_are_finite(decay):
     back to the chunk's start, is steep: its outputs come from the exact per-position path, and are right. Their
     gradients must be finite too; the fast path's ratio, whose rows the exact path replaces, still divides by
     denominators that underflow (den^2 = 0 in DivBackward: 0 * inf = NaN in d/dq, d/dk and d/d(decay)). Fails at
-    5c3d7a4 (linear_ops._causal_exp_linear_attention), also with no decay; a floor on that ratio's denominator passes."""
+    5c3d7a4 (linear_torch._causal_exp_linear_attention), also with no decay; a floor on that ratio's denominator passes."""
     # (q/k scale, decay strength, n): keys x30 with no decay or a weak one; unit keys with a strong decay
     scale, strength, n = {"none": (30.0, 0.0, 21), "weak_x30": (30.0, 0.05, 21), "strong": (1.0, 3.0, 128)}[decay]
     q, k, v, logd = _inputs(n, scale=scale, strength=strength, seed=2, d=8, e=8)  # seed 2: a NaN with no decay too

@@ -182,7 +182,7 @@ def test_training_step_reads_nothing_back_but_the_one_input_check(
         inputs.pop("attention_mask")
     with host_reads(monkeypatch) as sites:
         scalar(model(**inputs)).backward()
-    exact_path_checks = sites.pop("linear_ops.py:_causal_exp_linear_attention", 0)  # the PyTorch kernel's
+    exact_path_checks = sites.pop("linear_torch.py:_causal_exp_linear_attention", 0)  # the PyTorch kernel's
     exact_path_checks += sites.pop("linear_triton.py:fused_causal_linear_attention", 0)  # the fused one's (forced)
     assert dict(sites) == {"checks.py:check_input_values": 1}  # ids (and mask) checked in one read
     if feature_map == "elu" or attention_type == "softmax":

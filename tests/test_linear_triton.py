@@ -19,7 +19,7 @@ from conftest import batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
 
-from hf_settransformer import linear_ops
+from hf_settransformer import linear_library, linear_ops, linear_torch, linear_triton
 from hf_settransformer.cache import LinearAttentionState
 from hf_settransformer.feature_maps import FEATURE_MAPS as FEATURE_TABLE
 from hf_settransformer.linear_naive import (
@@ -379,7 +379,7 @@ def _float64_op(q, k, v, key_mask, state, logd, feature_map, drop=None):
         state = state if state.k_max is None else LinearAttentionState(state.kv, state.z, state.k_max.double())
     logd = linear_ops._log_decay(logd, key_mask).double()
     fmap = FEATURE_TABLE[feature_map]
-    return linear_ops._causal_linear_attention(q.double(), k.double(), v.double(), key_mask, fmap, 8, state, drop, logd)
+    return linear_torch._causal_linear_attention(q.double(), k.double(), v.double(), key_mask, fmap, 8, state, drop, logd)
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
@@ -720,28 +720,35 @@ def test_fused_kernel_is_chosen_by_device_and_environment(monkeypatch):
 
 
 def _count_calls(monkeypatch, name):
-    """The calls of `linear_ops.<name>` (a fused kernel's entry point): True for each that gave the result."""
-    calls, fused = [], getattr(linear_ops, name)
+    """The calls of `linear_library.<name>` (the custom op an entry point of `linear_ops` goes through): True for
+    each that was told to use the fused kernels (its `fused` argument, the last) and launched a Triton kernel."""
+    calls, launches, op, run = [], [], getattr(linear_library, name), linear_triton._run
+
+    def launch(*args, **kwargs):
+        launches.append(True)
+        return run(*args, **kwargs)
 
     def counted(*args, **kwargs):
-        result = fused(*args, **kwargs)
-        calls.append(result[0] is not None)  # (out, state): out None where the PyTorch op takes over
+        before = len(launches)
+        result = op(*args, **kwargs)
+        calls.append(bool(args[-1]) and len(launches) > before)
         return result
 
-    monkeypatch.setattr(linear_ops, name, counted)
+    monkeypatch.setattr(linear_triton, "_run", launch)
+    monkeypatch.setattr(linear_library, name, counted)
     return calls
 
 
 @pytest.fixture
 def count_fused(monkeypatch):
     """The calls of the fused causal kernels from `causal_linear_attention`."""
-    return _count_calls(monkeypatch, "fused_causal_linear_attention")
+    return _count_calls(monkeypatch, "causal")
 
 
 @pytest.fixture
 def count_fused_noncausal(monkeypatch):
     """The calls of the fused non-causal kernels from `linear_attention`."""
-    return _count_calls(monkeypatch, "fused_linear_attention")
+    return _count_calls(monkeypatch, "noncausal")
 
 
 def _both_paths(monkeypatch, run):
@@ -878,7 +885,7 @@ def _assert_same_step_with_the_kernel(monkeypatch, model, attention_mask):
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch, count_fused_noncausal, feature_map):
     """`linear_attention` with per-head kept keys: the same outputs and gradients whichever implementation runs; no
-    query (n = 0) stays with the PyTorch op."""
+    query (n = 0) stays with the PyTorch op, inline."""
     q, k, v = _leaves(*_noncausal_inputs(19, 37, seed=24))
     kept = _noncausal_mask("dropout", 37)  # (b, h, m): key dropout's kept keys and the padding
     padding = kept.any(dim=1)  # (b, m): the keys some head keeps, as the real ones
@@ -892,7 +899,7 @@ def test_linear_attention_through_the_kernel_equals_the_pytorch_path(monkeypatch
     for name, a, b in zip(["out", "dq", "dk", "dv"], fused, pytorch):
         _assert_close(a, b, 2e-5, 1e-4, name)
     assert linear_attention(q[:, :, :0], k, v, None, feature_map=feature_map)[0].shape == (B, H, 0, E)
-    assert count_fused_noncausal == [True, False]
+    assert count_fused_noncausal == [True]
 
 
 @pytest.mark.slow
@@ -931,7 +938,7 @@ def test_next_token_head_gives_the_same_logits_and_gradients_with_the_kernel(mon
 @pytest.fixture
 def count_fused_step(monkeypatch):
     """The calls of the fused step kernel from `linear_attention_step`."""
-    return _count_calls(monkeypatch, "fused_linear_attention_step")
+    return _count_calls(monkeypatch, "step")
 
 
 @pytest.mark.parametrize("decay", [None, "gated"], ids=["no_decay", "decay"])
@@ -941,7 +948,7 @@ def test_fused_step_equals_the_pytorch_step(feature_map, start, decay):
     """One generation step in the fused kernel: output and new state equal to the PyTorch step's, from no state or a
     carried state, with or without the token's decay (the masked row's does not apply); with a masked row and
     per-head dropped keys."""
-    from hf_settransformer.linear_ops import _decayed_state, _linear_attention_step, _with_dropped
+    from hf_settransformer.linear_torch import _decayed_state, _linear_attention_step, with_dropped
 
     q, k, v = _qkv(1, seed=40, e=70)  # two value blocks of 64
     k = k * 3
@@ -960,7 +967,7 @@ def test_fused_step_equals_the_pytorch_step(feature_map, start, decay):
     out, new = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop, decay=logd)
     fmap = FEATURE_TABLE[feature_map]
     decayed = _decayed_state(state, None if logd is None else linear_ops._log_decay(logd, mask)[..., 0], fmap)
-    want, want_new = _linear_attention_step(q, k, v, decayed, _with_dropped(mask, drop), fmap)
+    want, want_new = _linear_attention_step(q, k, v, decayed, with_dropped(mask, drop), fmap)
     _assert_close(out, want, 1e-6, 1e-5, "out")
     for name in ["kv", "z", "k_max"]:
         got, expected = getattr(new, name), getattr(want_new, name)
