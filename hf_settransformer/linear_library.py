@@ -36,7 +36,21 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import linear_torch, linear_triton
+from .linear_torch import EXP_CHUNK_SPREAD
+from .linear_torch import causal_linear_attention as torch_causal
+from .linear_torch import linear_attention as torch_linear
+from .linear_torch import linear_attention_step as torch_step
+from .linear_torch import prefix_causal_linear_attention as torch_prefix
+from .linear_triton import (
+    FLOOR,
+    causal_backward,
+    causal_forward,
+    causal_masks,
+    fused_causal_linear_attention,
+    fused_linear_attention_step,
+    noncausal_backward,
+    noncausal_forward,
+)
 from .cache import LinearAttentionState
 from .feature_maps import FEATURE_MAPS
 
@@ -45,7 +59,6 @@ NAMESPACE = (
     if __name__ == "hf_settransformer.linear_library"
     else "hfst_" + hashlib.sha1(__name__.encode()).hexdigest()[:12]
 )
-FLOOR = linear_triton.FLOOR
 FUSED_CHUNK = 64  # the chunk the fused causal kernels are asked for (they cut their own blocks within it)
 
 
@@ -99,14 +112,14 @@ def _reference(state, like, fmap):
 
 def _fused_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd):
     """The Triton causal kernels in `linear_torch`'s causal signature (with autograd): the prefix's rest."""
-    return linear_triton.fused_causal_linear_attention(
-        q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=linear_torch.EXP_CHUNK_SPREAD, decay=logd
+    return fused_causal_linear_attention(
+        q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD, decay=logd
     )
 
 
 def _sync_free_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd):
     """The PyTorch causal op with no host read (an op's body may run inside a CUDA graph)."""
-    return linear_torch.causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=True)
+    return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=True)
 
 
 def _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_size, prefix_length, fused):
@@ -117,9 +130,7 @@ def _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_si
     if k.shape[2] == q.shape[2] and not prefix_length:
         out, state = causal(q, k, v, mask, state, fmap, chunk_size, drop, logd)
     else:
-        out, state = linear_torch.prefix_causal_linear_attention(
-            q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, causal
-        )
+        out, state = torch_prefix(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, causal)
     return out, state.kv, state.z, _reference(state, state.z, fmap)
 
 
@@ -129,15 +140,14 @@ def _kernels_own_backward(q, k, prefix_length, fused):
 
 def _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap):
     """`linear_triton.causal_forward`'s and `causal_backward`'s leading arguments from the op's."""
-    keep, real = linear_triton.causal_masks(mask, drop, fmap)
+    keep, real = causal_masks(mask, drop, fmap)
     if kv0 is not None:
         kv0, z0 = kv0.float(), z0.float()
     m0 = m0.float() if kv0 is not None and fmap.stabilised and m0 is not None else None
     return q, k.to(q.dtype), v.to(q.dtype), keep, real, kv0, z0, m0
 
 
-@torch.library.custom_op(f"{NAMESPACE}::causal_linear_attention", mutates_args=())
-def causal_linear_attention(
+def _causal_body(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -155,10 +165,15 @@ def causal_linear_attention(
     fmap = FEATURE_MAPS[feature_map]
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
-        return linear_triton.causal_forward(*args, logd, fmap, FUSED_CHUNK, linear_torch.EXP_CHUNK_SPREAD)
+        return causal_forward(*args, logd, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD)
     with torch.no_grad():
         outputs = _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_size, prefix_length, fused)
     return _own(outputs, (q, k, v, kv0, z0, m0, logd))
+
+
+causal_linear_attention = torch.library.custom_op(f"{NAMESPACE}::causal_linear_attention", mutates_args=())(
+    _causal_body
+)
 
 
 @causal_linear_attention.register_fake
@@ -166,8 +181,7 @@ def _(q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, chunk_size, prefix_le
     return _state_outputs(q, v)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::causal_linear_attention_backward", mutates_args=())
-def causal_linear_attention_backward(
+def _causal_backward_body(
     dout: Tensor,
     dkv1: Tensor,
     dz1: Tensor,
@@ -190,8 +204,8 @@ def causal_linear_attention_backward(
     fmap = FEATURE_MAPS[feature_map]
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
-        dq, dk, dv, dkv0, dz0, dlogd = linear_triton.causal_backward(
-            dout, dkv1, dz1, *args, logd, kv1, z1, fmap, FUSED_CHUNK, linear_torch.EXP_CHUNK_SPREAD
+        dq, dk, dv, dkv0, dz0, dlogd = causal_backward(
+            dout, dkv1, dz1, *args, logd, kv1, z1, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD
         )
         grads = (dq, dk.to(k.dtype), dv.to(v.dtype), dkv0, dz0, dlogd)
     else:
@@ -204,6 +218,11 @@ def causal_linear_attention_backward(
             (dout, dkv1, dz1),
         )
     return tuple(_or_empty(None if g is None else g.contiguous(), q) for g in grads)
+
+
+causal_linear_attention_backward = torch.library.custom_op(
+    f"{NAMESPACE}::causal_linear_attention_backward", mutates_args=()
+)(_causal_backward_body)
 
 
 @causal_linear_attention_backward.register_fake
@@ -244,19 +263,21 @@ def _noncausal_keep(keep):
     return None if keep is None else keep[:, None, :] if keep.dim() == 2 else keep  # (b, 1 or h, m)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_attention", mutates_args=())
-def linear_attention(
+def _noncausal_body(
     q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], feature_map: str, fused: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     fmap = FEATURE_MAPS[feature_map]
     if fused:
-        out, kv, z, k_ref, k_sum = linear_triton.noncausal_forward(
+        out, kv, z, k_ref, k_sum = noncausal_forward(
             q, k.to(q.dtype), v.to(q.dtype), _noncausal_keep(keep), fmap, FUSED_CHUNK, None
         )
         return out, kv, z, _or_empty(k_ref, q), _or_empty(k_sum, q)
     with torch.no_grad():
-        out = linear_torch.linear_attention(q, k, v, keep, fmap)
+        out = torch_linear(q, k, v, keep, fmap)
     return out.contiguous(), _empty(q), _empty(q), _empty(q), _empty(q)
+
+
+linear_attention = torch.library.custom_op(f"{NAMESPACE}::linear_attention", mutates_args=())(_noncausal_body)
 
 
 @linear_attention.register_fake
@@ -271,8 +292,7 @@ def _(q, k, v, keep, feature_map, fused):
     return out, q.new_empty(b, h, d, e, **f32), q.new_empty(b, h, d, **f32), reference(), reference()
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_attention_backward", mutates_args=())
-def linear_attention_backward(
+def _noncausal_backward_body(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -288,13 +308,18 @@ def linear_attention_backward(
     fmap = FEATURE_MAPS[feature_map]
     if fused:
         exp = fmap.stabilised
-        dq, dk, dv = linear_triton.noncausal_backward(
+        dq, dk, dv = noncausal_backward(
             dout, q, k.to(q.dtype), v.to(q.dtype), _noncausal_keep(keep), kv, z, k_ref if exp else None,
             k_sum if exp else None, fmap, FUSED_CHUNK, None,
         )  # fmt: skip
         return dq, dk.to(k.dtype), dv.to(v.dtype)
-    grads = _recomputed_grads(lambda q, k, v: (linear_torch.linear_attention(q, k, v, keep, fmap),), (q, k, v), (dout,))
+    grads = _recomputed_grads(lambda q, k, v: (torch_linear(q, k, v, keep, fmap),), (q, k, v), (dout,))
     return tuple(g.contiguous() for g in grads)
+
+
+linear_attention_backward = torch.library.custom_op(f"{NAMESPACE}::linear_attention_backward", mutates_args=())(
+    _noncausal_backward_body
+)
 
 
 @linear_attention_backward.register_fake
@@ -323,8 +348,7 @@ linear_attention.register_autograd(_noncausal_backward, setup_context=_noncausal
 # one step of generation (no autograd)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_attention_step", mutates_args=())
-def linear_attention_step(
+def _step_body(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -340,12 +364,13 @@ def linear_attention_step(
     fmap = FEATURE_MAPS[feature_map]
     state = _state(kv0, z0, m0 if fmap.stabilised else None)
     if fused:
-        out, state = linear_triton.fused_linear_attention_step(
-            q, k, v, mask, state, feature_map=feature_map, drop=drop, decay=logd
-        )
+        out, state = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop, decay=logd)
     else:
-        out, state = linear_torch.linear_attention_step(q, k, v, mask, state, fmap, drop, logd)
+        out, state = torch_step(q, k, v, mask, state, fmap, drop, logd)
     return _own((out, state.kv, state.z, _reference(state, state.z, fmap)), (q, k, v, kv0, z0, m0, logd))
+
+
+linear_attention_step = torch.library.custom_op(f"{NAMESPACE}::linear_attention_step", mutates_args=())(_step_body)
 
 
 @linear_attention_step.register_fake
@@ -381,7 +406,7 @@ def _autograd_inside_op():
         yield
 
 
-def causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused):
+def causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused):
     """The causal op on the linear ops' arguments -> (out (b,h,n,e) fp32, `LinearAttentionState`)."""
     kv0, z0, m0 = (None, None, None) if state is None else (state.kv, state.z, state.k_max)
     out, kv1, z1, m1 = causal_linear_attention(
@@ -390,12 +415,12 @@ def causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fu
     return out, LinearAttentionState(kv=kv1, z=z1, k_max=m1 if fmap.stabilised else None)
 
 
-def noncausal(q, k, v, keep, fmap, fused):
+def noncausal_op(q, k, v, keep, fmap, fused):
     """The non-causal op: keep (b, m) or (b, h, m) the keys used, or None -> out (b,h,n,e) fp32."""
     return linear_attention(q, k, v, keep, fmap.name, fused)[0]
 
 
-def step(q, k, v, mask, state, fmap, drop, logd, fused):
+def step_op(q, k, v, mask, state, fmap, drop, logd, fused):
     """The step op -> (out (b,h,1,e) fp32, the new `LinearAttentionState`)."""
     kv0, z0, m0 = (None, None, None) if state is None else (state.kv, state.z, state.k_max)
     out, kv1, z1, m1 = linear_attention_step(q, k, v, mask, drop, kv0, z0, m0, logd, fmap.name, fused)

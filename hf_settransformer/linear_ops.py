@@ -33,7 +33,12 @@ map the kernels have no code for and head dims above 128 run the PyTorch ops.
 
 import torch
 
-from . import linear_library, linear_torch
+from .linear_library import causal_op, noncausal_op, step_op
+from .linear_torch import causal_linear_attention as torch_causal
+from .linear_torch import linear_attention as torch_linear
+from .linear_torch import linear_attention_step as torch_step
+from .linear_torch import prefix_causal_linear_attention as torch_prefix
+from .linear_torch import with_dropped
 from .cache import LinearAttentionState
 from .feature_maps import get_feature_map
 from .linear_triton import fused_decay_available, fused_linear_attention_available
@@ -144,11 +149,11 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
             "`linear_attention` is non-causal: its keys have no order to decay along; pass decay=None (the causal "
             "ops take one)."
         )
-    keep = linear_torch.with_dropped(mask, drop)
+    keep = with_dropped(mask, drop)
     fused = use_triton(q, k, v, state, fmap) and q.shape[2] > 0 and k.shape[2] > 0  # the kernels need both
     if through_op(q, fused):
-        return linear_library.noncausal(q, k, v, keep, fmap, fused), None
-    return linear_torch.linear_attention(q, k, v, keep, fmap), None
+        return noncausal_op(q, k, v, keep, fmap, fused), None
+    return torch_linear(q, k, v, keep, fmap), None
 
 
 def causal_linear_attention(
@@ -172,10 +177,10 @@ def _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay):
     fused = use_triton(q, k, v, state, fmap, decay=decay)
     logd = _log_decay(decay, mask)
     if through_op(q, fused):
-        return linear_library.causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused)
+        return causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused)
     if k.shape[2] == q.shape[2] and not prefix_length:
-        return linear_torch.causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, drop, logd)
-    return linear_torch.prefix_causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd)
+        return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd)
+    return torch_prefix(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd)
 
 
 def prefix_causal_linear_attention(
@@ -221,5 +226,5 @@ def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", 
     fused = use_triton(q, k, v, state, fmap, step=True, decay=decay)
     logd = _log_decay(decay, mask)
     if through_op(q, fused) and not _needs_grad(q, k, v, state, decay):  # the step op has no backward
-        return linear_library.step(q, k, v, mask, state, fmap, drop, logd, fused)
-    return linear_torch.linear_attention_step(q, k, v, mask, state, fmap, drop, logd)
+        return step_op(q, k, v, mask, state, fmap, drop, logd, fused)
+    return torch_step(q, k, v, mask, state, fmap, drop, logd)

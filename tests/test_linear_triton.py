@@ -19,7 +19,7 @@ from conftest import batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
 
-from hf_settransformer import linear_library, linear_ops, linear_torch, linear_triton
+from hf_settransformer import linear_ops, linear_torch, linear_triton
 from hf_settransformer.cache import LinearAttentionState
 from hf_settransformer.feature_maps import FEATURE_MAPS as FEATURE_TABLE
 from hf_settransformer.linear_naive import (
@@ -720,9 +720,9 @@ def test_fused_kernel_is_chosen_by_device_and_environment(monkeypatch):
 
 
 def _count_calls(monkeypatch, name):
-    """The calls of `linear_library.<name>` (the custom op an entry point of `linear_ops` goes through): True for
-    each that was told to use the fused kernels (its `fused` argument, the last) and launched a Triton kernel."""
-    calls, launches, op, run = [], [], getattr(linear_library, name), linear_triton._run
+    """The calls of `linear_ops.<name>` (the `linear_library` custom op an entry point goes through): True for each
+    that was told to use the fused kernels (its `fused` argument, the last) and launched a Triton kernel."""
+    calls, launches, op, run = [], [], getattr(linear_ops, name), linear_triton._run
 
     def launch(*args, **kwargs):
         launches.append(True)
@@ -735,20 +735,20 @@ def _count_calls(monkeypatch, name):
         return result
 
     monkeypatch.setattr(linear_triton, "_run", launch)
-    monkeypatch.setattr(linear_library, name, counted)
+    monkeypatch.setattr(linear_ops, name, counted)
     return calls
 
 
 @pytest.fixture
 def count_fused(monkeypatch):
     """The calls of the fused causal kernels from `causal_linear_attention`."""
-    return _count_calls(monkeypatch, "causal")
+    return _count_calls(monkeypatch, "causal_op")
 
 
 @pytest.fixture
 def count_fused_noncausal(monkeypatch):
     """The calls of the fused non-causal kernels from `linear_attention`."""
-    return _count_calls(monkeypatch, "noncausal")
+    return _count_calls(monkeypatch, "noncausal_op")
 
 
 def _both_paths(monkeypatch, run):
@@ -938,7 +938,7 @@ def test_next_token_head_gives_the_same_logits_and_gradients_with_the_kernel(mon
 @pytest.fixture
 def count_fused_step(monkeypatch):
     """The calls of the fused step kernel from `linear_attention_step`."""
-    return _count_calls(monkeypatch, "step")
+    return _count_calls(monkeypatch, "step_op")
 
 
 @pytest.mark.parametrize("decay", [None, "gated"], ids=["no_decay", "decay"])
