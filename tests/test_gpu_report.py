@@ -1,0 +1,73 @@
+"""benchmarks/gpu_report.py on a CPU: its dry run lists every row and contender of the four sections (built on the
+meta device) and writes nothing unless given --output_dir; without CUDA a real run refuses, writing nothing."""
+
+import pytest
+import torch
+from conftest import FAMILIES
+from test_scripts import ROOT, _import
+
+gpu_report = _import("benchmarks", "gpu_report")
+
+ATTENTIONS = ["softmax", "linear elu", "linear exp"]
+
+
+def files_under(*folders):
+    return {path for folder in folders for path in folder.rglob("*")}
+
+
+@pytest.fixture
+def dry_run(tmp_path, monkeypatch, capsys):
+    """gpu_report.main(flags + --dry_run) from an empty working folder -> (exit code, stdout, files it made)."""
+    monkeypatch.chdir(tmp_path)
+    before = files_under(ROOT / "results", ROOT / "benchmarks")
+
+    def run(*flags):
+        code = gpu_report.main(["--dry_run", *map(str, flags)])
+        return code, capsys.readouterr().out, files_under(tmp_path, ROOT / "results", ROOT / "benchmarks") - before
+
+    return run
+
+
+def test_dry_run_lists_every_row_and_contender_and_writes_nothing(dry_run):
+    code, out, made = dry_run()
+    assert code == 0 and made == set()
+    # every family x attention, undecayed; and decayed wherever the causal LM head takes a decay: linear attention,
+    # every family's (the decoder's causal LM and the others' many-target next-token heads attend causally)
+    rows = [f"{family} / {attention} / {decay}" for family in FAMILIES for attention in ATTENTIONS
+            for decay in ("none", "fixed", "gated") if decay == "none" or attention != "softmax"]
+    listed = [line[2:].split(":")[0] for line in out.splitlines() if line.startswith("- ") and " / " in line]
+    assert listed == rows
+    assert "softmax / fixed" not in out and "failed" not in out
+    for contender in gpu_report.THROUGHPUT:
+        assert f"- {contender.name} (" in out
+    assert "compiled causal linear elu step >= 1.3x GPT-2's at context 4,096" in out
+    assert "gpu preset's compiled step >= 1.0x GPT-2's at 512" in out
+    assert "python benchmarks/bench_attention.py --device cuda --lengths 1024 4096 16384" in out
+    assert "python benchmarks/bench_generation.py --contexts 128 2048 --batch_sizes 1 --dtype bfloat16 --cache " \
+           "static --compile" in out
+    for contender in ("softmax_static_compiled", "linear_compiled"):
+        assert contender in out
+    for name, (title, budget) in gpu_report.SECTIONS.items():
+        assert f"## {title} ({budget} s" in out
+
+
+def test_dry_run_with_output_dir_writes_a_readme_that_says_so(dry_run, tmp_path):
+    code, out, made = dry_run("--output_dir", tmp_path / "report", "--sections", "throughput")
+    assert code == 0 and made == {tmp_path / "report", tmp_path / "report" / "README.md"}
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert readme.startswith("# GPU report: dry run") and "GPT-2 sdpa, compiled" in readme
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_without_cuda_a_real_run_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    before = files_under(ROOT / "results")
+    assert gpu_report.main(["--output_dir", str(tmp_path / "report")]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
+    assert files_under(tmp_path, ROOT / "results") == before
+
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx-4090")])
+def test_the_report_folder_names_the_gpu(name, slug):
+    assert gpu_report.gpu_slug(name) == slug
