@@ -31,10 +31,14 @@ def _triton_interpreted():
     return bool(triton.knobs.runtime.interpret)
 
 
-FUSED = [
+FUSED = [  # the Triton implementation in triton's interpreter: seconds a case, so out of the fast tier
     False,
     pytest.param(
-        True, marks=pytest.mark.skipif(not _triton_interpreted(), reason="triton's interpreter runs CPU tensors")
+        True,
+        marks=[
+            pytest.mark.skipif(not _triton_interpreted(), reason="triton's interpreter runs CPU tensors"),
+            pytest.mark.slow,
+        ],
     ),
 ]
 FUSED_IDS = ["pytorch", "triton"]

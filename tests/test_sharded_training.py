@@ -126,13 +126,15 @@ def test_fsdp2_trains_evaluates_and_saves_with_the_shipped_config(tmp_path, corp
 
 
 def test_fsdp2_trains_the_weights_data_parallelism_trains(tmp_path, corpus):
-    """The same run under FSDP2 (full state dict this time) and DDP ends with the same weights."""
+    """The same run under FSDP2 (full state dict this time) and DDP ends with the same weights. In fp32: on a CPU with
+    a bf16 path `--precision auto` trains in bf16, where the two runs end further apart than this tolerance."""
     fsdp = tmp_path / "fsdp2_full"
     config = tmp_path / "fsdp2_full.yaml"
     config.write_text(FSDP2_CONFIG.read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT"))
-    launch(config, training_args(corpus, fsdp, "decoder", extra=["--attention_type", "linear"]))
+    extra = ["--attention_type", "linear", "--precision", "fp32"]
+    launch(config, training_args(corpus, fsdp, "decoder", extra=extra))
     ddp = tmp_path / "ddp"
-    launch(None, training_args(corpus, ddp, "decoder", extra=["--attention_type", "linear"]))
+    launch(None, training_args(corpus, ddp, "decoder", extra=extra))
     assert json.loads((ddp / "all_results.json").read_text())["replica_checksums"] is not None  # DDP: checked
     sharded, replicated = load_file(fsdp / "model.safetensors"), load_file(ddp / "model.safetensors")
     assert sharded.keys() == replicated.keys()
