@@ -281,11 +281,31 @@ def train_one(row, steps, device, bf16):
         losses.append(step())
         sync(device)
         seconds.append(time.perf_counter() - start)
+    launches = fused_launches(step)
     losses = torch.stack(losses).float().tolist()
     steady = seconds[4:] or seconds or [float("nan")]  # past the steps that may still specialise or warm up
     return {"parameters": sum(p.numel() for p in model.parameters()), "fullgraph": "no" if broke else "yes",
             "graph_break": broke, "first_loss": losses[0], "last_loss": losses[-1], "losses": losses,
-            "compile_s": first_s, "steady_ms": 1e3 * statistics.median(steady)}
+            "compile_s": first_s, "steady_ms": 1e3 * statistics.median(steady), "fused_launches": launches}
+
+
+def fused_launches(step):
+    """The fused linear-attention Triton kernels one call of the compiled `step` launches (`linear_triton._run`,
+    called from the `torch.ops.hfst` ops a compiled graph holds): 0 where the PyTorch ops ran instead."""
+    from hf_settransformer import linear_triton
+
+    run, count = linear_triton._run, []
+
+    def counted(*args, **kwargs):
+        count.append(1)
+        return run(*args, **kwargs)
+
+    linear_triton._run = counted
+    try:
+        step()
+    finally:
+        linear_triton._run = run
+    return len(count)
 
 
 def release_memory():
@@ -595,7 +615,8 @@ def train_lines(rows, args):
     lines = [f"{args.train_steps} steps of `torch.compile(model, fullgraph=True)`, forward with labels, backward, "
              f"fused AdamW, {args.precision}; the `tiny` preset's widths, {shape['batch']} x {shape['context']} random "
              f"ids (one batch: the loss should fall), vocabulary {shape['vocab']:,}. {at_once} A decay is tried where "
-             "the head takes one (linear attention, a head that attends causally).", ""]
+             "the head takes one (linear attention, a head that attends causally). Triton launches/step: the fused "
+             "linear-attention kernels one compiled step ran (through the `torch.ops.hfst` ops; 0 for softmax).", ""]
     table = []
     for r in rows:
         if r["status"] == "ok":
@@ -608,9 +629,9 @@ def train_lines(rows, args):
         table.append([r["family"], r["attention_type"] if r["attention_type"] == "softmax" else
                       f"linear {r['feature_map']}", r["decay"], result, fullgraph,
                       number(r.get("first_loss"), 3), number(r.get("last_loss"), 3), number(r.get("compile_s")),
-                      number(r.get("steady_ms"), 2)])
+                      number(r.get("steady_ms"), 2), r.get("fused_launches", "-")])
     lines += markdown_table(["family", "attention", "decay", "result", "fullgraph", "first loss", "last loss",
-                             "compile s (first step)", "steady ms/step"], table)
+                             "compile s (first step)", "steady ms/step", "Triton launches/step"], table)
     ok = sum(r["status"] == "ok" for r in rows)
     return lines + ["", f"{ok} of {len(rows)} rows trained."]
 

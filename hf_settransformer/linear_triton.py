@@ -19,6 +19,7 @@ where triton's interpreter runs the kernels (what the tests do). Nothing about i
 from __future__ import annotations  # the kernels' `tl.constexpr` annotations are read by triton, not evaluated
 
 import contextlib
+import importlib.util
 import os
 
 import torch
@@ -42,6 +43,7 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 128
 FLOOR = -1e30  # the exp map's key reference while every key so far is masked, as in linear_ops
 triton = tl = None  # imported on first use, where a kernel may run
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None  # without importing it
 
 
 def _import_triton():
@@ -105,6 +107,8 @@ def fused_linear_attention_available(q, feature_map="elu", v=None, dots=True):
         return False
     if q.dtype == torch.float32 and dots and not forced:  # fp32 dots in triton are slow FMA loops; cuBLAS is faster
         return False
+    if torch.compiler.is_compiling():  # no import while dynamo traces (a graph break): the ops' bodies import it
+        return _TRITON_FOUND
     return _import_triton()
 
 

@@ -419,3 +419,33 @@ def test_compiled_training_step_with_the_optimizer_step_equals_eager(monkeypatch
         weights.append({name: p.detach().clone() for name, p in model.named_parameters()})
     for name, want in weights[0].items():
         torch.testing.assert_close(weights[1][name], want, atol=1e-5, rtol=1e-4, msg=name)
+
+
+FRESH_PROCESS = """
+import sys, torch
+sys.path.insert(0, "tests")
+from conftest import VOCAB, decoder
+from hf_settransformer import linear_triton
+assert linear_triton.triton is None  # not yet imported by the package: the kernels never ran here
+model = decoder("linear", "elu", linear_attention_decay="gated").train()
+ids = torch.randint(1, VOCAB, (2, 8))
+torch.compile(lambda ids: model(input_ids=ids, labels=ids).loss, fullgraph=True, backend="eager")(ids).backward()
+print("one graph")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _triton_interpreted(), reason="triton's interpreter runs CPU tensors")
+def test_the_first_compiled_call_imports_nothing_while_tracing():
+    """In a process whose kernels never ran, a model's first call is compiled: deciding on the kernels imports nothing
+    while dynamo traces (`linear_triton`'s first import there broke the graph), and the one graph runs them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "HFST_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"}
+    env.pop("HFST_DISABLE_TRITON", None)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "one graph" in done.stdout, done.stderr[-2000:]
