@@ -241,9 +241,8 @@ def _causal_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(m1)  # the key maxima: a constant of the function, out of autograd
 
 
-def _causal_backward(ctx, dout, dkv1, dz1, _dm1):
+def _causal_backward(ctx, dout, dkv1, dz1, _dm1):  # unused outputs' gradients arrive as zeros (materialised)
     q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1 = ctx.saved_tensors
-    dout, dkv1, dz1 = (torch.zeros_like(x) if g is None else g for g, x in ((dout, kv1), (dkv1, kv1), (dz1, z1)))
     dq, dk, dv, dkv0, dz0, dlogd = causal_linear_attention_backward(
         dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1, *ctx.options
     )
@@ -336,7 +335,6 @@ def _noncausal_setup(ctx, inputs, output):
 
 def _noncausal_backward(ctx, dout, *_):
     q, k, v, keep, kv, z, k_ref, k_sum = ctx.saved_tensors
-    dout = torch.zeros(q.shape[:3] + v.shape[-1:], device=q.device) if dout is None else dout
     dq, dk, dv = linear_attention_backward(dout, q, k, v, keep, kv, z, k_ref, k_sum, *ctx.options)
     return dq, dk, dv, None, None, None
 

@@ -19,16 +19,9 @@ chunk the decay is a mask of cumulative log-gates, between chunks a scaled state
 decay (padding is not time); a dropped key still does. Non-causal attention has no order to decay along: refused.
 The naive float64 references these ops are tested against are in `linear_naive.py`.
 
-Which path runs where (`use_triton` and `through_op`; the same rule in every op):
-
-| | CPU | CUDA, bf16/fp16 | CUDA, fp32 |
-|---|---|---|---|
-| eager | PyTorch ops | Triton, through the custom op | PyTorch ops (cuBLAS) |
-| `torch.compile` | PyTorch ops, compiled by Inductor | Triton, through the custom op | PyTorch ops inside the custom op |
-
-`HFST_DISABLE_TRITON=1` takes Triton out (CUDA then runs as fp32 does); `HFST_FORCE_TRITON=1` takes it for fp32 and
-CPU tensors too (triton's interpreter on CPU: the tests). A one-token step whose inputs need gradients, a feature
-map the kernels have no code for and head dims above 128 run the PyTorch ops.
+Which path runs where (eager or compiled, CPU or CUDA, by precision): the table in the README's "Install and test";
+`HFST_DISABLE_TRITON=1` takes the kernels out, `HFST_FORCE_TRITON=1` takes them for fp32 and CPU tensors too
+(triton's interpreter on CPU: the tests).
 """
 
 import torch

@@ -71,3 +71,21 @@ def test_without_cuda_a_real_run_exits_2_and_writes_nothing(tmp_path, monkeypatc
                                         ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx-4090")])
 def test_the_report_folder_names_the_gpu(name, slug):
     assert gpu_report.gpu_slug(name) == slug
+
+
+def test_fused_launches_counts_the_kernels_a_step_ran(monkeypatch):
+    """The training table's "Triton launches/step": the fused kernels one call launched (forward and both backward
+    kernels of the causal op here, in triton's interpreter), 0 where the PyTorch ops ran."""
+    pytest.importorskip("triton")
+    from hf_settransformer.linear_ops import causal_linear_attention
+
+    q, k, v = (torch.randn(1, 2, 20, 4, requires_grad=True) for _ in range(3))
+
+    def step():
+        causal_linear_attention(q, k, v, feature_map="elu")[0].sum().backward()
+
+    monkeypatch.setenv("HFST_DISABLE_TRITON", "1")
+    assert gpu_report.fused_launches(step) == 0
+    monkeypatch.delenv("HFST_DISABLE_TRITON")
+    monkeypatch.setenv("HFST_FORCE_TRITON", "1")
+    assert gpu_report.fused_launches(step) == 3
