@@ -425,7 +425,7 @@ def flag_given(args, name):
 
 def check_flags_apply(model_args, data_args, training_args):
     """Refuses, naming them, the flags the command gave that the run would ignore: each of train_lm.py's own flags
-    applies to some families, objectives, modes or kinds of run only (docs/training.md; the table of issue 44)."""
+    applies to some families, objectives, modes or kinds of run only (docs/training.md)."""
     given = getattr(model_args, "flags_given", None)
 
     def gave(name):
