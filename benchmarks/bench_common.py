@@ -126,8 +126,18 @@ def write_json(args, name, payload):
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps({"args": vars(args), **payload}, indent=2, default=str))
+    write_whole(path, json.dumps({"args": vars(args), **payload}, indent=2, default=str))
     return path
+
+
+def write_whole(path, text):
+    """`text` into `path` by a rename: a run killed while writing leaves the previous file, never half of one."""
+    part = Path(path).with_name(Path(path).name + ".part")
+    try:
+        part.write_text(text)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def pyplot():

@@ -58,7 +58,9 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
-from bench_common import describe_machine, markdown_table, matmul_flops_per_second, sync, time_alternating, write_json
+from bench_common import (
+    describe_machine, markdown_table, matmul_flops_per_second, sync, time_alternating, write_json, write_whole,
+)
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_settransformer as hfst
@@ -811,9 +813,12 @@ def dry_run(args):
               "start and the writing."]
     print("\n".join(lines), flush=True)
     if args.output_dir:
-        out = Path(args.output_dir)
+        out = report_folder(args.output_dir, None)
+        if out is None:
+            print(f"--output_dir {args.output_dir} holds files already: nothing written.", file=sys.stderr)
+            return 1
         out.mkdir(parents=True, exist_ok=True)
-        (out / "README.md").write_text("\n".join(lines) + "\n")
+        write_whole(out / "README.md", "\n".join(lines) + "\n")
         print(f"wrote {out / 'README.md'} (a dry run)")
     return 0
 
@@ -933,7 +938,11 @@ def main(argv=None):
     started = time.time()
     args.precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     info = machine()
-    out = Path(args.output_dir or ROOT / "results" / f"gpu-{args.date}-{gpu_slug(info['gpu'])}")
+    out = report_folder(args.output_dir, ROOT / "results" / f"gpu-{args.date}-{gpu_slug(info['gpu'])}")
+    if out is None:
+        print(f"--output_dir {args.output_dir} holds files already: give an empty or new folder (nothing of a "
+              "report is written over another run's).", file=sys.stderr)
+        return 1
     logs = out / "logs"
     try:
         logs.mkdir(parents=True, exist_ok=True)
@@ -968,6 +977,19 @@ def main(argv=None):
     return 0
 
 
+def report_folder(given, default):
+    """The folder a report goes to, never one that holds files already: `given` if empty or new (else None), or
+    `default`, `default-2`, ... the first free one (a second run on one day and GPU keeps the first's)."""
+    if given is not None:
+        given = Path(given)
+        return given if not given.exists() or not any(given.iterdir()) else None
+    out, number = default, 1
+    while out.exists() and any(out.iterdir()):
+        number += 1
+        out = default.with_name(f"{default.name}-{number}")
+    return out
+
+
 def run_section(name, args, out, logs, soft, hard):
     """One section, which stops starting new work at `soft` and is killed at `hard` (time.time() values)."""
     if name == "train":
@@ -987,7 +1009,7 @@ def write_report(args, info, sections, out, wall_s):
         if name in sections:
             s = sections[name]
             lines += [f"## {title}", "", *s["lines"], "", f"(the section took {s['seconds']:.0f} s)", ""]
-    (out / "README.md").write_text("\n".join(lines))
+    write_whole(out / "README.md", "\n".join(lines))
     json_sections = {name: {k: v for k, v in s.items() if k != "lines"} for name, s in sections.items()}
     write_json(args, "report", {"machine": info, "wall_s": wall_s, "sections": json_sections})
     return out / "README.md"

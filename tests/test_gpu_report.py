@@ -89,3 +89,33 @@ def test_fused_launches_counts_the_kernels_a_step_ran(monkeypatch):
     monkeypatch.delenv("HFST_DISABLE_TRITON")
     monkeypatch.setenv("HFST_FORCE_TRITON", "1")
     assert gpu_report.fused_launches(step) == 3
+
+
+def test_a_report_never_goes_into_a_folder_that_holds_files(tmp_path):
+    """An explicit --output_dir must be empty or new; the default folder of a day and GPU already written gets a
+    numbered sibling, so a second run keeps the first's files."""
+    default = tmp_path / "gpu-2026-11-27-h100"
+    assert gpu_report.report_folder(None, default) == default
+    default.mkdir()
+    assert gpu_report.report_folder(None, default) == default  # empty: taken
+    (default / "README.md").write_text("an earlier report")
+    assert gpu_report.report_folder(None, default) == tmp_path / "gpu-2026-11-27-h100-2"
+    assert gpu_report.report_folder(str(default), default) is None
+    assert gpu_report.report_folder(str(tmp_path / "new"), default) == tmp_path / "new"
+
+
+def test_results_are_written_whole_by_a_rename(tmp_path, monkeypatch):
+    """bench_common.write_whole (every benchmark's JSON, the report's README): the old file stays until the new one
+    is complete; a write that fails midway leaves the old file and no other."""
+    bench_common = _import("benchmarks", "bench_common")
+    path = tmp_path / "report.json"
+    bench_common.write_whole(path, "old")
+    assert path.read_text() == "old" and {p.name for p in tmp_path.iterdir()} == {"report.json"}
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bench_common.os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        bench_common.write_whole(path, "new")
+    assert path.read_text() == "old" and {p.name for p in tmp_path.iterdir()} == {"report.json"}
