@@ -52,7 +52,7 @@ from .linear_triton import (
     noncausal_forward,
 )
 from .cache import LinearAttentionState
-from .feature_maps import FEATURE_MAPS
+from .feature_maps import get_feature_map
 
 NAMESPACE = (
     "hfst"
@@ -162,7 +162,7 @@ def _causal_body(
     prefix_length: int,
     fused: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    fmap = FEATURE_MAPS[feature_map]
+    fmap = get_feature_map(feature_map)
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
         return causal_forward(*args, logd, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD)
@@ -201,7 +201,7 @@ def _causal_backward_body(
     prefix_length: int,
     fused: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    fmap = FEATURE_MAPS[feature_map]
+    fmap = get_feature_map(feature_map)
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
         dq, dk, dv, dkv0, dz0, dlogd = causal_backward(
@@ -265,7 +265,7 @@ def _noncausal_keep(keep):
 def _noncausal_body(
     q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], feature_map: str, fused: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    fmap = FEATURE_MAPS[feature_map]
+    fmap = get_feature_map(feature_map)
     if fused:
         out, kv, z, k_ref, k_sum = noncausal_forward(
             q, k.to(q.dtype), v.to(q.dtype), _noncausal_keep(keep), fmap, FUSED_CHUNK, None
@@ -286,7 +286,7 @@ def _(q, k, v, keep, feature_map, fused):
     out = q.new_empty(b, h, n, e, **f32)
     if not fused:
         return out, _empty(q), _empty(q), _empty(q), _empty(q)
-    exp = FEATURE_MAPS[feature_map].stabilised
+    exp = get_feature_map(feature_map).stabilised
     reference = (lambda: q.new_empty(b, h, d, **f32)) if exp else (lambda: _empty(q))
     return out, q.new_empty(b, h, d, e, **f32), q.new_empty(b, h, d, **f32), reference(), reference()
 
@@ -304,7 +304,7 @@ def _noncausal_backward_body(
     feature_map: str,
     fused: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    fmap = FEATURE_MAPS[feature_map]
+    fmap = get_feature_map(feature_map)
     if fused:
         exp = fmap.stabilised
         dq, dk, dv = noncausal_backward(
@@ -359,7 +359,7 @@ def _step_body(
     feature_map: str,
     fused: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    fmap = FEATURE_MAPS[feature_map]
+    fmap = get_feature_map(feature_map)
     state = _state(kv0, z0, m0 if fmap.stabilised else None)
     if fused:
         out, state = fused_linear_attention_step(q, k, v, mask, state, feature_map=feature_map, drop=drop, decay=logd)

@@ -449,3 +449,9 @@ def test_the_first_compiled_call_imports_nothing_while_tracing():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "one graph" in done.stdout, done.stderr[-2000:]
+
+
+def test_an_op_called_directly_names_an_unknown_feature_map():
+    q = torch.randn(1, 1, 3, 2)
+    with pytest.raises(ValueError, match="`feature_map` must be one of"):
+        torch.ops.hfst.causal_linear_attention(q, q, q, None, None, None, None, None, None, "relu", 4, 0, False)
