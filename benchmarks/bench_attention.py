@@ -19,6 +19,7 @@ Writes `<output_dir>/bench_attention.json` and `.png`, naming the machine (the G
 import contextlib
 import inspect
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,7 @@ from bench_common import (
     pyplot,
     save_figure,
     setup_device,
+    sync,
     time_alternating,
     write_json,
 )
@@ -57,6 +59,7 @@ def parse_args():
     p.add_argument("--chunk_sweep", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     p.add_argument("--sweep_lengths", type=int, nargs="*", default=[2048, 16384])
     p.add_argument("--naive_max", type=int, default=8192, help="longest sequence the naive cumsum form runs on")
+    p.add_argument("--causal_only", action="store_true", help="only the causal and decayed contenders")
     p.add_argument("--softmax_max", type=int, default=None, help="longest sequence softmax runs on (CPU: 16384)")
     p.set_defaults(repeats=3, warmup=1)
     args = p.parse_args()
@@ -276,16 +279,47 @@ def inputs(args, n):
 
 
 def check(active, args):
-    """Every linear contender agrees with the fp32 PyTorch op on the same inputs (max abs difference)."""
+    """Every linear contender agrees with the fp32 PyTorch op on the same inputs (max abs difference); a wrong one
+    stops the run. Returns name -> the first line of the error of each contender that raised (left out of the timing:
+    a peer that refuses this GPU or this triton must not cost the others their rows)."""
     qkv, _ = inputs(args, 96 if not args.tiny else 40)
     tolerance = 1e-4 if args.dtype == "float32" else 5e-2
+    failed = {}
     for name, fn in active.items():
         ref = reference(name, args.chunk_size)
         if ref is not None:
-            with torch.no_grad():
-                err = (fn(*qkv).float() - ref(*(t.float() for t in qkv))).abs().max().item()
+            try:
+                with torch.no_grad():
+                    err = (fn(*qkv).float() - ref(*(t.float() for t in qkv))).abs().max().item()
+            except Exception as error:
+                failed[name] = first_line(error)
+                continue
             if not err <= tolerance:
                 raise SystemExit(f"{name} disagrees with the fp32 PyTorch op: max abs difference {err:.2e}")
+    return failed
+
+
+def first_line(error):
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
+
+
+def probe(here, device):
+    """One forward+backward of each contender (its compilation and autotuning, outside the timing): name -> seconds,
+    and name -> the error's first line for those that raised (out of memory included), which are dropped."""
+    seconds, failed = {}, {}
+    for name, run in list(here.items()):
+        start = time.perf_counter()
+        try:
+            run()
+            sync(device)
+        except Exception as error:
+            failed[name] = first_line(error)
+            del here[name]
+            if str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+        else:
+            seconds[name] = time.perf_counter() - start
+    return seconds, failed
 
 
 def forward_backward(fn, qkv, grad):
@@ -308,30 +342,43 @@ def main():
     )
     print(setup)
     table, skipped = contenders(args)
+    if args.causal_only:  # only the causal and decayed contenders (and fla's, which are causal)
+        table = {name: fn for name, fn in table.items() if "causal" in name or "decay" in name or name in (FLA, FLA_GATED)}
     active = {name: fn for name, fn in table.items() if fn is not None}
-    check(active, args)  # correctness first
+    failed = check(active, args)  # correctness first
+    for name, why in failed.items():
+        print(f"failed: {name}: {why}", flush=True)
+        del active[name]
 
-    rows = []
+    rows, payload = [], {"setup": setup, "machine": machine, "complete": False}
+    if args.cuda:
+        payload["gpu"] = torch.cuda.get_device_name()
     for n in args.lengths:
         qkv, grad = inputs(args, n)
         here = {name: forward_backward(fn, qkv, grad) for name, fn in active.items() if runnable(name, n, args)}
+        first_s, failed_here = probe(here, args.device)
         timing = time_alternating(here, args.device, args.repeats, args.warmup)
         row = {"length": n}
         for name in table:
             if name in here:
                 peak = peak_memory_bytes(here[name], args.device)
-                row[name] = {"ms": 1e3 * timing[name]["median_s"], "peak_mib": peak / 2**20}
+                row[name] = {"ms": 1e3 * timing[name]["median_s"], "peak_mib": peak / 2**20,
+                             "first_call_s": first_s[name]}
+            elif name in failed or name in failed_here:
+                row[name] = {"failed": failed.get(name) or failed_here[name]}
             else:
                 row[name] = {"skipped": skipped.get(name, "longer than this contender's limit")}
         rows.append(row)
-        print(f"measured n={n}", flush=True)
+        write_json(args, "bench_attention", {**payload, "rows": rows})  # a run stopped later keeps these lengths
+        print(f"measured n={n}" + "".join(f"; failed: {k}: {v}" for k, v in failed_here.items()), flush=True)
 
     print()
     markdown_table(
         ["n"] + list(table),
         [
             [r["length"]]
-            + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else "skipped" for x in table]
+            + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else
+               "failed" if "failed" in r[x] else "skipped" for x in table]
             for r in rows
         ],
     )
@@ -352,10 +399,8 @@ def main():
     summary = summarize_gpu(rows) if args.cuda else summarize(rows, table, args)
     for line in summary["lines"]:
         print(line)
-    payload = {"setup": setup, "machine": machine, "rows": rows, "chunk_sweep": sweep, "summary": summary}
-    if args.cuda:
-        payload["gpu"] = torch.cuda.get_device_name()
-    path = write_json(args, "bench_attention", payload)
+    path = write_json(args, "bench_attention",
+                      {**payload, "complete": True, "rows": rows, "chunk_sweep": sweep, "summary": summary})
     plt = pyplot()
     if plt is not None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -1,6 +1,9 @@
 """benchmarks/gpu_report.py on a CPU: its dry run lists every row and contender of the four sections (built on the
 meta device) and writes nothing unless given --output_dir; without CUDA a real run refuses, writing nothing."""
 
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import FAMILIES
@@ -9,6 +12,7 @@ from test_scripts import ROOT, _import
 gpu_report = _import("benchmarks", "gpu_report")
 
 ATTENTIONS = ["softmax", "linear elu", "linear exp"]
+FLA_GATED = "fla chunk_simple_gla causal elu, gated decay (unnormalised)"  # bench_attention.py's name
 
 
 def files_under(*folders):
@@ -119,3 +123,39 @@ def test_results_are_written_whole_by_a_rename(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         bench_common.write_whole(path, "new")
     assert path.read_text() == "old" and {p.name for p in tmp_path.iterdir()} == {"report.json"}
+
+
+def test_a_stopped_attention_benchmark_keeps_its_measured_lengths(tmp_path, monkeypatch):
+    """bench_attention.py writes its JSON after each length: the report shows the lengths a run killed at the
+    section's budget measured, says where it stopped, and shows a contender that raised as failed, with why."""
+    out, logs = tmp_path / "report", tmp_path / "report" / "logs"
+    logs.mkdir(parents=True)
+    rows = [{"length": 1024, "SDPA causal": {"ms": 1.5, "peak_mib": 40.0, "first_call_s": 0.1},
+             FLA_GATED: {"failed": "RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper"}}]
+    monkeypatch.setattr(gpu_report, "ROOT", tmp_path)
+    (tmp_path / "benchmarks").mkdir()  # a stub bench: writes one length, then hangs until the section's budget ends
+    (tmp_path / "benchmarks" / "stub.py").write_text("import json, sys, time\nfrom pathlib import Path\n"
+                      "out = Path(sys.argv[sys.argv.index('--output_dir') + 1])\n"
+                      f"(out / 'stub.json').write_text(json.dumps({{'complete': False, 'rows': {rows!r}}}))\n"
+                      "print('measured n=1024', flush=True)\ntime.sleep(60)\n")
+    args = SimpleNamespace(precision="bf16")
+    result = gpu_report.benchmark_section("stub.py", [], args, out, logs, hard=time.time() + 5)
+    assert result["exit_code"] is None and result["rows"] == rows
+    text = "\n".join(gpu_report.attention_lines(result, args))
+    assert "**Stopped after n = 1,024**: bench_attention.py stopped at the section's time budget" in text
+    assert "| SDPA causal | 1.50 ms, 40 MiB |" in text
+    assert f"| {FLA_GATED} | **failed**: RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper |" \
+           in text
+
+
+def test_gpt2_names_its_loss_so_its_compiled_step_has_no_graph_break(monkeypatch):
+    """GPT2LMHeadModel's class name names no loss, so transformers' `loss_function` logs a warning on each call,
+    a graph break under torch.compile: the report's GPT-2 names the loss it falls back on."""
+    import transformers.modeling_utils
+
+    warned = []
+    monkeypatch.setattr(transformers.modeling_utils.logger, "warning_once", lambda *a, **k: warned.append(a))
+    with torch.device("meta"):
+        model = gpu_report.build_contender(gpu_report.THROUGHPUT[4])
+    assert isinstance(model, gpu_report.GPT2LMHeadModel)
+    assert model.loss_function is transformers.modeling_utils.LOSS_MAPPING["ForCausalLM"] and warned == []

@@ -9,8 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import FAMILIES
 
 from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
@@ -308,6 +310,41 @@ def test_bench_attention_tiny(tmp_path):
     assert [s["length"] for s in report["chunk_sweep"]] == [64]
     assert set(report["chunk_sweep"][0]) == {"length", "8", "16"}
     assert (tmp_path / "bench_attention.png").exists()
+
+
+def test_bench_attention_keeps_going_past_a_contender_that_raises_and_keeps_each_length(tmp_path, monkeypatch):
+    """A peer that refuses (fla's gated kernel on Hopper with triton < 3.7.1 raises in its backward) costs its own
+    cells, which say why; the JSON is written after each length, so a run stopped later keeps the lengths measured."""
+    bench = _import("benchmarks", "bench_attention")
+    table, _ = bench.cpu_contenders(SimpleNamespace(chunk_size=8))
+
+    def refuses(q, k, v):
+        out = bench.linear_attention(q, k, v, feature_map="elu")[0]
+        if q.shape[2] == 64:  # the second length: the run is stopped there, as a time limit would
+            raise KeyboardInterrupt
+        return refuses_in_backward.apply(out)
+
+    class refuses_in_backward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results\nmore")
+
+    small = {name: table[name] for name in ("softmax (SDPA)", "linear elu")}
+    monkeypatch.setattr(bench, "contenders", lambda args: ({**small, "peer": refuses}, {}))
+    monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--tiny", "--output_dir", str(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        bench.main()
+    report = json.loads((tmp_path / "bench_attention.json").read_text())
+    assert report["complete"] is False and [r["length"] for r in report["rows"]] == [32]
+    row = report["rows"][0]
+    assert row["peer"] == {"failed": "RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect "
+                                     "results"}
+    for name in small:
+        assert row[name]["ms"] > 0 and row[name]["first_call_s"] > 0
 
 
 @pytest.mark.slow
