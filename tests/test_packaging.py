@@ -36,11 +36,11 @@ def test_the_readme_is_documentation_with_the_test_command_at_the_top():
 
 def test_docs_stay_a_reference():
     """docs/ is a reference a user reads: tables tied to results files, protocols and commands, design facts. The story
-    of how runs went belongs in CHANGELOG.md, so the folder stays short."""
+    of how runs went stays out of it (results/ holds the runs, CHANGELOG.md what changed), so the folder stays short."""
     words = {path.name: len(path.read_text().split()) for path in DOCS}
     assert sum(words.values()) <= 9500, (
         f"docs/*.md hold {sum(words.values())} words (at most 9,500): docs are a reference (tables, protocols, "
-        f"commands, design facts), not a narrative; history goes to CHANGELOG.md. Per file: {words}")
+        f"commands, design facts), not a narrative; what changed goes to CHANGELOG.md. Per file: {words}")
 
 
 OWN_SCRIPT = (ROOT / "docs" / "training.md", "## Use the pieces in your own script")
