@@ -152,18 +152,13 @@ class HfstPreTrainedModel(PreTrainedModel):
     _no_split_modules = None
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
     keeps_a_cache = False
-    # What a forward of the class is, as the checks (`checks.py`) and the toolkit read it; heads set their own
-    # (`heads.py`). objective: the toolkit's OBJECTIVES row it is trained and scored by (None: a base model).
-    # attends_causally: in causal order, where a linear attention decay has an order to decay along (a base model also
-    # does with `prefix_length`). own_prefix_length: `prefix_length` says where the head's targets begin in its window
-    # (checked with its labels), not where its base model's prefix ends. predicts_tokens: needs `vocab_size`.
-    # predicts_every_position: one output per input position. pools_each_target: one PMA query per target.
-    objective = None
-    attends_causally = False
-    own_prefix_length = False
-    predicts_tokens = False
-    predicts_every_position = False
-    pools_each_target = False
+    # What a forward of the class is, as the checks (`checks.py`) and the toolkit read it; heads set their own (heads.py)
+    objective = None  # the toolkit's OBJECTIVES row it is trained and scored by (None: a base model)
+    attends_causally = False  # in causal order (`decay.decay_applies`); a base model also when given `prefix_length`
+    own_prefix_length = False  # `prefix_length` is where the head's targets begin in its window, checked with its labels
+    predicts_tokens = False  # needs `vocab_size`
+    predicts_every_position = False  # one output per input position (Perceiver IO: no learned output queries)
+    pools_each_target = False  # one PMA query per target: needs `pooling="pma"`
 
     def check_labels(self, inputs, b, n):
         """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `checks.ClassLabels` to read, the
