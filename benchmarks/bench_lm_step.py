@@ -24,6 +24,7 @@ from torch.utils import flop_counter
 from transformers import AutoModelForCausalLM
 
 import hf_settransformer as hfst
+from hf_settransformer.toolkit.lm_arguments import FAMILY_PRESETS, FamilyPreset
 
 
 HEADS = {  # name -> the adaptive layers it has
@@ -83,14 +84,12 @@ def build(family, head, args, package=hfst):
         max_position_embeddings=max(1024, args.seq_len),
         **{name: args.cutoffs for name in HEADS[head]},
     )
-    if family == "perceiver_io":
-        fields.update(num_self_attends_per_block=args.num_hidden_layers, num_latents=args.seq_len // 2)
-    else:
-        fields["num_hidden_layers"] = args.num_hidden_layers
-    if family != "decoder":
+    family_preset = FAMILY_PRESETS.get(family, FamilyPreset())  # what train_lm.py's new config of the family needs
+    fields.update(family_preset.fields)
+    fields[family_preset.layers_field] = args.num_hidden_layers
+    if hfst.FAMILIES[family].config_class().windowed_heads:
         fields.update(context_length=args.seq_len, target_length=args.seq_len // 2)
-    if family == "set_transformer":
-        fields.update(num_inducing_points=16, num_decoder_layers=1)
+    fields.update({name: args.seq_len // 2 for name in family_preset.target_length_fields})
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(package.FAMILIES[family].config_class()(**fields)).train()
 

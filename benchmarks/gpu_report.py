@@ -9,7 +9,7 @@ section and never the report:
 
 1. train (190 s): every family (`hfst.FAMILIES`) x attention (softmax, linear elu, linear exp) x decay (none; and
    fixed and gated wherever the family's causal LM head takes `linear_attention_decay`: linear attention, a head that
-   attends causally, as `checks.check_decay_applies` decides) builds as train_lm.py does (`new_config`, the `tiny`
+   attends causally, as `decay.decay_applies` decides) builds as train_lm.py does (`new_config`, the `tiny`
    preset's widths, 128-token examples, vocabulary 1,000) and trains `--train_steps` steps of
    `torch.compile(model, fullgraph=True)` (a graph break: compiled again without fullgraph, which the table says),
    forward with labels, backward and fused AdamW, on one batch of random token ids, under bf16 autocast where the GPU
@@ -65,8 +65,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_settransformer as hfst
 from hf_settransformer.attention import attention_kernel
-from hf_settransformer.checks import check_decay_applies
-from hf_settransformer.decay import DECAYS
+from hf_settransformer.decay import DECAYS, decay_applies
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import PRESETS, DataArguments, ModelArguments, new_config
 from hf_settransformer.toolkit.measure import peak_flops
@@ -174,16 +173,12 @@ def train_config(row):
 
 def takes_decay(family, attention_type, feature_map):
     """Whether the family's causal LM head takes `linear_attention_decay` with this attention: the kernel reads the
-    field (linear attention) and the head attends causally (`checks.check_decay_applies` lets a decayed one through)."""
+    field (linear attention) and the head attends causally (`decay.decay_applies`)."""
     if "linear_attention_decay" not in attention_kernel(attention_type).config_fields:
         return False
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(train_config(TrainRow(family, attention_type, feature_map, "fixed")))
-    try:
-        check_decay_applies(model, model.objective, None)
-    except ValueError:
-        return False
-    return True
+    return decay_applies("fixed", model.attends_causally)
 
 
 def train_rows():

@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from .cache import LinearAttentionCache, LinearAttentionState, RecurrentStateLayer
-from .decay import decay_module
+from .decay import decay_applies, decay_module
 from .linear_ops import (
     causal_linear_attention,
     linear_attention,
@@ -139,7 +139,7 @@ def _linear_layer_options(config):
 
 
 def _linear_layer_modules(config, num_heads, ordered=True):
-    if not ordered:  # never causal: no order to decay along
+    if not decay_applies(config.linear_attention_decay, causal=ordered):
         return {}
     module = decay_module(config.linear_attention_decay, config.hidden_size, num_heads)
     return {} if module is None else {"decay": module}

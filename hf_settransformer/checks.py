@@ -19,6 +19,7 @@ import torch
 from .attention import attention_kernel
 from .cache_checks import check_cache, check_no_cache
 from .cache_checks import check_static_cache as check_static_cache  # modeling_decoder's import
+from .decay import decay_applies
 from .losses import problem_type_of
 
 _call = threading.local()  # whether a checked forward is running in this thread
@@ -57,17 +58,16 @@ def check_forward(model, inputs):
     check_implementation(attention_kernel(config), config)
     check_output_hidden_states(inputs.get("output_hidden_states"))
     b, n = check_embeddable(config, inputs)
-    objective = getattr(model, "objective", None)
-    labels, n_base = LABEL_CHECKS[objective](model, inputs, b, n) if objective in LABEL_CHECKS else ((), n)
+    labels, n_base = model.check_labels(inputs, b, n)
     past_length, slots = check_cache(model, inputs, b, n) if model.keeps_a_cache else (0, None)
     key_length = past_length + n if slots is None else slots
     mask = inputs.get("attention_mask")
     check_attention_mask(mask, b, key_length)
     prefix = inputs.get("prefix_length")  # a base model's (None: bidirectional); a next-token head checks its own
-    if prefix is not None and objective not in ("many_target_windows", "one_target_window"):
+    if prefix is not None and not model.own_prefix_length:
         check_prefix_length(prefix or 0, n)
         check_targets_fit_latents(config, n - prefix)
-    check_decay_applies(model, objective, prefix)
+    check_decay_applies(model, prefix)
     check_cross_attention(config, inputs, b)
     check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device)
     position_ids = inputs.get("position_ids")
@@ -173,14 +173,14 @@ def check_prefix_length(prefix_length, length, what="the inputs hold {length} po
         )
 
 
-def check_decay_applies(model, objective, prefix_length):
-    """A decayed linear attention needs an order to decay along: refused for a forward with no causal attention (a
-    bidirectional base model, masked LM, classification, the one-window head)."""
-    decay = getattr(model.config, "linear_attention_decay", "none")
-    if decay == "none" or "linear_attention_decay" not in attention_kernel(model.config).config_fields:
+def check_decay_applies(model, prefix_length):
+    """A decayed linear attention needs an order to decay along (`decay.decay_applies`): refused for a forward with no
+    causal attention (a bidirectional base model, masked LM, classification, the one-window head)."""
+    decay = model.config.linear_attention_decay
+    causal = model.attends_causally or prefix_length is not None
+    if "linear_attention_decay" not in attention_kernel(model.config).config_fields or decay_applies(decay, causal):
         return
-    if model.keeps_a_cache or objective in ("causal_lm", "many_target_windows") or prefix_length is not None:
-        return
+    objective = model.objective
     what = f"{type(model).__name__}" + ("" if objective is None else f" ({objective.replace('_', ' ')})")
     raise ValueError(
         f"`linear_attention_decay={decay!r}` decays causal attention along the sequence, and {what} attends "
@@ -249,6 +249,8 @@ def check_implementation(kernel, config):
 
 
 # ------------------------------------------------------------------------------------------------ labels by head
+# A head's `check_labels` is one of these (heads.py): (model, inputs, b, n) -> (the `ClassLabels` to read, the length
+# its base model sees).
 
 class ClassLabels(NamedTuple):
     """Labels read with the inputs: ids in [0, bound), or -100 (ignored); "token" ones against the vocabulary."""
@@ -371,16 +373,6 @@ def classification_labels(model, inputs, b, n):
     return (), n
 
 
-# a head's `objective` -> its labels' check: (model, inputs, b, n) -> (labels to read, the length its base model sees)
-LABEL_CHECKS = {
-    "masked_lm": masked_lm_labels,
-    "causal_lm": causal_lm_labels,
-    "many_target_windows": many_target_labels,
-    "one_target_window": one_target_labels,
-    "sequence_classification": classification_labels,
-}
-
-
 # ------------------------------------------------------------------------------------------------ the one read
 
 def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
@@ -486,16 +478,16 @@ def check_keyword_names(cls, kwargs):
 
 def check_model_config(model):
     """A config this model class cannot run, refused before any module is built."""
-    config, name, objective = model.config, type(model).__name__, getattr(model, "objective", None)
+    config, name = model.config, type(model).__name__
     config.check_fields()  # a field assigned after construction passed its own check only (configuration_base)
-    if objective in ("masked_lm", "causal_lm", "many_target_windows", "one_target_window") and not config.vocab_size:
+    if model.predicts_tokens and not config.vocab_size:
         raise ValueError(f"`vocab_size` must be set for {name} (it predicts tokens).")
-    if objective == "many_target_windows" and config.pooling != "pma":
+    if model.pools_each_target and config.pooling != "pma":
         raise ValueError(
             "`next_token_mode='many'` pools every target with its own PMA query: set `pooling='pma'`, or use "
             "`next_token_mode='window'` for mean pooling."
         )
-    if objective == "masked_lm" and getattr(config, "output_query_type", None) == "learned":
+    if model.predicts_every_position and getattr(config, "output_query_type", None) == "learned":
         raise ValueError(
             f"{name} needs one output query per input position: set `output_query_type` to 'inputs' or "
             "'positions', not 'learned'."

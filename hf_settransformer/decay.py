@@ -13,9 +13,10 @@ ops take its logarithm, log g <= 0 (`linear_ops`); each entry here is the module
   `gate_logit_normalizer`) keeping decays near 1 at init; b starts at the fixed schedule (with W ~ 0, the gated model
   starts as the fixed one).
 
-A decay needs an order: it applies to causal attention only. A non-causal attention in the same model (ISAB's
-inducing points reading a prefix) runs without it, and a forward with no causal attention at all (a set, a
-classifier) is refused (`checks.check_decay_applies`).
+A decay needs an order: it applies to causal attention only (`decay_applies`, the one statement of the rule). A
+non-causal attention in the same model (ISAB's inducing points reading a prefix) runs without it, and a forward with no
+causal attention at all (a set, a classifier) is refused (`checks.check_decay_applies`), as is a train_lm.py run of such
+a head.
 """
 
 import torch
@@ -71,6 +72,13 @@ def check_decay(name):
     """`name` must be a `DECAYS` entry; a ValueError naming them otherwise."""
     if not isinstance(name, str) or name not in DECAYS:
         raise ValueError(f"`linear_attention_decay` must be one of {list(DECAYS)}, got {name!r}.")
+
+
+def decay_applies(name, causal):
+    """Whether decay `name` can apply to attention that runs in causal order (`causal`) or not: a decay needs an order
+    to decay along; "none" applies anywhere. Layers build their decay by it (`attention`), and the checks of a forward
+    (`checks.check_decay_applies`) and of train_lm.py's flags refuse a decay where it is False."""
+    return causal or DECAYS[name] is None
 
 
 def decay_module(name, hidden_size, num_heads):

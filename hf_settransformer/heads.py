@@ -2,6 +2,9 @@
 softmax), masked LM, sequence classification, and next-token prediction over a window (many targets after a
 bidirectional prefix, or the literal one-target window)."""
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,7 +13,7 @@ from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .checks import checked
+from .checks import checked, classification_labels, many_target_labels, masked_lm_labels, one_target_labels
 from .losses import problem_type_of, token_loss
 
 
@@ -56,6 +59,8 @@ class LMHeadMixin:
     """A vocabulary projection `lm_head`, tied to the input embedding when `config.tie_word_embeddings`."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+    predicts_tokens = True
+    predicts_every_position = True
 
     def make_lm_head(self, config):
         if config.adaptive_softmax_cutoffs:  # Grave et al. 2017; ids ordered by decreasing frequency
@@ -110,6 +115,7 @@ class ForMaskedLMMixin(LMHeadMixin):
     """Masked language modelling: a vocabulary projection of every position; loss where labels are not -100."""
 
     objective = "masked_lm"  # the toolkit's OBJECTIVES row: how it is trained and scored
+    check_labels = masked_lm_labels
 
     def __init__(self, config):
         super().__init__(config)
@@ -165,9 +171,10 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
     """Set/sequence classification or regression, with transformers' `problem_type` conventions."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
-    # transformers' name for the task; its labels are checked by that name (`checks.LABEL_CHECKS`). Trained by the
-    # user's own script (run_glue.py) or the set tasks, not by a row of the toolkit's OBJECTIVES.
+    # transformers' name for the task. Trained by the user's own script (run_glue.py) or the set tasks, not by a row of
+    # the toolkit's OBJECTIVES.
     objective = "sequence_classification"
+    check_labels = classification_labels
 
     def __init__(self, config):
         super().__init__(config)
@@ -213,8 +220,16 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
         return output
 
 
-# next_token_mode -> the toolkit's OBJECTIVES row of the next-token head: how it is trained, scored and checked
-NEXT_TOKEN_OBJECTIVES = {"many": "many_target_windows", "window": "one_target_window"}
+class NextTokenMode(NamedTuple):
+    """The next-token head in one `config.next_token_mode`: the toolkit's OBJECTIVES row it is trained and scored by,
+    its forward (a method's name), its labels' check (`checks`), whether it attends in causal order and whether it
+    pools each target with its own PMA query."""
+
+    objective: str
+    forward: str
+    check_labels: Callable
+    attends_causally: bool
+    pools_each_target: bool
 
 
 class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
@@ -237,6 +252,14 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
       causal-LM labels shaped like `input_ids`, read as "predict each row's last token from the tokens before it"."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
+    modes = {
+        "many": NextTokenMode("many_target_windows", "forward_many_targets", many_target_labels,
+                              attends_causally=True, pools_each_target=True),
+        "window": NextTokenMode("one_target_window", "forward_one_target", one_target_labels,
+                                attends_causally=False, pools_each_target=False),
+    }
+    own_prefix_length = True  # where the targets begin in the window ("many"; refused by "window")
+    predicts_every_position = False
 
     def __init__(self, config):
         super().__init__(config)
@@ -246,10 +269,21 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         self.lm_head = self.make_lm_head(config)
         self.post_init()
 
+    @classmethod
+    def in_mode(cls, next_token_mode):
+        return cls.modes[next_token_mode]
+
     @property
-    def objective(self):
+    def mode(self):
         # the mode chosen at construction (the config's before then: `checks.check_model_config` reads it first)
-        return NEXT_TOKEN_OBJECTIVES[self.__dict__.get("next_token_mode", self.config.next_token_mode)]
+        return self.modes[self.__dict__.get("next_token_mode", self.config.next_token_mode)]
+
+    objective = property(lambda self: self.mode.objective)
+    attends_causally = property(lambda self: self.mode.attends_causally)
+    pools_each_target = property(lambda self: self.mode.pools_each_target)
+
+    def check_labels(self, inputs, b, n):
+        return self.mode.check_labels(self, inputs, b, n)
 
     @checked
     @can_return_tuple
@@ -274,7 +308,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         aligned with the positions (`shift_labels[:, i]` is what position i predicts), as transformers' causal LMs
         take them under sequence/context parallelism; they replace `labels` ("window": the last one is the target)."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
-        predict = self.forward_many_targets if self.next_token_mode == "many" else self.forward_one_target
+        predict = getattr(self, self.modes[self.next_token_mode].forward)
         return predict(input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states,
                        **kwargs)
 

@@ -152,6 +152,24 @@ class HfstPreTrainedModel(PreTrainedModel):
     _no_split_modules = None
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
     keeps_a_cache = False
+    # What a forward of the class is, as the checks (`checks.py`) and the toolkit read it; heads set their own (heads.py)
+    objective = None  # the toolkit's OBJECTIVES row it is trained and scored by (None: a base model)
+    attends_causally = False  # in causal order (`decay.decay_applies`); a base model also when given `prefix_length`
+    own_prefix_length = False  # `prefix_length` is where the head's targets begin in its window, checked with its labels
+    predicts_tokens = False  # needs `vocab_size`
+    predicts_every_position = False  # one output per input position (Perceiver IO: no learned output queries)
+    pools_each_target = False  # one PMA query per target: needs `pooling="pma"`
+
+    def check_labels(self, inputs, b, n):
+        """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `checks.ClassLabels` to read, the
+        length its base model sees). A head checks its own (`checks.masked_lm_labels`, ...); a base model takes none."""
+        return (), n
+
+    @classmethod
+    def in_mode(cls, next_token_mode):
+        """What the class is in a config of `next_token_mode` (its attributes above): the class itself, but for the
+        next-token head, whose mode picks its objective."""
+        return cls
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)

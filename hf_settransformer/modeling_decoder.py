@@ -24,7 +24,7 @@ from transformers.utils.output_capturing import OutputRecorder
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
 from .cache import cache_holds, cache_layer, static_cache_length
-from .checks import check_static_cache, checked
+from .checks import causal_lm_labels, check_static_cache, checked
 from .configuration_decoder import TransformerDecoderConfig
 from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm
@@ -46,6 +46,7 @@ class CacheView(NamedTuple):
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
     config_class = TransformerDecoderConfig
     keeps_a_cache = True
+    attends_causally = True
 
 
 class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
@@ -168,6 +169,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
     (`labels` = `input_ids`, shifted inside)."""
 
     objective = "causal_lm"  # the toolkit's OBJECTIVES row: how it is trained and scored
+    check_labels = causal_lm_labels
 
     def __init__(self, config):
         super().__init__(config)

@@ -210,7 +210,7 @@ def check_arguments(args):
                 f"--model {args.model} is the paper's rFF + pooling baseline: it has no attention or Set Transformer "
                 f"blocks, so {', '.join('--' + g for g in given)} cannot apply (use --model set_transformer)."
             )
-    if args.feature_map not in (None, "elu") and (args.attention_type or "softmax") == "softmax":
+    if args.feature_map not in (None, MODEL_DEFAULTS["feature_map"]) and (args.attention_type or "softmax") == "softmax":
         raise SystemExit("--feature_map cannot apply here: it selects linear attention's feature map; --attention_type "
                          "softmax has none (pass --attention_type linear).")
     task = set_objective(args.task)

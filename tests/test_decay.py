@@ -13,7 +13,7 @@ from transformers import AutoModel
 
 import hf_settransformer as hfst
 from hf_settransformer.cache import LinearAttentionCache
-from hf_settransformer.decay import FixedDecay, GatedDecay, retnet_log_decay
+from hf_settransformer.decay import DECAYS, FixedDecay, GatedDecay, decay_applies, retnet_log_decay
 from hf_settransformer.linear_naive import phi
 from hf_settransformer.linear_naive import naive_decayed_linear_attention as ref_decayed
 from hf_settransformer.linear_ops import (
@@ -585,6 +585,14 @@ def test_the_cache_state_does_not_grow_with_the_context(feature_map, decay):
 
 # ---------------------------------------------------------------------------------------------------------------
 # 6. refusals
+
+
+def test_a_decay_needs_causal_order():
+    """`decay_applies`, the rule the layers, the forward checks and train_lm.py's flags read: no decay applies anywhere,
+    every other only to attention in causal order."""
+    assert decay_applies("none", causal=False) and decay_applies("none", causal=True)
+    for name in set(DECAYS) - {"none"}:
+        assert decay_applies(name, causal=True) and not decay_applies(name, causal=False)
 
 
 def test_non_causal_linear_attention_refuses_a_decay():

@@ -31,6 +31,51 @@ def test_every_lm_head_declares_its_objective(family, mode):
         expected = "causal_lm" if family == "decoder" else EXPECTED[auto_name][mode]
         assert objective_of(model) is OBJECTIVES[expected]
         assert OBJECTIVES[expected].auto_class == auto_name
+        # the class answers as its instance does, before any model is made (train_lm.py's flag checks ask it)
+        assert cls.in_mode(mode).objective == model.objective
+        assert cls.in_mode(mode).attends_causally == model.attends_causally == (expected in CAUSAL)
+
+
+CAUSAL = ("causal_lm", "many_target_windows")  # the objectives whose heads attend in causal order
+
+
+@pytest.mark.parametrize("family", list(hfst.FAMILIES))
+@pytest.mark.parametrize("flag", ["next_token", "mlm"])
+@pytest.mark.parametrize("mode", ["many", "window"])
+def test_the_flags_head_is_the_model_train_lm_builds(family, flag, mode):
+    """`lm_arguments.flagged_head`, which train_lm.py's flag checks read before any model exists: the row and the
+    causal order of the model that `new_config` and the flag's Auto class then build; a family without such a head is
+    refused, naming the families that have one."""
+    from hf_settransformer.toolkit.lm_arguments import DataArguments, ModelArguments, flagged_head, new_config
+
+    model_args = ModelArguments(family=family, objective=flag, next_token_mode=mode, preset="tiny")
+    auto = toolkit.objectives.auto_class_for_flag(flag)
+    if auto.__name__ not in hfst.FAMILIES[family].models:
+        with pytest.raises(SystemExit, match=f"--objective {flag} needs a family with a .* not {family}"):
+            flagged_head(model_args)
+        return
+    head, row = flagged_head(model_args)
+    config = new_config(model_args, DataArguments(block_size=16, context_length=16), vocab_size=50, eos_id=0)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    assert objective_of(model) is row and row.flag == flag
+    assert head.attends_causally == model.attends_causally
+
+
+def test_a_subclass_with_an_objective_of_its_own_is_checked_as_its_parent():
+    """What a head's labels must be and whether it attends causally are its class's, not its objective's name: a
+    next-token head declaring a new objective still refuses float labels by name, and takes a decay ("many")."""
+
+    class MyNextToken(hfst.TransformerEncoderForNextTokenPrediction):
+        objective = "my_windows"
+
+    config = tiny_config("encoder", "linear", "elu", linear_attention_decay="fixed", context_length=12, target_length=6)
+    torch.manual_seed(0)
+    model = MyNextToken(config)
+    ids = torch.randint(1, config.vocab_size, (2, 12))
+    with pytest.raises(ValueError, match=r"`labels` must be token ids \(torch.long"):
+        model(input_ids=ids, labels=ids.float())
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
 
 
 def test_a_head_without_a_known_objective_is_refused():

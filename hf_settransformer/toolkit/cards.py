@@ -22,7 +22,7 @@ import torch
 import transformers
 
 from ..attention import attention_kernel
-from .objectives import MLM_PROBABILITY, is_masked_lm, objective_of
+from .objectives import MLM_PROBABILITY, is_masked_lm, lm_objectives, objective_of
 from .measure import upgrade_results
 from .run_folder import write_text_atomically
 
@@ -38,17 +38,17 @@ WIKITEXT2_DATASET_FLAGS = "--dataset_name wikitext --dataset_config_name wikitex
 # train_lm.py's data flags: split -> local file flag, and the `datasets` ones
 _FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
 _DATA_FLAGS = (*_FILE_FLAGS.values(), "--dataset_name", "--dataset_config_name")
-# config fields that bear on a language model only in some cases: field -> (config, head) -> whether it does, where
-# head is "causal" (the decoder), "next_token" (the *ForNextTokenPrediction heads) or "masked" (*ForMaskedLM)
+# config fields that bear on a language model only in some cases: field -> (config, the head's `OBJECTIVES` row) ->
+# whether it does
 _FIELD_APPLIES = {
-    "input_size": lambda config, head: config.input_size is not None,  # the language models read token ids
-    "pooling": lambda config, head: head == "next_token",
-    "context_length": lambda config, head: head != "causal",  # the decoder's window is its block
-    "next_token_mode": lambda config, head: head == "next_token",
-    "target_length": lambda config, head: head == "next_token" and config.next_token_mode == "many",
-    "adaptive_softmax_div_value": lambda config, head: config.adaptive_softmax_cutoffs is not None,
-    "adaptive_input_div_value": lambda config, head: config.adaptive_input_cutoffs is not None,
-    "num_output_queries": lambda config, head: getattr(config, "output_query_type", None) == "learned",
+    "input_size": lambda config, objective: config.input_size is not None,  # the language models read token ids
+    "pooling": lambda config, objective: objective.next_token_mode is not None,  # the next-token heads pool
+    "context_length": lambda config, objective: "context_length" in objective.data_flags,  # not the decoder's block
+    "next_token_mode": lambda config, objective: objective.next_token_mode is not None,
+    "target_length": lambda config, objective: "target_length" in objective.data_flags,
+    "adaptive_softmax_div_value": lambda config, objective: config.adaptive_softmax_cutoffs is not None,
+    "adaptive_input_div_value": lambda config, objective: config.adaptive_input_cutoffs is not None,
+    "num_output_queries": lambda config, objective: getattr(config, "output_query_type", None) == "learned",
 }
 
 
@@ -199,13 +199,12 @@ def card_config(model):
     The weights load from config.json itself; this is what a card's reader needs to know of the model."""
     from ..attention import ATTENTION_KERNELS  # a registry, not a toolkit name to re-export
 
-    config = model.config
-    head = "masked" if is_masked_lm(model) else "next_token" if config.windowed_heads else "causal"
+    config, objective = model.config, objective_of(model)
     kernel_fields = attention_kernel(config).config_fields
     other_kernels = {f for kernel in ATTENTION_KERNELS.values() for f in kernel.config_fields} - set(kernel_fields)
     return {key: value for key, value in config.to_diff_dict().items()
             if key != "auto_map" and key not in other_kernels
-            and (key not in _FIELD_APPLIES or _FIELD_APPLIES[key](config, head))}
+            and (key not in _FIELD_APPLIES or _FIELD_APPLIES[key](config, objective))}
 
 
 def data_file_record(files):
@@ -313,8 +312,9 @@ def refresh_model_card(run_dir, repo_id=None, card_path=None):
     length = results.get("hyperparameters", {}).get("sequence_length")
     unrecorded = [name for name, value in (("command", results.get("command")),
                                            ("hyperparameters.sequence_length", length)) if value is None]
-    if results.get("objective") == "mlm" and "mlm_probability" not in results:
-        unrecorded.append("mlm_probability")
+    recorded = {name for row in lm_objectives().values() if row.flag == results.get("objective")
+                for name in row.recorded_arguments}  # the run's objective's own arguments (--mlm_probability)
+    unrecorded += sorted(name for name in recorded if name not in results)
     saved = (run_dir / "config.json").is_file()
     if not saved and not isinstance(results.get("config"), dict):
         unrecorded.append("config (and the folder has no config.json)")

@@ -17,7 +17,7 @@ from transformers import AutoConfig, HfArgumentParser
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 from ..families import FAMILIES
-from ..decay import DECAYS
+from ..decay import DECAYS, decay_applies
 from ..feature_maps import FEATURE_MAPS
 from .measure import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
@@ -94,9 +94,24 @@ PRESETS = {
     ),
 }
 UNTUNED_PRESETS = ("gpu", "gpu-small")  # said at the start of a run and in --help
-FAMILY_PRESETS = {  # what a family needs besides the shared sizes
-    "set_transformer": {"num_inducing_points": 16, "num_seeds": 1, "num_decoder_layers": 1},
-    "perceiver_io": {"num_blocks": 1, "num_cross_attention_heads": 1, "output_query_type": "inputs"},
+
+
+@dataclass(frozen=True)
+class FamilyPreset:
+    """What a family's new config needs besides the shared sizes: `fields` (config values), `layers_field` (the field
+    the preset's layer count sets) and `target_length_fields` (fields that --target_length sets too, whatever the
+    head: the flag then applies to every head of the family)."""
+
+    fields: dict = field(default_factory=dict)
+    layers_field: str = "num_hidden_layers"
+    target_length_fields: tuple = ()
+
+
+FAMILY_PRESETS = {
+    "set_transformer": FamilyPreset({"num_inducing_points": 16, "num_seeds": 1, "num_decoder_layers": 1}),
+    # Perceiver IO counts its layers per block; Perceiver AR has one latent per target
+    "perceiver_io": FamilyPreset({"num_blocks": 1, "num_cross_attention_heads": 1, "output_query_type": "inputs"},
+                                 layers_field="num_self_attends_per_block", target_length_fields=("num_latents",)),
 }
 
 
@@ -372,14 +387,15 @@ def check_arguments(model_args, data_args, training_args):
             raise SystemExit(f"--{name} must be a positive integer, got {getattr(training_args, name)}.")
     if not 0 < training_args.learning_rate < float("inf"):
         raise SystemExit(f"--learning_rate must be a positive finite number, got {training_args.learning_rate}.")
-    if model_args.family == "decoder":  # a causal LM over --block_size blocks: the window flags have no model to set
+    if not FAMILIES[model_args.family].config_class().windowed_heads:  # a causal LM over --block_size blocks
         given = [f"--{name}" for name in ("context_length", "target_length") if getattr(data_args, name) is not None]
         given += ["--next_token_mode window"] if model_args.next_token_mode != "many" else []
         if given:
             raise SystemExit(
-                f"{', '.join(given)} cannot apply to --family decoder (a causal LM over --block_size tokens; the "
-                "next-token windows are the other families' heads)."
+                f"{', '.join(given)} cannot apply to --family {model_args.family} (a causal LM over --block_size "
+                "tokens; the next-token windows are the other families' heads)."
             )
+    flagged_head(model_args)  # a family with no head for --objective: refused here
     check_flags_apply(model_args, data_args, training_args)
     if training_args.gradient_accumulation_steps < 1:
         raise SystemExit(
@@ -392,14 +408,6 @@ def check_arguments(model_args, data_args, training_args):
             "--max_train_minutes sets max_steps from the budget: pass it or --max_steps / --train_token_budget, "
             "not both."
         )
-    auto_name = auto_class_for_flag(model_args.objective).__name__
-    if auto_name not in FAMILIES[model_args.family].models:
-        heads = sorted({o.head for o in lm_objectives().values() if o.flag == model_args.objective})
-        able = [name for name, family in FAMILIES.items() if auto_name in family.models]
-        raise SystemExit(
-            f"--objective {model_args.objective} needs a family with a {' or '.join(heads)} head ({auto_name}): "
-            f"--family {' or '.join(able)}, not {model_args.family}."
-        )
     if not 0 < data_args.mlm_probability < 1:
         raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
     preset = PRESETS[model_args.preset]
@@ -411,6 +419,23 @@ def check_arguments(model_args, data_args, training_args):
             "window predicts its tokens after the first from the ones before them, so it can add at most "
             "block_size - 1 scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
         )
+
+
+def flagged_head(model_args):
+    """The head a new model of these flags is: --family's class for --objective's Auto class, as it is in
+    --next_token_mode (the class's `in_mode`) -> (it, its OBJECTIVES row). A family with no such head is refused,
+    naming the families that have one."""
+    auto_name = auto_class_for_flag(model_args.objective).__name__
+    classes = FAMILIES[model_args.family].model_classes()
+    if auto_name not in classes:
+        heads = sorted({o.head for o in lm_objectives().values() if o.flag == model_args.objective})
+        able = [name for name, family in FAMILIES.items() if auto_name in family.models]
+        raise SystemExit(
+            f"--objective {model_args.objective} needs a family with a {' or '.join(heads)} head ({auto_name}): "
+            f"--family {' or '.join(able)}, not {model_args.family}."
+        )
+    head = classes[auto_name].in_mode(model_args.next_token_mode)
+    return head, lm_objectives()[head.objective]
 
 
 def flag_given(args, name):
@@ -439,37 +464,43 @@ def check_flags_apply(model_args, data_args, training_args):
             raise SystemExit(f"--{name} is an empty string: pass a folder or Hub id (or leave the flag out).")
     refusals = []  # (flags, why)
     family, objective = model_args.family, model_args.objective
-    window_mode = model_args.next_token_mode == "window"
     if model_args.model_name_or_path:  # the checkpoint's config fixes the model and its windows
         fixed = [name for name in ("attention_type", "feature_map", "linear_attention_decay", "next_token_mode",
                                    "config_overrides", "context_length", "target_length") if gave(name)]
         refusals.append((fixed, "the model comes from --model_name_or_path, whose config sets these (new models only)"))
     else:
-        if family != "decoder":
-            refusals.append(([n for n in ("block_size", "eval_stride") if gave(n)],
-                             f"--family {family} reads windows of --context_length tokens; --block_size and "
-                             "--eval_stride are the decoder's (a causal LM)"))
-        if model_args.attention_type == "softmax" and model_args.feature_map != "elu":
+        head, row = flagged_head(model_args)
+        head_flags = f"--objective {objective}" + (f" --next_token_mode {row.next_token_mode}" if row.next_token_mode
+                                                  else "")
+        # the data flags this run reads: its objective's, and --target_length where the family's config takes it
+        reads = set(row.data_flags)
+        if FAMILY_PRESETS.get(family, FamilyPreset()).target_length_fields:
+            reads.add("target_length")
+        refusals.append(([n for n in ("block_size", "eval_stride") if gave(n) and n not in reads],
+                         f"--family {family} reads windows of --context_length tokens; --block_size and "
+                         "--eval_stride are the decoder's (a causal LM)"))
+        if model_args.attention_type == "softmax" and model_args.feature_map != ModelArguments.feature_map:  # default
             refusals.append((["feature_map"], "it selects linear attention's feature map; --attention_type softmax "
                                               "has none (pass --attention_type linear)"))
-        if model_args.linear_attention_decay != "none":
-            if model_args.attention_type == "softmax":
-                refusals.append((["linear_attention_decay"], "it decays linear attention's state; --attention_type "
-                                                             "softmax has none (pass --attention_type linear)"))
-            elif family != "decoder" and (objective == "mlm" or window_mode):
-                refusals.append((["linear_attention_decay"], "a decay needs causal attention, and --objective mlm "
-                                                             "and --next_token_mode window attend bidirectionally"))
-        if objective == "mlm" and family != "decoder":
+        if model_args.attention_type == "softmax" and model_args.linear_attention_decay != "none":
+            refusals.append((["linear_attention_decay"], "it decays linear attention's state; --attention_type "
+                                                         "softmax has none (pass --attention_type linear)"))
+        elif not decay_applies(model_args.linear_attention_decay, head.attends_causally):
+            refusals.append((["linear_attention_decay"], f"a decay needs causal attention, and the {row.head} head "
+                                                         f"({head_flags}) attends bidirectionally"))
+        # a head with no next-token windows; the decoder's --next_token_mode is refused by check_arguments
+        if row.next_token_mode is None and FAMILIES[family].config_class().windowed_heads:
             refusals.append(([n for n in ("next_token_mode", "targets_per_epoch") if gave(n)],
-                             "--objective mlm trains on masked blocks, not next-token windows"))
-        if family not in ("decoder", "perceiver_io") and (objective == "mlm" or window_mode) and gave("target_length"):
+                             f"{head_flags} trains {row.head} heads, not next-token windows"))
+        if "target_length" not in reads and gave("target_length"):
             refusals.append((["target_length"], "only the many-target next-token head predicts several tokens a "
                                                 "window (--objective next_token --next_token_mode many)"))
-        if (family == "decoder" or objective == "mlm" or not window_mode) and gave("targets_per_epoch"):
+        if "targets_per_epoch" not in reads and gave("targets_per_epoch"):
             refusals.append((["targets_per_epoch"], "it samples the windows of the one-target head "
                                                     "(--next_token_mode window) only"))
-    if objective != "mlm" and gave("mlm_probability"):
-        refusals.append((["mlm_probability"], "it is the masking rate of --objective mlm"))
+    masking = sorted({o.flag for o in lm_objectives().values() if "mlm_probability" in o.data_flags})
+    if objective not in masking and gave("mlm_probability"):
+        refusals.append((["mlm_probability"], f"it is the masking rate of --objective {' / '.join(masking)}"))
     if data_args.max_train_minutes is None and gave("budget_clock"):
         refusals.append((["budget_clock"], "it says what --max_train_minutes counts"))
     if not training_args.do_train:
@@ -521,9 +552,10 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     targets = preset.pop("targets")
     adaptive = {name: preset.pop(name) for name in ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs")
                 if name in preset}
+    family_preset = FAMILY_PRESETS.get(model_args.family, FamilyPreset())
     fields = dict(
         preset,
-        **FAMILY_PRESETS.get(model_args.family, {}),
+        **family_preset.fields,
         vocab_size=vocab_size,
         attention_type=model_args.attention_type,
         feature_map=model_args.feature_map,
@@ -541,9 +573,8 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     if config_class.windowed_heads:
         fields.update(context_length=length, target_length=data_args.target_length or min(targets, length),
                       next_token_mode=model_args.next_token_mode)
-    if model_args.family == "perceiver_io":
-        fields["num_self_attends_per_block"] = fields.pop("num_hidden_layers")
-        fields["num_latents"] = fields.get("target_length", targets)
+    fields[family_preset.layers_field] = fields.pop("num_hidden_layers")
+    fields.update({name: fields.get("target_length", targets) for name in family_preset.target_length_fields})
     fields.update(parse_overrides(model_args.config_overrides, config_class))
     try:
         return config_class(**fields)

@@ -4,8 +4,10 @@ objective in `OBJECTIVES`, beside `ATTENTION_KERNELS` (what attention computes) 
 A head names its objective on the model side, as a plain attribute (`objective = "causal_lm"`; the next-token heads
 read `config.next_token_mode`); `objective_of(model)` finds its row. Everything that depends on the objective (the
 example length, the training dataset and collator, the evaluation protocol and the sentence that names it, the model
-card's template and design line) is read from the row, here and in `scripts/train_lm.py`. A new objective is one
-`register_objective(Objective(...))` plus its functions (README, "Extending: an objective").
+card's template and design line, the train_lm.py flags that apply) is read from the row, here, in `lm_arguments`,
+`cards` and `scripts/train_lm.py`; what the head itself is (its labels, whether it attends causally) the head class
+says (`heads.py`). A new objective is one `register_objective(Objective(...))` plus its functions (README, "Extending:
+an objective").
 
 The Set Transformer paper's synthetic tasks are rows too, of their own type (`SetObjective`: dataset, head and config,
 loss, metric, the paper's figures, `scripts/train_sets.py`'s defaults), registered in `set_tasks` beside their
@@ -68,6 +70,9 @@ class Objective:
     design(config, family, mlm_probability) -> the model card's design line.
     card_template: the template in `model_cards/`. length_flags: the train_lm.py flags that set the example length.
     next_token_mode: the config's mode its heads run in (all_results.json), None where it does not apply.
+    data_flags: the train_lm.py data flags that apply to it, of those that apply to some objectives only (--block_size,
+    --eval_stride, --context_length, --target_length, --targets_per_epoch, --mlm_probability): train_lm.py refuses the
+    others, and a model card shows the config fields of the same names that it reads.
     recorded_arguments: train_lm.py data arguments the run records in all_results.json.
     eval_batch_factor: final-evaluation batch = per-device eval batch x this."""
 
@@ -84,6 +89,7 @@ class Objective:
     card_template: str = "lm_model_card.md"
     length_flags: str = "--context_length / --target_length"
     next_token_mode: str | None = None
+    data_flags: tuple = ()
     recorded_arguments: tuple = ()
     eval_batch_factor: int = 2
 
@@ -229,8 +235,8 @@ def _no_collator(tokenizer, mlm_probability):
 def _masked_design(config, family, mlm_probability=MLM_PROBABILITY):
     return ("Masked LM: every position of a block is read bidirectionally and predicts its own token; during "
             f"training {mlm_probability:.0%} of the tokens are chosen (BERT: 80% replaced by `<mask>`, 10% by a random word, 10% "
-            "kept)" + (", Perceiver IO with one output query per input position" if family == "perceiver_io"
-                       else "") + ".")
+            "kept)" + (", Perceiver IO with one output query per input position"  # its decoder's queries
+                       if getattr(config, "output_query_type", None) else "") + ".")
 
 
 def _one_target_design(config, family, mlm_probability=None):
@@ -260,6 +266,7 @@ for _objective in (
         protocol=lambda model, length, stride, p: f"sliding window {length}, stride {stride or max(length // 2, 1)}",
         design=lambda config, family, mlm_probability=None: "Causal LM: the decoder predicts every next token of its block.",
         length_flags="--block_size",
+        data_flags=("block_size", "eval_stride"),
         eval_batch_factor=1,
     ),
     Objective(
@@ -273,6 +280,7 @@ for _objective in (
             f"windows of {length}, the last {model.config.target_length} positions scored"),
         design=_many_targets_design,
         next_token_mode="many",
+        data_flags=("context_length", "target_length"),
     ),
     Objective(
         "one_target_window", "next_token", "AutoModelForCausalLM", "next-token",
@@ -284,6 +292,7 @@ for _objective in (
         protocol=lambda model, length, stride, p: f"every position, up to {length} preceding tokens",
         design=_one_target_design,
         next_token_mode="window",
+        data_flags=("context_length", "targets_per_epoch"),
     ),
     Objective(
         "masked_lm", "mlm", "AutoModelForMaskedLM", "masked-LM",
@@ -296,6 +305,7 @@ for _objective in (
             f"blocks of {length}, {p:.0%} of each block's tokens masked (fixed positions) and predicted from the rest"),
         design=_masked_design,
         card_template="mlm_model_card.md",
+        data_flags=("context_length", "mlm_probability"),
         recorded_arguments=("mlm_probability",),
     ),
 ):
