@@ -210,7 +210,7 @@ def main():
                    help="write each run's model card again with the current templates (folders with config.json)")
     args, unknown = p.parse_known_args()
     if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
-        from hf_settransformer.toolkit.training import unknown_flags_message
+        from hf_settransformer.toolkit.cli import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)

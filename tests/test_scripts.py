@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import FAMILIES
 
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 

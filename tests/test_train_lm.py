@@ -23,7 +23,7 @@ SCRIPT = ROOT / "scripts" / "train_lm.py"
 import hf_settransformer  # noqa: E402
 from hf_settransformer import toolkit  # noqa: E402
 from hf_settransformer.toolkit import lm_arguments  # noqa: E402
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER  # noqa: E402
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
 

@@ -1,6 +1,6 @@
-"""hf_settransformer.toolkit's training modules (`training`, `run_folder`, `budget`, `measure`, `hub`): the output-folder
-lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the measurements of a run, the
-model card writer and the upload without pickles."""
+"""hf_settransformer.toolkit's training modules (`run_folder`, `checkpoint_files`, `budget`, `measure`, `hub`, `logs`):
+the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the
+measurements of a run, the model card writer, the upload without pickles and the scripts' log lines."""
 
 import json
 import logging
@@ -23,7 +23,8 @@ from hf_settransformer import toolkit
 from hf_settransformer.toolkit.budget import BUDGET_FILE
 from hf_settransformer.toolkit.language_modeling import BlockDataset
 from hf_settransformer.toolkit.measure import upgrade_results
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
+from hf_settransformer.toolkit.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,14 +232,14 @@ def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_
 
 
 def test_checkpoint_step_reads_the_name_then_the_marker(tmp_path):
-    assert toolkit.run_folder.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
+    assert toolkit.checkpoint_files.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
     renamed = tmp_path / "best"
     renamed.mkdir()
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": 7}))
-    assert toolkit.run_folder.checkpoint_step(renamed) == 7
+    assert toolkit.checkpoint_files.checkpoint_step(renamed) == 7
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": True}))
     with pytest.raises(ValueError, match="cannot tell the checkpoint's step"):
-        toolkit.run_folder.checkpoint_step(renamed)
+        toolkit.checkpoint_files.checkpoint_step(renamed)
 
 
 def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
@@ -251,10 +252,10 @@ def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
 def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
     hfst.TransformerDecoderForCausalLM(tiny_config("decoder")).save_pretrained(tmp_path)
     fits = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
-    toolkit.run_folder.check_checkpoint_matches(tmp_path, fits)
+    toolkit.checkpoint_files.check_checkpoint_matches(tmp_path, fits)
     wider = hfst.TransformerDecoderForCausalLM(tiny_config("decoder", hidden_size=64))
     with pytest.raises(SystemExit, match="hidden_size: checkpoint 32, this run 64"):
-        toolkit.run_folder.check_checkpoint_matches(tmp_path, wider)
+        toolkit.checkpoint_files.check_checkpoint_matches(tmp_path, wider)
 
 
 # ------------------------------------------------------------------------------------------------ timer and budget
@@ -619,7 +620,8 @@ def test_log_to_stdout_shows_the_toolkit_lines_by_process(capsys, caplog):
     second call adds no second handler."""
     import logging
 
-    from hf_settransformer.toolkit.training import LOGGER_ROOT, logger
+    from hf_settransformer.toolkit.logs import LOGGER_ROOT
+    from hf_settransformer.toolkit.run_folder import logger
 
     root = logging.getLogger(LOGGER_ROOT)
     level, handlers = root.level, list(root.handlers)

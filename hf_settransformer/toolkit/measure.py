@@ -13,7 +13,8 @@ import transformers
 from transformers.utils import logging as hf_logging
 
 from .budget import TimedEvalCallback
-from .run_folder import checkpoint_step, save_model_atomically, stops_say_where_to_resume, train_unless_finished
+from .checkpoint_files import checkpoint_step
+from .run_folder import save_model_atomically, stops_say_where_to_resume, train_unless_finished
 
 logger = hf_logging.get_logger(__name__)
 
