@@ -76,7 +76,7 @@ def table(runs):
         blocks, attention = split_model(r["model"])
         lines.append(
             f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {steps(r)} | "
-            f"{r.get('lr_scheduler', '?')} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
+            f"{r['lr_scheduler']} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
             f"{training_time(r)} |"
         )
     return "\n".join(lines)

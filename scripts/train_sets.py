@@ -51,7 +51,6 @@ from hf_settransformer.toolkit.cli import (
     read_flags_file,
     typed_flag_values,
 )
-from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
@@ -302,8 +301,8 @@ def continued_run(args):
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
     path = Path(args.model_name_or_path) / "all_results.json"
-    try:  # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
-        parent = upgrade_results(json.loads(path.read_text()))
+    try:
+        parent = json.loads(path.read_text())
         seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
         return {
             "steps_before": parent["steps"] + parent.get("steps_before", 0),

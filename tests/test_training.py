@@ -22,7 +22,6 @@ import hf_settransformer as hfst
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit.budget import BUDGET_FILE
 from hf_settransformer.toolkit.language_modeling import BlockDataset
-from hf_settransformer.toolkit.measure import upgrade_results
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
 from hf_settransformer.toolkit.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
@@ -548,27 +547,6 @@ def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
     untimed = toolkit.measure.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
     assert untimed["mfu"] is None and untimed["train_model_flops_per_wall_second"] is None
     assert untimed["mfu_note"] == "no training steps timed in this process"
-
-
-def test_results_of_any_date_read_with_the_keys_that_name_their_clock():
-    """all_results.json written before the keys named their clock (results/ keeps such files) reads with today's
-    names; today's come back as they are."""
-    old = {"train_seconds": 100.0, "train_tokens_per_second": 40.0, "train_seconds_whole_run": 180.0,
-           "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_seconds": 5.0,
-           "test_seconds": 6.0, "train_model_flops_per_second": 1e9, "validation_cpu_seconds": 4.0}
-    assert upgrade_results(old) == {
-        "train_wall_seconds": 100.0, "train_tokens_per_wall_second": 40.0, "train_cpu_seconds_whole_run": 180.0,
-        "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_wall_seconds": 5.0,
-        "test_wall_seconds": 6.0, "train_model_flops_per_wall_second": 1e9, "validation_cpu_seconds": 4.0,
-        "train_tokens_per_cpu_second": 20.0}
-    # a run from before the budget clock was recorded counted wall time; on a GPU there is no per-CPU-second speed
-    earliest = upgrade_results({"train_seconds_whole_run": 60.0, "train_tokens": 10, "train_cpu_minutes": 2.0,
-                                        "gpu_name": "NVIDIA H100 80GB HBM3"})
-    assert earliest["train_wall_seconds_whole_run"] == 60.0 and earliest["train_tokens_per_cpu_second"] is None
-    sets = upgrade_results({"train_seconds": 9.0, "train_seconds_this_process": 4.0, "train_seconds_before": 2.0})
-    assert sets == {"train_wall_seconds": 9.0, "train_wall_seconds_this_process": 4.0, "train_wall_seconds_before": 2.0}
-    today = upgrade_results(old)
-    assert upgrade_results(today) == today
 
 
 def test_write_model_card_fills_the_fields_it_is_given(tmp_path):

@@ -90,36 +90,6 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     }
 
 
-# all_results.json keys renamed to name their clock (old -> new). Files written before keep the old names (results/);
-# `upgrade_results` reads them with the new ones. `train_seconds_whole_run` became
-# `train_<budget_clock>_seconds_whole_run`.
-RENAMED_RESULT_KEYS = {
-    "train_seconds": "train_wall_seconds",
-    "train_seconds_this_process": "train_wall_seconds_this_process",
-    "train_seconds_before": "train_wall_seconds_before",
-    "train_tokens_per_second": "train_tokens_per_wall_second",
-    "train_model_flops_per_second": "train_model_flops_per_wall_second",
-    "validation_seconds": "validation_wall_seconds",
-    "test_seconds": "test_wall_seconds",
-}
-
-
-def upgrade_results(results):
-    """A run's results (the all_results.json of train_lm.py or train_sets.py, of any date) with today's key names: the
-    old ones of `RENAMED_RESULT_KEYS` renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where a run
-    did not record one: its timer counted wall time), and `train_tokens_per_cpu_second` computed where a CPU run
-    recorded its CPU-minutes and not the speed. A new dict; results with today's names come back equal."""
-    upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}
-    if "train_seconds_whole_run" in upgraded:
-        clock = upgraded.get("budget_clock") or "wall"
-        upgraded[f"train_{clock}_seconds_whole_run"] = upgraded.pop("train_seconds_whole_run")
-    cpu_minutes, tokens = upgraded.get("train_cpu_minutes"), upgraded.get("train_tokens")
-    if "train_tokens_per_cpu_second" not in upgraded and "train_tokens" in upgraded:
-        on_cpu = cpu_minutes and tokens is not None and not upgraded.get("gpu_name")
-        upgraded["train_tokens_per_cpu_second"] = tokens / (cpu_minutes * 60) if on_cpu else None
-    return upgraded
-
-
 def selected_checkpoint(trainer):
     """Which weights a finished run ends with: `selected_step` (the best periodic validation's step with
     `load_best_model_at_end`, else the last step), `selected_by` ("best eval_loss" or "last step") and
