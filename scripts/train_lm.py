@@ -56,11 +56,11 @@ from hf_settransformer.toolkit.cli import (
 from hf_settransformer.toolkit.hub import HubUnreachableError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
+from hf_settransformer.toolkit.machine import run_environment
 from hf_settransformer.toolkit.measure import (
     PerplexityLoggingTrainer,
     model_flops_utilization,
     replica_checksums,
-    run_environment,
     sharding_of,
     tokens_per_step,
 )

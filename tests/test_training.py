@@ -476,14 +476,14 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
 
 def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     trainer = decoder_trainer(tmp_path)
-    environment = toolkit.measure.run_environment(trainer)
+    environment = toolkit.machine.run_environment(trainer)
     assert environment["precision"] == "fp32" and environment["torch_compile"] is False
     assert environment["threads_per_process"] == torch.get_num_threads()
-    assert environment["cpu_model"] == toolkit.measure.cpu_model_name() and environment["cpu_model"]
+    assert environment["cpu_model"] == toolkit.machine.cpu_model_name() and environment["cpu_model"]
     assert environment["gpu_name"] is None  # trained on the CPU
     assert (environment["transformers_version"], environment["torch_version"]) == (
         transformers.__version__, torch.__version__)
-    assert isinstance(toolkit.measure.fast_bf16_available(use_cpu=True), bool)
+    assert isinstance(toolkit.machine.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     assert toolkit.measure.replica_checksums(trainer) == [pytest.approx(total)]
     assert toolkit.measure.tokens_per_step(trainer.args, 8) == 4 * 8
@@ -495,13 +495,13 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     The fields are real TrainingArguments fields with values it accepts."""
     from transformers import TrainingArguments
 
-    assert toolkit.measure.gpu_training_defaults(False) == {} == toolkit.measure.gpu_training_defaults(False, {"optim"})
-    on_cuda = toolkit.measure.gpu_training_defaults(True)
+    assert toolkit.machine.gpu_training_defaults(False) == {} == toolkit.machine.gpu_training_defaults(False, {"optim"})
+    on_cuda = toolkit.machine.gpu_training_defaults(True)
     assert on_cuda == {"optim": "adamw_torch_fused", "dataloader_num_workers": 4,
                        "dataloader_persistent_workers": True, "torch_compile": True, "per_device_eval_batch_size": 64}
-    given = toolkit.measure.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
+    given = toolkit.machine.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
     assert "torch_compile" not in given and "per_device_eval_batch_size" not in given and given["optim"]
-    workers = toolkit.measure.gpu_training_defaults(True, {"dataloader_num_workers"})
+    workers = toolkit.machine.gpu_training_defaults(True, {"dataloader_num_workers"})
     assert "dataloader_num_workers" not in workers and "dataloader_persistent_workers" not in workers
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **on_cuda)
     assert args.torch_compile and args.dataloader_persistent_workers and args.per_device_eval_batch_size == 64
@@ -525,7 +525,7 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     ],
 )
 def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precision, tflops):
-    peak, note = toolkit.measure.peak_flops(name, precision)
+    peak, note = toolkit.machine.peak_flops(name, precision)
     if tflops is None:
         assert peak is None and note.startswith("no ")
     else:

@@ -19,7 +19,7 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 from ..families import FAMILIES
 from ..decay import DECAYS
 from ..feature_maps import FEATURE_MAPS
-from .measure import fast_bf16_available, gpu_training_defaults
+from .machine import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
 from .cli import (  # explicit_flags: imported from here before it moved
     CheckedTrainingArguments,
