@@ -1,7 +1,7 @@
 """The scripts' command line: `TrainingArguments` values checked (`CheckedTrainingArguments`), unknown flags named with
 the nearest one, a JSON file of flags typed as the command line types its text, the flags a command gave, and what a
-flag names (a data file, a tokenizer folder, a saved model or Hub id) checked or loaded with a message that names the
-flag. A bad value ends the process with that message, not a traceback.
+flag names (a data file, a tokenizer folder, a saved model or Hub id) checked or loaded. A bad value is refused with a
+message that names the flag, not a traceback.
 """
 
 import dataclasses

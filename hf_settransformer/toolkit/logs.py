@@ -1,6 +1,5 @@
-"""How the scripts show messages: the `hf_settransformer` loggers (the toolkit's and the scripts', made with
-transformers' `logging.get_logger`) on stdout, one plain line each (`log_to_stdout`). Where nothing configures logging,
-the toolkit's warnings reach stderr (Python's last-resort handler)."""
+"""The scripts' log lines on stdout (`log_to_stdout`). Where nothing configures logging, the toolkit's warnings reach
+stderr (Python's last-resort handler)."""
 
 import logging
 import sys
