@@ -25,7 +25,7 @@ section and never the report:
    same width, depth, context, batch and vocabulary (33,278), compiled; and the linear elu decoder against GPT-2 at
    context 4,096, batch 4 (the same tokens per step). Alternated, medians after warm-up; MFU is the model FLOPs of
    PaLM's count (6N + 12LdK, `toolkit.language_modeling.lm_flops_per_token`; GPT-2 counted alike) over the GPU's
-   dense peak at the precision (`toolkit.measure.GPU_PEAK_TFLOPS`: H100 SXM and H200 989.4, A100 312 TFLOPS bf16;
+   dense peak at the precision (`toolkit.machine.GPU_PEAK_TFLOPS`: H100 SXM and H200 989.4, A100 312 TFLOPS bf16;
    another GPU: a measured 8192^3 matmul, said so). A missed target adds a `torch.profiler` table of the contender's
    10 costliest CUDA kernels.
 4. decoding (55 s): `bench_generation.py --contexts 128 2048 --batch_sizes 1 --dtype bfloat16 --cache static
@@ -68,7 +68,7 @@ from hf_settransformer.attention import attention_kernel
 from hf_settransformer.decay import DECAYS, decay_applies
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import PRESETS, DataArguments, ModelArguments, new_config
-from hf_settransformer.toolkit.measure import peak_flops
+from hf_settransformer.toolkit.machine import peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {  # name -> (title, default budget in seconds): ~8.9 minutes, and the start and the writing

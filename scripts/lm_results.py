@@ -55,14 +55,16 @@ def design(r):
 
 
 def whole_run_seconds(r):
-    """The whole run's training seconds on its budget clock (resumes included), or None where not recorded."""
-    return r.get(f"train_{r.get('budget_clock') or 'wall'}_seconds_whole_run")
+    """The whole run's training seconds on its budget clock (resumes included), or None where not recorded (resumed
+    from a checkpoint that did not record them) or where the run did not train (no clock)."""
+    clock = r.get("budget_clock")
+    return r.get(f"train_{clock}_seconds_whole_run") if clock else None
 
 
 def cpu_minutes_per_clock_second(r):
     """CPU-minutes in one second of a run's recorded training time: its budget clock counts CPU time (all threads of
     the process) or wall time (which counts once per thread)."""
-    return 1 / 60 if r.get("budget_clock") == "cpu" else r.get("threads_per_process", 1) / 60
+    return 1 / 60 if r["budget_clock"] == "cpu" else r["threads_per_process"] / 60
 
 
 def table(runs, unigram=None):
@@ -72,9 +74,9 @@ def table(runs, unigram=None):
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        threads = r.get("threads_per_process", 1)
+        threads = r["threads_per_process"]
         cpu_minutes = r.get("train_cpu_minutes")
-        if cpu_minutes is None and whole_run_seconds(r):
+        if cpu_minutes is None and whole_run_seconds(r):  # recorded the whole run's time, not its CPU-minutes
             cpu_minutes = whole_run_seconds(r) * cpu_minutes_per_clock_second(r)
         lines.append(
             f"| {r['family']} | {design(r)} | {attention_label(r)} | "
@@ -142,16 +144,6 @@ def unigram_reference(folder):
     return out
 
 
-def training_time(r):
-    """The whole run's training time; for a run resumed from a checkpoint that did not record it, the part after."""
-    whole = whole_run_seconds(r)
-    if whole is not None:
-        return f"{whole / 60:.1f} {'CPU' if r.get('budget_clock') == 'cpu' else 'wall'} min"
-    if r.get("resumed_from_step"):
-        return f"{r['train_wall_seconds'] / 60:.1f} wall min after resuming at step {r['resumed_from_step']}"
-    return f"{r.get('train_wall_seconds', float('nan')) / 60:.1f} wall min"
-
-
 def curve_label_and_style(r):
     """Legend label and line style of a run's curve: colour is the family, the style the attention, and the literal
     one-target head, which shares family and attention with a many-target run, gets a style and a label of its own."""
@@ -210,7 +202,7 @@ def main():
                    help="write each run's model card again with the current templates (folders with config.json)")
     args, unknown = p.parse_known_args()
     if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
-        from hf_settransformer.toolkit.training import unknown_flags_message
+        from hf_settransformer.toolkit.cli import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
     check_folders(args.folders)

@@ -59,7 +59,7 @@ def main(argv=None):
     p.add_argument("--token", default=None, help="a Hub token (default: HF_TOKEN or the stored login)")
     args, unknown = p.parse_known_args(argv)
     if unknown:  # named with the nearest flag (the toolkit, and with it torch, loads on this path only)
-        from hf_settransformer.toolkit.training import unknown_flags_message
+        from hf_settransformer.toolkit.cli import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):

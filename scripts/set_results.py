@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from hf_settransformer.toolkit.objectives import set_objectives
-from hf_settransformer.toolkit.training import unknown_flags_message
+from hf_settransformer.toolkit.cli import unknown_flags_message
 from results_common import check_folders, keep, read_results
 
 BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
@@ -76,7 +76,7 @@ def table(runs):
         blocks, attention = split_model(r["model"])
         lines.append(
             f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {steps(r)} | "
-            f"{r.get('lr_scheduler', '?')} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
+            f"{r['lr_scheduler']} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
             f"{training_time(r)} |"
         )
     return "\n".join(lines)

@@ -39,39 +39,39 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
 from hf_settransformer.toolkit.budget import max_steps_for_budget
 from hf_settransformer.toolkit.cards import data_file_record
 from hf_settransformer.toolkit.checkpoint_files import (
+    check_checkpoint_files,
+    check_checkpoint_matches,
     check_loaded_weights,
     check_model_weights,
+    check_run_settings,
     file_digest,
     run_settings,
+)
+from hf_settransformer.toolkit.cli import (
+    check_data_file,
+    check_pretrained_name,
+    check_tokenizer_folder,
+    load_pretrained,
 )
 from hf_settransformer.toolkit.hub import HubUnreachableError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
+from hf_settransformer.toolkit.machine import run_environment
 from hf_settransformer.toolkit.measure import (
     PerplexityLoggingTrainer,
     model_flops_utilization,
     replica_checksums,
-    run_environment,
     sharding_of,
     tokens_per_step,
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
 from hf_settransformer.toolkit.run_folder import (
-    check_checkpoint_files,
-    check_checkpoint_matches,
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
-    check_run_settings,
     lock_output_dir,
     record_run_settings,
     write_text_atomically,
-)
-from hf_settransformer.toolkit.training import (
-    check_data_file,
-    check_pretrained_name,
-    check_tokenizer_folder,
-    load_pretrained,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

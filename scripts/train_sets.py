@@ -35,24 +35,15 @@ from hf_settransformer.toolkit import (
     resolve_resume,
     timed_callbacks,
 )
-from hf_settransformer.toolkit.checkpoint_files import check_loaded_weights, check_model_weights, run_settings
-from hf_settransformer.toolkit.measure import upgrade_results
-from hf_settransformer.toolkit.objectives import set_objective, set_objectives
-from hf_settransformer.toolkit.run_folder import (
+from hf_settransformer.toolkit.checkpoint_files import (
     check_checkpoint_files,
     check_checkpoint_matches,
-    check_inputs_outside,
-    check_output_dir,
-    check_resume_checkpoint,
+    check_loaded_weights,
+    check_model_weights,
     check_run_settings,
-    lock_output_dir,
-    record_run_settings,
-    save_model_atomically,
-    train_unless_finished,
-    write_text_atomically,
+    run_settings,
 )
-from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
-from hf_settransformer.toolkit.training import (
+from hf_settransformer.toolkit.cli import (
     explicit_flags,
     flags_file,
     load_pretrained,
@@ -60,6 +51,18 @@ from hf_settransformer.toolkit.training import (
     read_flags_file,
     typed_flag_values,
 )
+from hf_settransformer.toolkit.objectives import set_objective, set_objectives
+from hf_settransformer.toolkit.run_folder import (
+    check_inputs_outside,
+    check_output_dir,
+    check_resume_checkpoint,
+    lock_output_dir,
+    record_run_settings,
+    save_model_atomically,
+    train_unless_finished,
+    write_text_atomically,
+)
+from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")
 
@@ -298,8 +301,8 @@ def continued_run(args):
     if not (args.model_name_or_path and (Path(args.model_name_or_path) / "all_results.json").is_file()):
         return {}
     path = Path(args.model_name_or_path) / "all_results.json"
-    try:  # a parent of any date: its keys as today's (train_seconds was train_wall_seconds)
-        parent = upgrade_results(json.loads(path.read_text()))
+    try:
+        parent = json.loads(path.read_text())
         seconds, earlier = parent.get("train_wall_seconds"), parent.get("train_wall_seconds_before", 0.0)
         return {
             "steps_before": parent["steps"] + parent.get("steps_before", 0),

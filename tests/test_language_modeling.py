@@ -256,7 +256,8 @@ def test_evaluation_protocol_names_the_windows():
 
 
 RESULTS = dict(parameters=12345, validation_perplexity=101.234, test_perplexity=99.5, validation_accuracy=0.2,
-               test_accuracy=0.25, train_tokens=4096, train_tokens_per_second=512.0, wall_time_seconds=90.0,
+               test_accuracy=0.25, train_tokens=4096, train_tokens_per_wall_second=512.0,
+               train_tokens_per_cpu_second=None, wall_time_seconds=90.0,
                eval_protocol="the protocol", cpu_model="a CPU", threads_per_process=2, precision="bf16",
                train_cpu_minutes=None, train_steps=64, device="cpu x 1")
 
@@ -285,13 +286,10 @@ def test_the_model_card_fields_fill_every_field_of_the_templates(tmp_path, kind)
 def test_the_model_card_says_which_weights_and_the_whole_runs_speed():
     """A resumed run with a best-checkpoint selection: the card names the selected step, the speed over the whole run
     in CPU-seconds (4,096 tokens in 0.5 CPU-minutes) and that the wall time is the last process's."""
-    results = dict(RESULTS, train_cpu_minutes=0.5, resumed_from_step=32, selected_step=48, selected_by="best eval_loss")
+    results = dict(RESULTS, train_cpu_minutes=0.5, train_tokens_per_cpu_second=4096 / 30, resumed_from_step=32,
+                   selected_step=48, selected_by="best eval_loss")
     fields = toolkit.cards.lm_model_card_fields(head("decoder"), results, block_size=8)
     assert fields["training_speed"] == "137 tokens per CPU-second; 512 tokens per wall second"
-    # the same run recorded with the keys that name their clock (train_lm.py since 2026-11-25): the same card
-    today = dict({k: v for k, v in results.items() if k != "train_tokens_per_second"},
-                 train_tokens_per_wall_second=512.0, train_tokens_per_cpu_second=4096 / 30)
-    assert toolkit.cards.lm_model_card_fields(head("decoder"), today, block_size=8) == fields
     assert fields["weights"].startswith("step 48 of 64: the checkpoint with the lowest validation loss")
     assert fields["wall_time"] == "1.5 min (the last process: resumed at step 32)"
     last = dict(results, selected_by="last step", selected_step=64)
@@ -319,8 +317,8 @@ def test_the_model_card_reports_model_flops_and_mfu():
     """On a GPU: the FLOPs per token, the achieved TFLOP/s and the MFU against the GPU's peak, the GPU named beside the
     CPU, and the speed in tokens per wall second (CPU-seconds do not measure a GPU run). On a CPU: no MFU, and why."""
     flops = dict(model_flops_per_token=1e9, model_flops_formula="6N + 12LdK: the count")
-    gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_second=4e5, **flops,
-               **toolkit.measure.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
+    gpu = dict(RESULTS, gpu_name="NVIDIA H100 80GB HBM3", train_cpu_minutes=3.0, train_tokens_per_wall_second=4e5,
+               **flops, **toolkit.measure.model_flops_utilization(4e5, 1e9, "NVIDIA H100 80GB HBM3", "bf16"))
     fields = toolkit.cards.lm_model_card_fields(head("decoder"), gpu, block_size=8)
     assert fields["model_flops"] == ("1,000.0 MFLOP per training token (6N + 12LdK: the count); 400 TFLOP per wall "
                                      "second, **MFU "

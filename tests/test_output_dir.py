@@ -115,7 +115,7 @@ def test_resuming_another_head_of_the_same_config_is_refused():
     import hf_settransformer as hfst
     from conftest import tiny_config
 
-    from hf_settransformer.toolkit.run_folder import check_checkpoint_matches
+    from hf_settransformer.toolkit.checkpoint_files import check_checkpoint_matches
 
     with tempfile.TemporaryDirectory() as folder:
         hfst.TransformerEncoderForMaskedLM(tiny_config("encoder")).save_pretrained(folder)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hf_settransformer import toolkit
-from hf_settransformer.toolkit import lm_arguments, training
+from hf_settransformer.toolkit import cli, lm_arguments
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_bad_inputs import load_script  # noqa: E402
@@ -233,7 +233,7 @@ def test_a_utf8_byte_order_mark_crlf_and_no_last_newline_read_as_plain_lines(tmp
     plain, odd = tmp_path / "plain.txt", tmp_path / "odd.txt"
     plain.write_text("w1 w2\nw3 w1\n")
     odd.write_bytes(b"\xef\xbb\xbfw1 w2\r\nw3 w1")
-    training.check_data_file("--train_file", str(odd))
+    cli.check_data_file("--train_file", str(odd))
     lines = [train_lm.load_splits(type("D", (), dict(train_file=str(p), validation_file=None, test_file=None))())
              for p in (plain, odd)]
     assert lines[0] == lines[1] == {"train": ["w1 w2", "w3 w1"]}
@@ -243,7 +243,7 @@ def test_latin1_after_a_byte_order_mark_names_the_offset_in_the_file(tmp_path):
     path = tmp_path / "bom-latin1.txt"
     path.write_bytes(b"\xef\xbb\xbfw1\ncaf\xe9\n")
     with pytest.raises(SystemExit, match=r"0xe9 at offset 9 \(line 2\)"):
-        training.check_data_file("--train_file", str(path))
+        cli.check_data_file("--train_file", str(path))
 
 
 # ------------------------------------------------------------------------------------ tokenizer folders

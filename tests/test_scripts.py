@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import FAMILIES
 
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,15 +96,18 @@ def test_lm_results_table_and_plot(tmp_path):
         "feature_map": "elu",
         "parameters": 5_050_633,
         "train_tokens": 3_000_000,
-        "train_tokens_per_second": 1700.0,
+        "train_tokens_per_wall_second": 1700.0,
+        "train_tokens_per_cpu_second": 3_000_000 / 1680,
         "validation_perplexity": 250.0,
         "test_perplexity": 240.0,
         "test_accuracy": 0.2,
         "wall_time_seconds": 1800.0,
-        "train_seconds": 1500.0,
+        "train_wall_seconds": 1500.0,
         "threads_per_process": 1,
         "resumed_from_step": 500,
-        "train_seconds_whole_run": 1680.0,
+        "budget_clock": "wall",
+        "train_wall_seconds_whole_run": 1680.0,
+        "train_cpu_minutes": 28.0,
         "validation_curve": [
             {"seconds": 60, "step": 100, "eval_loss": 6.0},
             {"seconds": 120, "step": 200, "eval_loss": 5.5},
@@ -122,7 +125,8 @@ def test_lm_results_table_and_plot(tmp_path):
     config = {"model_type": "hf_settransformer_decoder", "linear_attention_decay": "gated", "transformers_version": "5.0"}
     (tmp_path / "runs" / "decoder-linear-exp-gated" / "config.json").write_text(json.dumps(config))  # a saved model
     (tmp_path / "runs" / "decoder-linear-exp-gated" / "README.md").write_text("# its card")
-    no_clock = {k: v for k, v in result.items() if k != "train_seconds_whole_run"}  # resumed from an old checkpoint
+    # resumed from a checkpoint that did not record the time before it
+    no_clock = dict(result, train_wall_seconds_whole_run=None, train_cpu_minutes=None, train_tokens_per_cpu_second=None)
     (tmp_path / "runs" / "encoder-softmax").mkdir()
     (tmp_path / "runs" / "encoder-softmax" / "all_results.json").write_text(
         json.dumps(dict(no_clock, family="encoder", next_token_mode="many"))
@@ -137,8 +141,8 @@ def test_lm_results_table_and_plot(tmp_path):
         timeout=120,
     )
     # a resumed run shows the whole run's training CPU-minutes (28 min x 1 thread), not this process's (25 min), and
-    # its tokens per CPU-second over them (3M / 1,680 s), not this process's per wall second (1,700); a run from
-    # before the best-checkpoint selection and the evaluation's CPU time says so
+    # its tokens per CPU-second over them (3M / 1,680 s), not this process's per wall second (1,700); a run without a
+    # best-checkpoint selection and the evaluation's CPU time says so
     row = ("| decoder | causal LM | softmax | 5.05M | full | fp32 | 1 | 28.0 | 0 | 3.00M | 1,786 | last | 250.0 | 240.0 "
            "| 0.200 | 0.0 wall |")
     assert row in stdout
@@ -157,38 +161,19 @@ def test_lm_results_table_and_plot(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
-def test_lm_results_reads_the_keys_that_name_their_clock_as_the_old_ones(tmp_path):
-    """A run recorded with today's keys (train_wall_seconds, train_cpu_seconds_whole_run, ...) gives the row the same
-    run recorded with the old ones gives (results/ keeps such files)."""
-    old = {"family": "decoder", "attention": "softmax", "feature_map": "elu", "parameters": 5_050_633,
-           "train_tokens": 3_000_000, "train_tokens_per_second": 1700.0, "validation_perplexity": 250.0,
-           "test_perplexity": 240.0, "test_accuracy": 0.2, "wall_time_seconds": 1800.0, "train_seconds": 1500.0,
-           "threads_per_process": 1, "budget_clock": "cpu", "train_seconds_whole_run": 1680.0,
-           "validation_seconds": 60.0, "test_seconds": 90.0}
-    renamed = {"train_tokens_per_second": "train_tokens_per_wall_second", "train_seconds": "train_wall_seconds",
-               "train_seconds_whole_run": "train_cpu_seconds_whole_run", "validation_seconds": "validation_wall_seconds",
-               "test_seconds": "test_wall_seconds"}
-    new = {renamed.get(key, key): value for key, value in old.items()}
-    rows = []
-    for name, result in (("old", old), ("new", new)):
-        (tmp_path / name / "run").mkdir(parents=True)
-        (tmp_path / name / "run" / "all_results.json").write_text(json.dumps(result))
-        rows.append(run_script("lm_results.py", tmp_path / name, timeout=120).splitlines()[2])
-    assert rows[0] == rows[1] and "| 28.0 |" in rows[0] and "| 1,786 |" in rows[0] and rows[0].endswith("| 2.5 wall |")
-
-
-def test_the_results_scripts_read_old_keys_as_the_toolkit_does():
-    """scripts/results_common.py keeps its own copy of the renamed keys (the tables need no torch): the same as the
-    toolkit's, and the same reading of a run of any date."""
-    results_common = _import("scripts", "results_common")
-    from hf_settransformer import toolkit
-
-    assert results_common.RENAMED_RESULT_KEYS == toolkit.measure.RENAMED_RESULT_KEYS
-    for results in ({"train_seconds": 1.0, "train_seconds_whole_run": 2.0, "budget_clock": "cpu", "train_tokens": 60,
-                     "train_cpu_minutes": 0.5, "test_seconds": 3.0},
-                    {"train_seconds_whole_run": 2.0, "train_tokens": 60, "train_cpu_minutes": 0.5, "gpu_name": "x"},
-                    {"train_seconds": 9.0, "train_seconds_before": 3.0, "train_seconds_this_process": 4.0}):
-        assert results_common.upgrade_results(results) == toolkit.measure.upgrade_results(results)
+def test_the_kept_results_use_todays_keys():
+    """Every all_results.json kept in results/ names its durations and speeds by their clock, as train_lm.py and
+    train_sets.py write them today, and a language-model run records its budget clock: the tables and the model
+    cards read the files as they are."""
+    undated = {"train_seconds", "train_seconds_this_process", "train_seconds_before", "train_seconds_whole_run",
+               "train_tokens_per_second", "train_model_flops_per_second", "validation_seconds", "test_seconds"}
+    files = sorted((ROOT / "results").glob("**/all_results.json"))
+    assert len(files) > 50
+    for path in files:
+        results = json.loads(path.read_text())
+        assert not undated & set(results), (path, undated & set(results))
+        if "family" in results:
+            assert results["budget_clock"] in ("wall", "cpu") and "train_tokens_per_cpu_second" in results, path
 
 
 def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
@@ -236,7 +221,7 @@ def test_set_results_table(tmp_path):
             "steps": 10_000,
             "batch_size": 10,
             "lr_scheduler": "linear",
-            "train_seconds": 3000.0,
+            "train_wall_seconds": 3000.0,
             "log_likelihood_per_point": -1.51234,
             "oracle_log_likelihood_per_point": -1.47,
             "num_hidden_layers": 3,
@@ -244,7 +229,7 @@ def test_set_results_table(tmp_path):
             "paper": {"ISAB(16)+PMA": -1.5009, "SAB+PMA": -1.5145},
             "continued_from": "outputs/sets/mog-30k",  # --model_name_or_path: its steps and time come first
             "steps_before": 30_000,
-            "train_seconds_before": 6000.0,
+            "train_wall_seconds_before": 6000.0,
         },
         "rff": {
             "task": "max_regression",
@@ -252,23 +237,21 @@ def test_set_results_table(tmp_path):
             "parameters": 16_833,
             "steps": 100,
             "batch_size": 128,
-            "train_seconds": None,  # resumed from a checkpoint that did not record the time before it
+            "lr_scheduler": "cosine",
+            "train_wall_seconds": None,  # resumed from a checkpoint that did not record the time before it
             "mae": 0.01,
             "paper": {"SAB+PMA": 0.2085, "rFF+max": 0.1355},
         },
         "lm": {"family": "decoder", "validation_perplexity": 1.0},  # not a set run: left out
     }
-    # the same mixture run recorded with today's keys (train_wall_seconds): the same row
-    runs["mog-today"] = {("train_wall_seconds" if k == "train_seconds" else "train_wall_seconds_before"
-                          if k == "train_seconds_before" else k): v for k, v in runs["mog"].items()}
     for name, result in runs.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "all_results.json").write_text(json.dumps(result))
     stdout = run_script("set_results.py", tmp_path / "runs", "--copy_to", tmp_path / "kept", timeout=120)
     lines = stdout.splitlines()
-    assert len(lines) == 5  # header, rule, three set runs: max regression first, then the mixtures
-    assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | ? | MAE | 0.0100 | 0.1355 | ? |"
-    assert lines[3] == lines[4] == (
+    assert len(lines) == 4  # header, rule, two set runs: max regression first, then the mixture
+    assert lines[2] == "| max_regression | rFF+max | - | - | 16,833 | 100 x 128 | cosine | MAE | 0.0100 | 0.1355 | ? |"
+    assert lines[3] == (
         "| mixture_of_gaussians | ISAB(16)+PMA | 3 + 2 | softmax | 400,000 | 30,000 + 10,000 x 10 | linear "
         "| log-likelihood / point | -1.5123 (oracle -1.4700) | -1.5009 | 150.0 min |"
     )

@@ -23,7 +23,7 @@ SCRIPT = ROOT / "scripts" / "train_lm.py"
 import hf_settransformer  # noqa: E402
 from hf_settransformer import toolkit  # noqa: E402
 from hf_settransformer.toolkit import lm_arguments  # noqa: E402
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER  # noqa: E402
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER  # noqa: E402
 
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
 
@@ -826,7 +826,7 @@ def test_training_defaults_on_cuda_and_for_several_processes():
     CUDA only, and beyond 4 processes the learning rate times sqrt(processes / 4); nothing the command gave."""
     assert lm_arguments.training_defaults("small", is_cuda=False) == {}  # the CPU run as it always was
     gpu = lm_arguments.training_defaults("gpu", is_cuda=True)
-    assert gpu == {**lm_arguments.PRESETS["gpu"]["training"], **toolkit.measure.gpu_training_defaults(True)}
+    assert gpu == {**lm_arguments.PRESETS["gpu"]["training"], **toolkit.machine.gpu_training_defaults(True)}
     assert gpu["learning_rate"] == 1e-3 and gpu["torch_compile"] and gpu["per_device_eval_batch_size"] == 64
     given = lm_arguments.training_defaults("gpu", True, explicit={"learning_rate", "torch_compile"}, processes=16)
     assert "learning_rate" not in given and "torch_compile" not in given and given["per_device_train_batch_size"] == 32

@@ -1,6 +1,6 @@
-"""hf_settransformer.toolkit's training modules (`training`, `run_folder`, `budget`, `measure`, `hub`): the output-folder
-lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the measurements of a run, the
-model card writer and the upload without pickles."""
+"""hf_settransformer.toolkit's training modules (`run_folder`, `checkpoint_files`, `budget`, `measure`, `hub`, `logs`):
+the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the
+measurements of a run, the model card writer, the upload without pickles and the scripts' log lines."""
 
 import json
 import logging
@@ -22,8 +22,8 @@ import hf_settransformer as hfst
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit.budget import BUDGET_FILE
 from hf_settransformer.toolkit.language_modeling import BlockDataset
-from hf_settransformer.toolkit.measure import upgrade_results
-from hf_settransformer.toolkit.run_folder import COMPLETE_MARKER, LOCK_FILE, OutputDirLock, OutputDirLockedError
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
+from hf_settransformer.toolkit.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,14 +231,14 @@ def test_resolve_resume_takes_the_newest_complete_checkpoint_and_sets_aside_the_
 
 
 def test_checkpoint_step_reads_the_name_then_the_marker(tmp_path):
-    assert toolkit.run_folder.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
+    assert toolkit.checkpoint_files.checkpoint_step(tmp_path / "checkpoint-1464") == 1464
     renamed = tmp_path / "best"
     renamed.mkdir()
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": 7}))
-    assert toolkit.run_folder.checkpoint_step(renamed) == 7
+    assert toolkit.checkpoint_files.checkpoint_step(renamed) == 7
     (renamed / COMPLETE_MARKER).write_text(json.dumps({"global_step": True}))
     with pytest.raises(ValueError, match="cannot tell the checkpoint's step"):
-        toolkit.run_folder.checkpoint_step(renamed)
+        toolkit.checkpoint_files.checkpoint_step(renamed)
 
 
 def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
@@ -251,10 +251,10 @@ def test_whole_run_train_loss_weights_each_logged_loss_by_its_steps():
 def test_a_checkpoint_of_another_model_is_refused_naming_the_field(tmp_path):
     hfst.TransformerDecoderForCausalLM(tiny_config("decoder")).save_pretrained(tmp_path)
     fits = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
-    toolkit.run_folder.check_checkpoint_matches(tmp_path, fits)
+    toolkit.checkpoint_files.check_checkpoint_matches(tmp_path, fits)
     wider = hfst.TransformerDecoderForCausalLM(tiny_config("decoder", hidden_size=64))
     with pytest.raises(SystemExit, match="hidden_size: checkpoint 32, this run 64"):
-        toolkit.run_folder.check_checkpoint_matches(tmp_path, wider)
+        toolkit.checkpoint_files.check_checkpoint_matches(tmp_path, wider)
 
 
 # ------------------------------------------------------------------------------------------------ timer and budget
@@ -476,14 +476,14 @@ def test_train_and_measure_trains_saves_and_counts_the_whole_run(tmp_path):
 
 def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     trainer = decoder_trainer(tmp_path)
-    environment = toolkit.measure.run_environment(trainer)
+    environment = toolkit.machine.run_environment(trainer)
     assert environment["precision"] == "fp32" and environment["torch_compile"] is False
     assert environment["threads_per_process"] == torch.get_num_threads()
-    assert environment["cpu_model"] == toolkit.measure.cpu_model_name() and environment["cpu_model"]
+    assert environment["cpu_model"] == toolkit.machine.cpu_model_name() and environment["cpu_model"]
     assert environment["gpu_name"] is None  # trained on the CPU
     assert (environment["transformers_version"], environment["torch_version"]) == (
         transformers.__version__, torch.__version__)
-    assert isinstance(toolkit.measure.fast_bf16_available(use_cpu=True), bool)
+    assert isinstance(toolkit.machine.fast_bf16_available(use_cpu=True), bool)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     assert toolkit.measure.replica_checksums(trainer) == [pytest.approx(total)]
     assert toolkit.measure.tokens_per_step(trainer.args, 8) == 4 * 8
@@ -495,13 +495,13 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     The fields are real TrainingArguments fields with values it accepts."""
     from transformers import TrainingArguments
 
-    assert toolkit.measure.gpu_training_defaults(False) == {} == toolkit.measure.gpu_training_defaults(False, {"optim"})
-    on_cuda = toolkit.measure.gpu_training_defaults(True)
+    assert toolkit.machine.gpu_training_defaults(False) == {} == toolkit.machine.gpu_training_defaults(False, {"optim"})
+    on_cuda = toolkit.machine.gpu_training_defaults(True)
     assert on_cuda == {"optim": "adamw_torch_fused", "dataloader_num_workers": 4,
                        "dataloader_persistent_workers": True, "torch_compile": True, "per_device_eval_batch_size": 64}
-    given = toolkit.measure.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
+    given = toolkit.machine.gpu_training_defaults(True, {"torch_compile", "per_device_eval_batch_size"})
     assert "torch_compile" not in given and "per_device_eval_batch_size" not in given and given["optim"]
-    workers = toolkit.measure.gpu_training_defaults(True, {"dataloader_num_workers"})
+    workers = toolkit.machine.gpu_training_defaults(True, {"dataloader_num_workers"})
     assert "dataloader_num_workers" not in workers and "dataloader_persistent_workers" not in workers
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **on_cuda)
     assert args.torch_compile and args.dataloader_persistent_workers and args.per_device_eval_batch_size == 64
@@ -525,7 +525,7 @@ def test_gpu_training_defaults_apply_on_cuda_only_and_never_over_a_given_flag(tm
     ],
 )
 def test_peak_flops_come_from_the_table_by_gpu_name_and_precision(name, precision, tflops):
-    peak, note = toolkit.measure.peak_flops(name, precision)
+    peak, note = toolkit.machine.peak_flops(name, precision)
     if tflops is None:
         assert peak is None and note.startswith("no ")
     else:
@@ -547,27 +547,6 @@ def test_model_flops_utilization_on_a_known_gpu_an_unknown_one_and_a_cpu():
     untimed = toolkit.measure.model_flops_utilization(None, 1e9, "NVIDIA H100 80GB HBM3")
     assert untimed["mfu"] is None and untimed["train_model_flops_per_wall_second"] is None
     assert untimed["mfu_note"] == "no training steps timed in this process"
-
-
-def test_results_of_any_date_read_with_the_keys_that_name_their_clock():
-    """all_results.json written before the keys named their clock (results/ keeps such files) reads with today's
-    names; today's come back as they are."""
-    old = {"train_seconds": 100.0, "train_tokens_per_second": 40.0, "train_seconds_whole_run": 180.0,
-           "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_seconds": 5.0,
-           "test_seconds": 6.0, "train_model_flops_per_second": 1e9, "validation_cpu_seconds": 4.0}
-    assert upgrade_results(old) == {
-        "train_wall_seconds": 100.0, "train_tokens_per_wall_second": 40.0, "train_cpu_seconds_whole_run": 180.0,
-        "budget_clock": "cpu", "train_cpu_minutes": 3.0, "train_tokens": 3600, "validation_wall_seconds": 5.0,
-        "test_wall_seconds": 6.0, "train_model_flops_per_wall_second": 1e9, "validation_cpu_seconds": 4.0,
-        "train_tokens_per_cpu_second": 20.0}
-    # a run from before the budget clock was recorded counted wall time; on a GPU there is no per-CPU-second speed
-    earliest = upgrade_results({"train_seconds_whole_run": 60.0, "train_tokens": 10, "train_cpu_minutes": 2.0,
-                                        "gpu_name": "NVIDIA H100 80GB HBM3"})
-    assert earliest["train_wall_seconds_whole_run"] == 60.0 and earliest["train_tokens_per_cpu_second"] is None
-    sets = upgrade_results({"train_seconds": 9.0, "train_seconds_this_process": 4.0, "train_seconds_before": 2.0})
-    assert sets == {"train_wall_seconds": 9.0, "train_wall_seconds_this_process": 4.0, "train_wall_seconds_before": 2.0}
-    today = upgrade_results(old)
-    assert upgrade_results(today) == today
 
 
 def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
@@ -619,7 +598,8 @@ def test_log_to_stdout_shows_the_toolkit_lines_by_process(capsys, caplog):
     second call adds no second handler."""
     import logging
 
-    from hf_settransformer.toolkit.training import LOGGER_ROOT, logger
+    from hf_settransformer.toolkit.logs import LOGGER_ROOT
+    from hf_settransformer.toolkit.run_folder import logger
 
     root = logging.getLogger(LOGGER_ROOT)
     level, handlers = root.level, list(root.handlers)

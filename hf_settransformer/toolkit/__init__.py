@@ -1,10 +1,12 @@
 """The toolkit of hf_settransformer: what trains, evaluates and publishes the models, as `scripts/` uses it.
 
 One module a concern: the table of training objectives (`objectives`), language-modelling data and evaluation
-(`language_modeling`), the paper's set tasks (`set_tasks`, `data`), the command line and logging (`training`), the
-output folder, locks and resumable checkpoints (`run_folder`), time budgets (`budget`), measurements (`measure`), Hub
-uploads (`hub`), model cards (`cards`) and train_lm.py's flags and presets (`lm_arguments`). This package exports what
-a script of your own needs; everything else is imported from its module.
+(`language_modeling`), the paper's set tasks (`set_tasks`, `data`), the scripts' command line (`cli`) and log lines
+(`logs`), the output folder, its lock and what is written into it (`run_folder`), what is read back from a checkpoint
+or saved model (`checkpoint_files`), the value every process takes from the main one (`processes`), time budgets
+(`budget`), measurements (`measure`), the machine a run runs on (`machine`), Hub uploads (`hub`), model cards (`cards`)
+and train_lm.py's flags and presets (`lm_arguments`). This package exports what a script of your own needs;
+everything else is imported from its module.
 
 Nothing here travels with a checkpoint: the modeling files in `hf_settransformer/` never import this package. It needs
 torch and transformers (and `tokenizers`, `huggingface_hub`, which transformers brings), not accelerate or datasets.
@@ -36,7 +38,8 @@ from .objectives import (
 )
 from .run_folder import OutputDirLock, resolve_resume
 from .set_tasks import evaluate_set_task, make_set_task
-from .training import CheckedTrainingArguments, check_flags, log_to_stdout
+from .cli import CheckedTrainingArguments, check_flags
+from .logs import log_to_stdout
 
 __all__ = [
     # the objectives table: what a head predicts, how its data is cut and how it is scored

@@ -12,8 +12,9 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
 
-from .run_folder import CompleteCheckpointCallback, read_marker
-from .training import from_main_process
+from .checkpoint_files import read_marker
+from .processes import from_main_process
+from .run_folder import CompleteCheckpointCallback
 
 logger = hf_logging.get_logger(__name__)
 

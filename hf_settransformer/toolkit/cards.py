@@ -23,7 +23,6 @@ import transformers
 
 from ..attention import attention_kernel
 from .objectives import MLM_PROBABILITY, is_masked_lm, lm_objectives, objective_of
-from .measure import upgrade_results
 from .run_folder import write_text_atomically
 
 CARD_TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # package data: lm_model_card.md, mlm_model_card.md
@@ -82,12 +81,11 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
     train_tokens_per_cpu_second, wall_time_seconds, eval_protocol, cpu_model, threads_per_process, precision,
     train_cpu_minutes, train_steps, device; where present resumed_from_step, selected_step, selected_by, gpu_name,
     the model FLOPs of `model_flops_utilization`, and the run's transformers_version and torch_version, else the
-    installed ones; the keys of earlier runs are read too, `upgrade_results`). `family`
-    defaults to the one `model_type` names. What the run did not measure (no --do_eval, --do_predict or --do_train: no
-    perplexity, no training speed) is None, so that `write_model_card` leaves its lines out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as
-    `write_lm_model_card` does); then `write_model_card(output_dir, template, **fields)`."""
+    installed ones). `family` defaults to the one `model_type` names. What the run did not measure (no --do_eval,
+    --do_predict or --do_train: no perplexity, no training speed) is None, so that `write_model_card` leaves its lines
+    out. `repo_id`, `command`, `data_note` and `model_index` are the caller's to add (as `write_lm_model_card` does);
+    then `write_model_card(output_dir, template, **fields)`."""
     config, objective = model.config, objective_of(model)
-    results = upgrade_results(results)
     trained = _measured(results, "train_tokens") is not None
     family = family or config.model_type.removeprefix("hfst_")
     attention_tag, attention = attention_kernel(config).describe(config)

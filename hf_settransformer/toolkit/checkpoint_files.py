@@ -1,7 +1,9 @@
 """What a run reads back from a folder it did not just write: a checkpoint to resume from, a saved model to continue.
-Each file is checked before transformers or torch reads it (a truncated safetensors file, a garbage optimizer.pt, a
-missing trainer_state.json), so a damaged folder ends the run naming the file, what is wrong with it and what to do,
-instead of a traceback from inside safetensors or torch.load, or, worse, a run that silently starts over."""
+A checkpoint is complete once its marker is written (`COMPLETE_MARKER`, `read_marker`), and has a step
+(`checkpoint_step`). Each file is checked before transformers or torch reads it (a truncated safetensors file, a
+garbage optimizer.pt, a missing trainer_state.json), so a damaged folder ends the run naming the file, what is wrong
+with it and what to do, instead of a traceback from inside safetensors or torch.load, or, worse, a run that silently
+starts over. Nothing here writes: the output folder and what is written into it are `run_folder`'s."""
 
 import hashlib
 import json
@@ -13,6 +15,10 @@ from transformers.utils import logging as hf_logging
 logger = hf_logging.get_logger(__name__)
 
 WEIGHTS = "model.safetensors"
+
+# in a checkpoint folder once the Trainer has written all of it (`run_folder.CompleteCheckpointCallback`): the
+# step, training time, validation curve and run settings so far
+COMPLETE_MARKER = "hfst_checkpoint_complete.json"
 
 # files torch.save wrote into a checkpoint (zip archives since torch 1.6): the Trainer torch.loads each one it finds
 TORCH_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth")
@@ -74,10 +80,37 @@ def saved_config(config_class, values):
         return values
 
 
+def read_marker(folder):
+    """The completion marker of a checkpoint folder as a dict, or None when it is missing or not a JSON object."""
+    try:
+        marker = json.loads((Path(folder) / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def checkpoint_step(folder):
+    """`.../checkpoint-1464` -> 1464; a folder named otherwise gives the step its marker or trainer state records."""
+    suffix = Path(folder).name.split("-")[-1]
+    if suffix.isdigit():
+        return int(suffix)
+    for source in (read_marker(folder) or {}, Path(folder) / "trainer_state.json"):
+        if isinstance(source, Path):
+            try:
+                source = json.loads(source.read_text())
+            except (OSError, ValueError):
+                continue
+        step = source.get("global_step") if isinstance(source, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+    raise ValueError(
+        f"{folder}: cannot tell the checkpoint's step (its name does not end in -<step>, and neither "
+        f"{COMPLETE_MARKER} nor trainer_state.json records a `global_step`)."
+    )
+
+
 def earlier_checkpoint(folder):
     """The newest complete `checkpoint-<step>` beside `folder` with a lower step, or None."""
-    from .run_folder import checkpoint_step, read_marker
-
     folder = Path(folder)
     try:
         step = checkpoint_step(folder)
@@ -285,8 +318,6 @@ def check_run_settings(folder, settings, script="train"):
 
     A setting only one side records (a checkpoint of an older version) is not compared; a checkpoint that records none
     (made before they were recorded) resumes with a warning that nothing could be compared."""
-    from .run_folder import read_marker
-
     theirs = (read_marker(folder) or {}).get("run_settings")
     if not isinstance(theirs, dict):
         logger.warning(f"[{script}] {folder} records no run settings (made before they were recorded): its learning "

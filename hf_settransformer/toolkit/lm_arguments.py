@@ -19,9 +19,9 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 from ..families import FAMILIES
 from ..decay import DECAYS, decay_applies
 from ..feature_maps import FEATURE_MAPS
-from .measure import fast_bf16_available, gpu_training_defaults
+from .machine import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
-from .training import (  # explicit_flags: imported from here before it moved
+from .cli import (  # explicit_flags: imported from here before it moved
     CheckedTrainingArguments,
     check_flags,
     explicit_flags,

@@ -1,19 +1,19 @@
-"""What a run measured: training loss, tokens and speed across resumes (`train_and_measure`), the machine it ran on,
-its model FLOPs utilisation (a table of GPU peaks), the Trainer settings a GPU run expects, and the replica check."""
+"""What a run measured: training loss, tokens and speed across resumes (`train_and_measure`), its model FLOPs
+utilisation (against the device's peak, `machine.peak_flops`), the perplexity beside every logged loss, and the check
+that data-parallel replicas agree. The machine a run ran on is `machine`'s."""
 
 
 import math
-import platform
-import re
 import time
-from pathlib import Path
 
 import torch
 import transformers
 from transformers.utils import logging as hf_logging
 
 from .budget import TimedEvalCallback
-from .run_folder import checkpoint_step, save_model_atomically, stops_say_where_to_resume, train_unless_finished
+from .checkpoint_files import checkpoint_step
+from .machine import peak_flops
+from .run_folder import save_model_atomically, stops_say_where_to_resume, train_unless_finished
 
 logger = hf_logging.get_logger(__name__)
 
@@ -89,36 +89,6 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
     }
 
 
-# all_results.json keys renamed to name their clock (old -> new). Files written before keep the old names (results/);
-# `upgrade_results` reads them with the new ones. `train_seconds_whole_run` became
-# `train_<budget_clock>_seconds_whole_run`.
-RENAMED_RESULT_KEYS = {
-    "train_seconds": "train_wall_seconds",
-    "train_seconds_this_process": "train_wall_seconds_this_process",
-    "train_seconds_before": "train_wall_seconds_before",
-    "train_tokens_per_second": "train_tokens_per_wall_second",
-    "train_model_flops_per_second": "train_model_flops_per_wall_second",
-    "validation_seconds": "validation_wall_seconds",
-    "test_seconds": "test_wall_seconds",
-}
-
-
-def upgrade_results(results):
-    """A run's results (the all_results.json of train_lm.py or train_sets.py, of any date) with today's key names: the
-    old ones of `RENAMED_RESULT_KEYS` renamed, `train_seconds_whole_run` named by its `budget_clock` (wall where a run
-    did not record one: its timer counted wall time), and `train_tokens_per_cpu_second` computed where a CPU run
-    recorded its CPU-minutes and not the speed. A new dict; results with today's names come back equal."""
-    upgraded = {RENAMED_RESULT_KEYS.get(key, key): value for key, value in results.items()}
-    if "train_seconds_whole_run" in upgraded:
-        clock = upgraded.get("budget_clock") or "wall"
-        upgraded[f"train_{clock}_seconds_whole_run"] = upgraded.pop("train_seconds_whole_run")
-    cpu_minutes, tokens = upgraded.get("train_cpu_minutes"), upgraded.get("train_tokens")
-    if "train_tokens_per_cpu_second" not in upgraded and "train_tokens" in upgraded:
-        on_cpu = cpu_minutes and tokens is not None and not upgraded.get("gpu_name")
-        upgraded["train_tokens_per_cpu_second"] = tokens / (cpu_minutes * 60) if on_cpu else None
-    return upgraded
-
-
 def selected_checkpoint(trainer):
     """Which weights a finished run ends with: `selected_step` (the best periodic validation's step with
     `load_best_model_at_end`, else the last step), `selected_by` ("best eval_loss" or "last step") and
@@ -130,99 +100,6 @@ def selected_checkpoint(trainer):
         return dict(selected_step=checkpoint_step(state.best_model_checkpoint), selected_by=f"best {metric}",
                     best_periodic_eval_loss=state.best_metric)
     return dict(selected_step=state.global_step, selected_by="last step", best_periodic_eval_loss=state.best_metric)
-
-
-def cpu_model_name():
-    """The CPU's model name (`/proc/cpuinfo`), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def fast_bf16_available(use_cpu=False):
-    """Whether bf16 autocast is fast here: on the GPU (unless `use_cpu`), when it supports bf16; on the CPU, with
-    AVX512-BF16 or AMX (~4x fp32 on this project's machine; without them bf16 matmuls are ~300x slower than fp32)."""
-    if not use_cpu and torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def run_environment(trainer):
-    """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
-    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training
-    device's `torch.cuda.get_device_name`, None off CUDA), "transformers_version", "torch_version"}."""
-    mixed, device = trainer.accelerator.mixed_precision, trainer.args.device
-    return {
-        "cpu_model": cpu_model_name(),
-        "threads_per_process": torch.get_num_threads(),
-        "precision": "fp32" if mixed in (None, "no") else mixed,
-        "torch_compile": bool(trainer.args.torch_compile),
-        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-    }
-
-
-# What a GPU user expects of the Trainer, where the command does not say (`gpu_training_defaults`). The dataloader
-# settings go together: an explicit --dataloader_num_workers leaves --dataloader_persistent_workers to the user (it
-# needs workers). `dataloader_pin_memory` is already transformers' default (True).
-GPU_TRAINING_DEFAULTS = {
-    "optim": "adamw_torch_fused",  # one kernel per parameter group (transformers 5.23's default already)
-    "dataloader_num_workers": 4,  # batches are made while the GPU runs the step
-    "dataloader_persistent_workers": True,  # not started again for every epoch and periodic evaluation
-    "torch_compile": True,  # the models' training forward has no host sync (fullgraph=True compiles)
-    "per_device_eval_batch_size": 64,  # 64 windows of 512 tokens: the evaluations fill the device, not 32 of 128
-}
-
-
-def gpu_training_defaults(is_cuda, explicit=frozenset()):
-    """The `TrainingArguments` fields a run on CUDA takes from `GPU_TRAINING_DEFAULTS`: {} off CUDA, and none of the
-    fields in `explicit` (the ones the command sets). A pure function of its arguments, so the choice is testable on
-    a machine without a GPU."""
-    if not is_cuda:
-        return {}
-    defaults = {name: value for name, value in GPU_TRAINING_DEFAULTS.items() if name not in explicit}
-    if "dataloader_num_workers" in explicit:
-        defaults.pop("dataloader_persistent_workers", None)
-    return defaults
-
-
-# Dense (no sparsity) peak TFLOP/s of one GPU: (pattern of `torch.cuda.get_device_name()`, bf16/fp16 tensor cores,
-# fp32 without tensor cores). Source: NVIDIA datasheets (H100/H200: SXM; A100: SXM and PCIe alike; Ada whitepaper for
-# the RTX 4090: bf16 with fp32 accumulate). The first pattern that matches wins; NVL variants are not listed (their
-# peaks differ) and so give no MFU rather than a wrong one.
-GPU_PEAK_TFLOPS = [
-    (r"\bH100\b.*PCIe", 756.0, 51.0),
-    (r"\bH100\b(?!.*NVL)", 989.4, 67.0),
-    (r"\bH200\b(?!.*NVL)", 989.4, 67.0),
-    (r"\bA100\b", 312.0, 19.5),
-    (r"\bL40S\b", 362.05, 91.6),
-    (r"\bL4\b", 121.0, 30.3),
-    (r"\bRTX 4090\b", 165.2, 82.6),
-]
-
-
-def peak_flops(device_name, precision="bf16"):
-    """-> (dense peak FLOP/s of one device at `precision` ("bf16", "fp16", "fp32") or None, a note: the entry used, or
-    why there is none). `device_name`: `torch.cuda.get_device_name()`, None for a CPU."""
-    if device_name is None:
-        return None, "no peak table for CPUs"
-    if precision not in ("bf16", "fp16", "fp32"):
-        return None, f"no {precision} peaks in the table (GPU_PEAK_TFLOPS: bf16/fp16 and fp32)"
-    for pattern, half, single in GPU_PEAK_TFLOPS:
-        if re.search(pattern, device_name):
-            tflops = single if precision == "fp32" else half
-            kind = "fp32 (no tensor cores)" if precision == "fp32" else f"{precision} dense tensor-core"
-            return tflops * 1e12, f"{device_name}: {tflops:g} TFLOPS {kind} peak (NVIDIA datasheet)"
-    return None, f"no peak for {device_name!r} in the table (hf_settransformer.toolkit.measure.GPU_PEAK_TFLOPS)"
 
 
 def model_flops_utilization(tokens_per_second, flops_per_token, device_name, precision="bf16", devices=1):

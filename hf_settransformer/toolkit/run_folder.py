@@ -17,17 +17,10 @@ from pathlib import Path
 from transformers import TrainerCallback, TrainerState
 from transformers.utils import logging as hf_logging
 
-from .checkpoint_files import (  # noqa: F401 (the scripts' import)
-    check_checkpoint_files,
-    check_checkpoint_matches,
-    check_run_settings,
-)
-from .training import from_main_process
+from .checkpoint_files import COMPLETE_MARKER, check_checkpoint_files, checkpoint_step, read_marker
+from .processes import from_main_process
 
 logger = hf_logging.get_logger(__name__)
-
-
-COMPLETE_MARKER = "hfst_checkpoint_complete.json"  # in a checkpoint folder the Trainer has finished writing
 
 
 LOCK_FILE = ".hfst_run.lock"  # in the output folder of a live run (OutputDirLock)
@@ -407,35 +400,6 @@ def record_run_settings(callbacks, settings):
     for callback in callbacks:
         if isinstance(callback, CompleteCheckpointCallback):
             callback.run_settings = settings
-
-
-def read_marker(folder):
-    """The completion marker of a checkpoint folder as a dict, or None when it is missing or not a JSON object."""
-    try:
-        marker = json.loads((Path(folder) / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def checkpoint_step(folder):
-    """`.../checkpoint-1464` -> 1464; a folder named otherwise gives the step its marker or trainer state records."""
-    suffix = Path(folder).name.split("-")[-1]
-    if suffix.isdigit():
-        return int(suffix)
-    for source in (read_marker(folder) or {}, Path(folder) / "trainer_state.json"):
-        if isinstance(source, Path):
-            try:
-                source = json.loads(source.read_text())
-            except (OSError, ValueError):
-                continue
-        step = source.get("global_step") if isinstance(source, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            return step
-    raise ValueError(
-        f"{folder}: cannot tell the checkpoint's step (its name does not end in -<step>, and neither "
-        f"{COMPLETE_MARKER} nor trainer_state.json records a `global_step`)."
-    )
 
 
 def _resume_requested(value):

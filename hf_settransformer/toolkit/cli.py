@@ -1,36 +1,18 @@
-"""The training scripts' command line and logging: checked `TrainingArguments` values, unknown flags named with the
-nearest one, models and tokenizers loaded from a flag with a message that names it, a value every process takes from
-the main one, and the scripts' log lines on stdout. The run folder, the time budget, measurements and the Hub upload
-are in `run_folder`, `budget`, `measure` and `hub`.
-
-Typical use of the pieces (docs/training.md, "Use the pieces in your own script"):
-
-    resume = resolve_resume(training_args)
-    timer, budget, callbacks = timed_callbacks(resume, clock="cpu", max_minutes=30)
-    trainer = Trainer(..., callbacks=callbacks)
-    results = train_and_measure(trainer, resume, timer, budget)
-
-Needs torch and transformers only (no accelerate or datasets); the modeling files never import the toolkit.
+"""The scripts' command line: `TrainingArguments` values checked (`CheckedTrainingArguments`), unknown flags named with
+the nearest one, a JSON file of flags typed as the command line types its text, the flags a command gave, and what a
+flag names (a data file, a tokenizer folder, a saved model or Hub id) checked or loaded. A bad value is refused with a
+message that names the flag, not a traceback.
 """
 
 import dataclasses
 import json
-import logging
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
-import torch
 import transformers
-from transformers.utils import logging as hf_logging
-
-# the toolkit's messages: warnings reach stderr wherever logging is not configured (Python's last-resort handler);
-# the scripts show them and their own INFO lines on stdout (`log_to_stdout`)
-logger = hf_logging.get_logger(__name__)
-LOGGER_ROOT = "hf_settransformer"
 
 
 def _finite(v):
@@ -316,49 +298,3 @@ def check_tokenizer_folder(flag, value, model=False):
             "word-level tokenizer from --train_file")
     raise SystemExit(f"{flag} {value}: this folder holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
                      f"{what}.")
-
-
-def from_main_process(value):
-    """`value` as the main process has it, on every process (a picklable object; itself without several processes).
-    What every rank must agree on (a lock's owner, a time budget's max_steps) is decided on rank 0 and sent from there:
-    each rank deciding alone (its own timing probe) can disagree, and a rank that stops first leaves the others waiting
-    in their next collective."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return value
-    if torch.distributed.get_world_size() == 1:
-        return value
-    shared = [value]
-    torch.distributed.broadcast_object_list(shared, src=0)
-    return shared[0]
-
-
-class _StdoutHandler(logging.StreamHandler):
-    """A handler that writes to whatever `sys.stdout` is when a record arrives (a notebook's or pytest's capture
-    replaces it after the handler is made)."""
-
-    def __init__(self):
-        super().__init__(sys.stdout)
-
-    @property
-    def stream(self):
-        return sys.stdout
-
-    @stream.setter
-    def stream(self, value):
-        pass
-
-
-def log_to_stdout(main_process=True):
-    """How the scripts show messages: the `hf_settransformer` loggers (the toolkit's and the scripts', made with
-    transformers' `logging.get_logger`) write one plain line each to stdout, INFO and up on the main process and
-    WARNING and up on the others (as transformers' example scripts log from the main process). Returns the scripts'
-    logger (`hf_settransformer.scripts`). Calling it again only sets the level."""
-    root = logging.getLogger(LOGGER_ROOT)
-    if not any(isinstance(h, _StdoutHandler) for h in root.handlers):
-        handler = _StdoutHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root.addHandler(handler)
-    root.setLevel(logging.INFO if main_process else logging.WARNING)
-    return hf_logging.get_logger(f"{LOGGER_ROOT}.scripts")
-
-
