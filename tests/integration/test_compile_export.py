@@ -1,6 +1,6 @@
 """torch.compile and torch.export for every family x attention type: one graph (fullgraph, no graph breaks) and the
 outputs of eager mode. Dynamo is checked with the "eager" backend (tracing without inductor's code generation, which
-tests/test_hf_integration.py's compiled training covers and which takes tens of seconds per model); training steps
+tests/integration/test_hf_integration.py's compiled training covers and which takes tens of seconds per model); training steps
 of the linear kernels also with "aot_eager" (AOT autograd's forward and backward graphs, as inductor gets them).
 
 Decoding steps with fixed shapes (a StaticCache for softmax, the in-place recurrent state for linear attention) compile
@@ -9,8 +9,17 @@ to one graph that serves every step: no recompilation as the context grows, whic
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ATTENTIONS, FAMILIES, VOCAB, decoder, family_classes, make_model, tiny_config
-from test_generation import left_padded_batch
+from tests.helpers import (
+    ATTENTIONS,
+    FAMILIES,
+    VOCAB,
+    decode,
+    decoder,
+    family_classes,
+    left_padded_batch,
+    make_model,
+    tiny_config,
+)
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoModel, AutoModelForCausalLM, StaticCache
 
@@ -129,24 +138,6 @@ def test_compiled_exp_kernel_takes_the_exact_path_in_steep_chunks():
     for a, b in zip(compiled_grads, grads):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-
-
-def decode(model, step, cache, ids, mask, steps=5):
-    """Prefill `ids` eagerly into `cache`, then `steps` greedy steps through `step` -> their logits (steps, b, vocab).
-    `mask`: (b, n) for a cache that grows, (b, slots) for a static cache; None: no padding."""
-    logits = []
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-        for t in range(steps):
-            if mask is not None and mask.shape[1] == ids.shape[1] + t:  # the usual cache's mask: one more column
-                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            elif mask is not None:  # a static cache's, one column per slot: the new token's slot is set
-                mask = mask.clone()
-                mask[:, ids.shape[1] + t] = 1
-            token = out.logits[:, -1:].argmax(-1)
-            out = step(input_ids=token, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
-            logits.append(out.logits[:, -1].clone())
-    return torch.stack(logits)
 
 
 def test_compiled_static_cache_decoding_step_equals_eager():

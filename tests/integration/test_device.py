@@ -12,14 +12,9 @@ all ones), in one read. The exp kernel's rare exact-path check is the one other 
 is a select); `torch.compile` reads nothing (the fullgraph test below).
 """
 
-import collections
-import contextlib
-import traceback
-
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, MODEL_CLASSES, VOCAB, make_model, tiny_config
-from torch.utils._python_dispatch import TorchDispatchMode
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, MODEL_CLASSES, VOCAB, host_reads, make_model, tiny_config
 
 import hf_settransformer as hfst
 
@@ -122,52 +117,6 @@ def test_the_meta_device_technique_catches_a_tensor_made_on_the_default_device()
         dense, _ = mask.dense_form(scores.device)
         scores.masked_fill(~dense, 0.0)
     assert dense.device.type == "cpu" and dense[0, 0].tolist() == [[True, False, False], [True, True, False]] + [[True] * 3]
-
-
-SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::nonzero_static"}
-
-
-def _package_site():
-    """The innermost hf_settransformer function on the stack, as "file:function"."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "hf_settransformer" in frame.filename.replace("\\", "/").split("/site-packages/")[-1]:
-            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
-    return "outside the package"
-
-
-class HostReads(TorchDispatchMode):
-    """Counts, per package function, the ops that read device values back to the host."""
-
-    def __init__(self):
-        super().__init__()
-        self.sites = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        bool_index = name in ("aten::index", "aten::index_put", "aten::index_put_") and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool
-            for a in args
-            if isinstance(a, (list, tuple))
-            for i in a
-        )
-        if name in SYNC_OPS or bool_index:
-            self.sites[_package_site()] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def host_reads(monkeypatch):
-    reads = HostReads()
-    tolist = torch.Tensor.tolist
-
-    def counted_tolist(self):
-        reads.sites[_package_site()] += 1
-        return tolist(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
-    with reads:
-        yield reads.sites
-    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
 
 
 @pytest.mark.parametrize("with_mask", [False, True], ids=["no-mask", "all-ones-mask"])

@@ -13,7 +13,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
-from conftest import family_classes, quiet_training_args, tiny_config
+from tests.helpers import family_classes, quiet_training_args, tiny_config
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -27,7 +27,7 @@ from transformers import (
 
 from hf_settransformer import toolkit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
 LINES = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 7)) for i in range(120)]
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import (
+from tests.helpers import (
     ATTENTION_IDS,
     ATTENTIONS,
     FAMILIES,

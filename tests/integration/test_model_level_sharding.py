@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ATTENTIONS, VOCAB, tiny_config
+from tests.helpers import ATTENTIONS, VOCAB, tiny_config
 from torch import nn
 
 import hf_settransformer as hfst
 from hf_settransformer.layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm
 from hf_settransformer.toolkit.measure import sharding_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = list(hfst.FAMILIES)
 # the token-predicting head each family trains with (the Set Transformer's next-token head reads token ids)
 LM_HEADS = {
@@ -223,8 +223,8 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
-sys.path.insert(0, "tests")
-from test_model_level_sharding import FSDP2_CASES, fsdp2_case
+sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
+from tests.integration.test_model_level_sharding import FSDP2_CASES, fsdp2_case
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -437,8 +437,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import deepspeed
-sys.path.insert(0, "tests")
-from test_model_level_sharding import FAMILIES, ZERO3_CASES, zero3_case, zero3_save_case, zero_init_case
+sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
+from tests.integration.test_model_level_sharding import FAMILIES, ZERO3_CASES, zero3_case, zero3_save_case, zero_init_case
 
 torch.set_num_threads(1)
 deepspeed.init_distributed(dist_backend="gloo")  # DeepSpeed's CPU accelerator: gloo when oneCCL is absent

@@ -4,7 +4,7 @@ the same outputs again. The projections LoRA wraps are the ones the README names
 
 import pytest
 import torch
-from conftest import family_classes, make_model, quiet_training_args, tiny_config
+from tests.helpers import family_classes, make_model, quiet_training_args, tiny_config
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification, Trainer
 
 import hf_settransformer as hfst  # noqa: F401 (registers the Auto classes)

@@ -3,7 +3,7 @@ generate, TextStreamer, with checkpoints of ours."""
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, family_classes, make_model, tiny_config, word_tokenizer
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, family_classes, make_model, tiny_config, word_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer, pipeline
 
 LM_FAMILIES = ["decoder", "encoder", "set_transformer", "perceiver_io"]

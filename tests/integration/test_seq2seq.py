@@ -3,7 +3,7 @@ solving held-out examples with greedy generate() (cross-attention keys cached, s
 
 import pytest
 import torch
-from conftest import quiet_training_args
+from tests.helpers import quiet_training_args
 from transformers import EncoderDecoderModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 import hf_settransformer as hfst

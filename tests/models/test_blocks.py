@@ -1,7 +1,7 @@
 """Mirrors `hf_settransformer/blocks.py`: the Set Transformer's MAB/ISAB/PMA blocks, in a model and under padding."""
 
 import torch
-from conftest import batch_of_tokens, make_model, tiny_config
+from tests.helpers import batch_of_tokens, make_model, tiny_config
 
 import hf_settransformer as hfst
 

@@ -4,8 +4,7 @@ context, and a linear decoder refusing a key-value cache (a static one too); the
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder
-from test_generation import left_padded_batch
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder, left_padded_batch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
 

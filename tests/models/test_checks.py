@@ -4,8 +4,16 @@ float64 features, unknown keywords far from every input) gives the result transf
 
 import pytest
 import torch
-from conftest import ATTENTIONS, VOCAB, batch_of_tokens, family_classes, make_model, tiny_config
-from test_heads import HEAD_FAMILIES, many_target_head
+from tests.helpers import (
+    ATTENTIONS,
+    HEAD_FAMILIES,
+    VOCAB,
+    batch_of_tokens,
+    family_classes,
+    make_model,
+    many_target_head,
+    tiny_config,
+)
 
 import hf_settransformer as hfst
 
@@ -34,7 +42,7 @@ INPUT_CASES = [  # (model kwargs, words of the error); decoder and encoder, soft
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
 @pytest.mark.parametrize("kwargs,words", INPUT_CASES, ids=[str(i) for i in range(len(INPUT_CASES))])
 def test_bad_inputs_are_refused_naming_the_input(family, attention_type, kwargs, words):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     config = tiny_config(family, attention_type)
     model = make_model(family_classes(config)[next(iter(family_classes(config)))], config)
@@ -45,7 +53,7 @@ def test_bad_inputs_are_refused_naming_the_input(family, attention_type, kwargs,
 
 
 def test_negative_learned_positions_are_refused():
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(hfst.TransformerDecoderModel, tiny_config("decoder", position_embedding_type="learned"))
     ids = torch.ones(1, 4, dtype=torch.long)
@@ -55,7 +63,7 @@ def test_negative_learned_positions_are_refused():
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=["softmax", "linear-elu", "linear-exp"])
 def test_a_cache_of_another_batch_size_is_refused_naming_both(attention_type, feature_map):
-    from conftest import decoder
+    from tests.helpers import decoder
 
     model = decoder(attention_type, feature_map)
     with torch.no_grad():
@@ -67,7 +75,7 @@ def test_a_cache_of_another_batch_size_is_refused_naming_both(attention_type, fe
 @pytest.mark.parametrize("cls,family", [("TransformerDecoderForCausalLM", "decoder"),
                                         ("TransformerEncoderForMaskedLM", "encoder")])
 def test_labels_of_another_shape_are_refused_naming_both_shapes(cls, family):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(getattr(hfst, cls), tiny_config(family))
     ids = torch.randint(1, 37, (2, 6))
@@ -81,7 +89,7 @@ def test_labels_of_another_shape_are_refused_naming_both_shapes(cls, family):
                                         ("encoder", "TransformerEncoderForNextTokenPrediction"),
                                         ("set_transformer", "SetTransformerForNextTokenPrediction")])
 def test_a_loss_over_zero_targets_is_zero_with_a_zero_gradient(family, cls):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(getattr(hfst, cls), tiny_config(family)).train()
     ids = torch.randint(1, 37, (2, 8))
@@ -181,7 +189,7 @@ def test_generate_refuses_counts_transformers_does_not_check(cls, family, kwargs
     """transformers 5.23 divides by zero on num_beams=0, fails on a tensor shape for a negative one and returns one
     sequence for num_return_sequences=0; its own checks (max_new_tokens < 1, temperature 0, num_return_sequences >
     num_beams) are clear already."""
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(getattr(hfst, cls), tiny_config(family))
     with pytest.raises(ValueError, match=words):
@@ -211,7 +219,7 @@ LABEL_CASES = [  # (config kwargs, labels, words of the error or None: the loss 
 @pytest.mark.parametrize("family", list(CLASSIFIERS))
 def test_classification_labels_fit_the_problem_type_or_are_refused_naming_their_dtype(family, config_kwargs, labels,
                                                                                       words):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
     from torch.nn import functional as F
 
     config = tiny_config(family, **{"num_labels": 3, **config_kwargs})
@@ -277,7 +285,7 @@ SIBLING_INPUT_CASES = [  # (head, family, kwargs beyond input_ids, words of the 
 @pytest.mark.parametrize("cls,family,kwargs,words", SIBLING_INPUT_CASES,
                          ids=[f"{c[0]}-{list(c[2])[0]}-{i}" for i, c in enumerate(SIBLING_INPUT_CASES)])
 def test_label_position_and_keyword_misuse_is_refused_naming_it(cls, family, kwargs, words):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(getattr(hfst, cls), tiny_config(family, num_labels=3))
     with pytest.raises(ValueError) as err:
@@ -287,7 +295,7 @@ def test_label_position_and_keyword_misuse_is_refused_naming_it(cls, family, kwa
 
 
 def test_unknown_keywords_far_from_every_input_still_pass_as_in_transformers():
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(hfst.TransformerEncoderModel, tiny_config("encoder"))
     ids = torch.randint(1, 37, (2, 6))
@@ -306,7 +314,7 @@ FEATURE_CASES = [  # integer or bool `input_features` were cast to float without
 
 @pytest.mark.parametrize("cls,family,dtype", FEATURE_CASES, ids=[f"{c[0]}-{c[2]}" for c in FEATURE_CASES])
 def test_input_features_that_are_not_floats_are_refused_naming_their_dtype(cls, family, dtype):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
 
     model = make_model(getattr(hfst, cls), tiny_config(family, vocab_size=None, input_size=2))
     with pytest.raises(ValueError) as err:
@@ -320,7 +328,7 @@ def test_input_features_that_are_not_floats_are_refused_naming_their_dtype(cls, 
                                         ("SetTransformerForSequenceClassification", "set_transformer"),
                                         ("PerceiverIOModel", "perceiver_io")])
 def test_a_cache_handed_to_a_family_without_one_is_refused_naming_the_family(cls, family):
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
     from transformers import DynamicCache
 
     model = make_model(getattr(hfst, cls), tiny_config(family))
@@ -337,7 +345,7 @@ def test_a_cache_handed_to_a_family_without_one_is_refused_naming_the_family(cls
 
 
 def test_generate_refuses_a_cache_for_a_family_without_one():
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
     from transformers import DynamicCache
 
     model = make_model(hfst.TransformerEncoderForNextTokenPrediction, tiny_config("encoder"))
@@ -433,7 +441,7 @@ LOGITS_TO_KEEP_BAD = {  # what was accepted (or failed inside torch) -> the word
 
 @pytest.mark.parametrize("case", list(LOGITS_TO_KEEP_BAD))
 def test_bad_logits_to_keep_is_refused(case):
-    from conftest import decoder
+    from tests.helpers import decoder
 
     value, words = LOGITS_TO_KEEP_BAD[case]
     with pytest.raises(ValueError, match=words):
@@ -442,7 +450,7 @@ def test_bad_logits_to_keep_is_refused(case):
 
 def test_legal_logits_to_keep_gives_llamas_positions():
     """As Llama: an int k keeps the last k positions (0 all, more than the input all), a 1-D tensor those listed."""
-    from conftest import decoder
+    from tests.helpers import decoder
 
     model, ids = decoder("softmax", "elu"), batch_of_tokens()
     with torch.no_grad():

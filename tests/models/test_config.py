@@ -6,7 +6,7 @@ import torch
 from transformers import AutoConfig, PreTrainedConfig
 
 import hf_settransformer as hfst
-from conftest import CONFIG_CLASSES
+from tests.helpers import CONFIG_CLASSES
 
 
 @pytest.mark.parametrize("family", list(CONFIG_CLASSES))
@@ -180,7 +180,7 @@ TOKEN_HEADS = ("MaskedLM", "NextTokenPrediction", "CausalLM")
 def test_config_json_holds_only_fields_the_familys_models_read(monkeypatch, family):
     """Every key of the family's config.json (less the keys transformers writes on every config) is read by one of
     its models (built, run forward with labels in training mode, and generating where it can)."""
-    from conftest import tiny_config
+    from tests.helpers import tiny_config
 
     config_class = CONFIG_CLASSES[family]
     read = set()
@@ -284,7 +284,7 @@ def test_the_decoder_has_no_windows_to_check_and_valid_special_tokens_pass():
 
 @pytest.mark.parametrize("loaded", ["decoder", "encoder"])
 def test_a_checkpoint_of_another_family_is_refused_by_our_classes_naming_both(tmp_path, loaded):
-    from conftest import tiny_config
+    from tests.helpers import tiny_config
 
     saved = "encoder" if loaded == "decoder" else "decoder"
     source = {"encoder": hfst.TransformerEncoderForMaskedLM, "decoder": hfst.TransformerDecoderForCausalLM}

@@ -7,7 +7,7 @@ when the batch has no target at all."""
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, MODEL_CLASSES, VOCAB, make_model, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, MODEL_CLASSES, VOCAB, make_model, tiny_config
 
 import hf_settransformer as hfst
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import transformers
-from conftest import make_model, tiny_config
+from tests.helpers import make_model, tiny_config
 from transformers import PreTrainedModel
 
 import hf_settransformer as hfst

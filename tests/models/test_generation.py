@@ -5,7 +5,7 @@ themselves (`hf_settransformer/cache.py`) are in test_cache.py; compiled decodin
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, decoder, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, VOCAB, check_cached_steps, decoder, left_padded_batch, tiny_config
 from transformers import StaticCache
 
 import hf_settransformer as hfst
@@ -13,45 +13,9 @@ import hf_settransformer as hfst
 ATOL = 1e-4
 
 
-def left_padded_batch():
-    """Two prompts of lengths 7 and 4, left padded to 7."""
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, VOCAB, (2, 7), generator=g)
-    mask = torch.ones(2, 7, dtype=torch.long)
-    mask[1, :3] = 0
-    ids[1, :3] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
 def test_cached_steps_equal_full_forward_with_left_padding(attention_type, feature_map):
     assert check_cached_steps(decoder(attention_type, feature_map)).get_seq_length() == 13
-
-
-def check_cached_steps(model, atol=ATOL):
-    """A left-padded prefill (7 tokens) and six one-token steps with the cache give the full forward's logits at every
-    real position; returns the cache."""
-    ids, mask = left_padded_batch()
-    continuation = torch.randint(1, VOCAB, (2, 6))
-    full_ids = torch.cat([ids, continuation], dim=1)
-    full_mask = torch.cat([mask, torch.ones_like(continuation)], dim=1)
-    with torch.no_grad():
-        full = model(input_ids=full_ids, attention_mask=full_mask, use_cache=False).logits
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        real = mask.bool()
-        torch.testing.assert_close(out.logits[real], full[:, :7][real], atol=atol, rtol=0)
-        cache = out.past_key_values
-        for t in range(6):
-            length = 7 + t + 1
-            step = model(
-                input_ids=continuation[:, t : t + 1],
-                attention_mask=full_mask[:, :length],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = step.past_key_values
-            torch.testing.assert_close(step.logits[:, 0], full[:, length - 1], atol=atol, rtol=0)
-    return cache
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)

@@ -4,19 +4,21 @@ many-target head sees no future; shift_labels; the mode chosen at construction) 
 
 import pytest
 import torch
-from conftest import (
+from tests.helpers import (
     ATTENTION_IDS,
     ATTENTIONS,
+    HEAD_FAMILIES,
     VOCAB,
+    adaptive_lm,
     batch_of_tokens,
     family_classes,
     make_model,
+    many_target_head,
     tiny_config,
 )
 
 
 ATOL = 1e-5
-HEAD_FAMILIES = ["encoder", "set_transformer", "perceiver_io"]  # the families with window heads
 
 
 @pytest.mark.parametrize("pooling", ["pma", "mean"])
@@ -57,16 +59,6 @@ def test_next_token_head_contract_window_mode(family):
     assert torch.allclose(causal.loss, expected, atol=1e-6)
     with pytest.raises(ValueError, match=r"`prefix_length` applies to next_token_mode='many'"):
         model(input_ids=ids, prefix_length=2)  # the many-target head's argument: meaningless for one target
-
-
-def many_target_head(family, attention_type="softmax", feature_map="elu", **overrides):
-    from transformers import AutoModelForCausalLM
-
-    fields = dict(context_length=12, target_length=6, **overrides)
-    if family == "perceiver_io":
-        fields.setdefault("num_latents", fields["target_length"])
-    config = tiny_config(family, attention_type, feature_map, **fields)
-    return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
@@ -132,18 +124,6 @@ def test_many_target_head_rejects_bad_labels_and_prefixes():
         many_target_head("perceiver_io", num_latents=3)(input_ids=ids)
     with pytest.raises(ValueError, match="target_length"):
         tiny_config("encoder", context_length=4, target_length=5)
-
-
-def adaptive_lm(family, attention_type="softmax", feature_map="elu", adaptive_input=False):
-    from transformers import AutoModelForCausalLM
-
-    extra = {} if family == "decoder" else dict(context_length=8, target_length=4)
-    if family == "perceiver_io":
-        extra["num_latents"] = 4
-    if adaptive_input:
-        extra["adaptive_input_cutoffs"] = [4, 16]
-    config = tiny_config(family, attention_type, feature_map, adaptive_softmax_cutoffs=[4, 16], **extra)
-    return make_model(family_classes(config)[AutoModelForCausalLM], config)
 
 
 @pytest.mark.parametrize("family", ["decoder", *HEAD_FAMILIES])

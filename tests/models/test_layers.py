@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB, batch_of_tokens, make_model, tiny_config
+from tests.helpers import VOCAB, batch_of_tokens, make_model, tiny_config
 
 import hf_settransformer as hfst
 

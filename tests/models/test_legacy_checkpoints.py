@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import hf_settransformer as hfst
 
-ROOT = Path(__file__).resolve().parent / "fixtures" / "legacy_checkpoints"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_checkpoints"
 NAMES = sorted(path.name for path in ROOT.iterdir() if path.is_dir())
 
 

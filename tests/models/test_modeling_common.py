@@ -7,12 +7,13 @@ import pickle
 
 import pytest
 import torch
-from conftest import (
+from tests.helpers import (
     ATTENTION_IDS,
     ATTENTIONS,
     FAMILIES,
     MODEL_CLASSES,
     VOCAB,
+    adaptive_lm,
     batch_of_tokens,
     family_classes,
     main_output,
@@ -21,7 +22,6 @@ from conftest import (
 )
 from transformers import AutoModel
 
-from test_heads import adaptive_lm
 
 import hf_settransformer as hfst
 

@@ -3,7 +3,7 @@ chunked), the cache a training forward fills, the tied LM head under resizing.""
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, VOCAB, batch_of_tokens, decoder, make_model, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, VOCAB, batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
 

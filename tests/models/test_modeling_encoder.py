@@ -1,7 +1,7 @@
 """Mirrors `hf_settransformer/modeling_encoder.py`: the encoder's masked-LM head."""
 
 import torch
-from conftest import batch_of_tokens, make_model, tiny_config
+from tests.helpers import batch_of_tokens, make_model, tiny_config
 
 import hf_settransformer as hfst
 

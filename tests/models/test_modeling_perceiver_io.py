@@ -1,7 +1,7 @@
 """Mirrors `hf_settransformer/modeling_perceiver_io.py`: the output query types."""
 
 import pytest
-from conftest import VOCAB, batch_of_tokens, make_model, tiny_config
+from tests.helpers import VOCAB, batch_of_tokens, make_model, tiny_config
 
 import hf_settransformer as hfst
 

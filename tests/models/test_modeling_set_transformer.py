@@ -3,7 +3,7 @@ problem types, the mixture-of-Gaussians head."""
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, batch_of_tokens, make_model, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, batch_of_tokens, make_model, tiny_config
 
 import hf_settransformer as hfst
 

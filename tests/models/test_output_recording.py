@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from conftest import ATTENTION_IDS, ATTENTIONS, FAMILIES, VOCAB, make_model, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, FAMILIES, VOCAB, make_model, tiny_config
 
 import hf_settransformer as hfst
 from hf_settransformer.attention import AttentionMask

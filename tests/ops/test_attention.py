@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
+from tests.helpers import tiny_config
 
 import hf_settransformer as hfst
 from hf_settransformer import TransformerEncoderConfig
@@ -714,7 +714,7 @@ def counting_kernel():
 def test_a_registered_kernel_runs_in_every_family(counting_kernel, family):
     """One registry entry is all a new kernel needs: every family builds with it, gives the softmax model's outputs
     (same weights) and, in the decoder, keeps its cache through generate()."""
-    from conftest import family_classes, make_model, tiny_config
+    from tests.helpers import family_classes, make_model, tiny_config
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(family)
@@ -752,7 +752,7 @@ def test_register_attention_kernel_refuses_what_is_not_a_kernel(name, kernel, er
 def test_decoder_refuses_a_filled_cache_of_another_kernel():
     """A linear decoder handed a DynamicCache that already holds keys and values says so; an empty one is replaced by
     the kernel's own cache."""
-    from conftest import make_model, tiny_config
+    from tests.helpers import make_model, tiny_config
     from transformers.cache_utils import DynamicCache
 
     import hf_settransformer as hfst

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers.modeling_flash_attention_utils as hf_flash
-from conftest import MODEL_CLASSES, VOCAB, main_output, make_model, tiny_config
+from tests.helpers import MODEL_CLASSES, VOCAB, main_output, make_model, tiny_config
 from transformers import AutoModel
 from transformers.utils import is_flash_attn_2_available
 

@@ -5,10 +5,16 @@ compile, the gate's initialisation, save/load, a state that does not grow); the 
 
 import pytest
 import torch
-from conftest import VOCAB, decoder, family_classes, make_model, tiny_config
-from test_generation import check_cached_steps, left_padded_batch
-from test_heads import many_target_head
-import test_script_flags
+from tests.helpers import (
+    VOCAB,
+    check_cached_steps,
+    decoder,
+    family_classes,
+    left_padded_batch,
+    make_model,
+    many_target_head,
+    tiny_config,
+)
 from transformers import AutoModel
 
 import hf_settransformer as hfst
@@ -503,7 +509,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(feature_map, decay):
 def test_a_training_step_of_a_decayed_decoder_compiles_to_one_graph():
     """forward + loss of a gated exp decoder (the chunked exp kernel's compiled path, the gate in fp32) traces into one
     graph (fullgraph) whose loss and gradients are eager mode's. Dynamo with the "eager" backend, as
-    tests/test_compile_export.py (inductor's code generation takes tens of seconds on a CPU)."""
+    tests/integration/test_compile_export.py (inductor's code generation takes tens of seconds on a CPU)."""
     model = decayed("exp", "gated").train()
     ids = torch.randint(1, VOCAB, (2, 10))
     loss, grads = _loss_and_grads(model, ids)
@@ -741,32 +747,3 @@ def test_many_target_heads_train_their_gates(family, feature_map):
     assert gates
     grads = [p.grad for gate in gates for p in (gate.weight, gate.bias)]
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# train_lm.py --linear_attention_decay (its refusals; test_script_flags.py has the helpers)
-
-train_lm, texts = test_script_flags.train_lm, test_script_flags.texts  # the script and its text file: fixtures
-lm_refusal = test_script_flags.lm_refusal
-
-DECAY_FLAG_REFUSALS = [
-    (["--attention_type", "softmax", "--linear_attention_decay", "fixed"],
-     ["--linear_attention_decay cannot apply", "--attention_type linear"]),
-    (["--family", "encoder", "--objective", "mlm", "--attention_type", "linear", "--linear_attention_decay", "gated"],
-     ["--linear_attention_decay cannot apply", "bidirectionally"]),
-    (["--family", "set_transformer", "--next_token_mode", "window", "--attention_type", "linear",
-      "--linear_attention_decay", "fixed"], ["--linear_attention_decay cannot apply", "bidirectionally"]),
-]
-
-
-@pytest.mark.parametrize("flags,words", DECAY_FLAG_REFUSALS, ids=[" ".join(c[0][:4]) for c in DECAY_FLAG_REFUSALS])
-def test_train_lm_refuses_a_decay_that_cannot_apply(tmp_path, texts, train_lm, flags, words):
-    message = lm_refusal(train_lm, tmp_path, texts, *flags)
-    for word in words:
-        assert word in message, message
-
-
-def test_train_lm_refuses_an_unknown_decay_naming_the_choices(tmp_path, texts, train_lm, capsys):
-    lm_refusal(train_lm, tmp_path, texts, "--attention_type", "linear", "--linear_attention_decay", "bogus")
-    err = capsys.readouterr().err
-    assert "--linear_attention_decay" in err and "invalid choice: 'bogus'" in err and "'fixed', 'gated'" in err

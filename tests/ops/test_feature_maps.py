@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import decoder, tiny_config
+from tests.helpers import decoder, tiny_config
 
 from hf_settransformer import linear_triton
 from hf_settransformer.feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
@@ -19,7 +19,7 @@ from hf_settransformer.linear_ops import (
     prefix_causal_linear_attention,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINEAR_OPS = [linear_attention, causal_linear_attention, prefix_causal_linear_attention, linear_attention_step]
 B, H, D, E = 2, 2, 4, 3
 

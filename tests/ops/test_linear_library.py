@@ -11,7 +11,7 @@ decoding steps give eager mode's numbers through either implementation.
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, family_classes, make_model, tiny_config
+from tests.helpers import FAMILIES, VOCAB, family_classes, make_model, tiny_config
 from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 from transformers import AutoModelForCausalLM
@@ -275,8 +275,7 @@ def test_compiled_decoding_step_holds_the_step_op(feature_map, monkeypatch):
     """A decoding step with the in-place recurrent state, compiled with fullgraph where the Triton kernels run
     (forced): one graph for every step, calling the step op, and eager mode's logits."""
     from torch._dynamo.testing import CompileCounter
-    from conftest import decoder
-    from test_compile_export import decode
+    from tests.helpers import decode, decoder
 
     from hf_settransformer.cache import LinearAttentionCache
 
@@ -303,7 +302,7 @@ def test_the_pytorch_implementation_inside_the_op_reads_nothing_back(monkeypatch
     """Inside the op (what a compiled graph on a GPU runs in fp32, and a CUDA graph may replay) the exp map's exact
     path for a steep chunk is selected on the device: no host read, and the inline op's outputs and gradients (which
     decides with one read)."""
-    from test_device import host_reads
+    from tests.helpers import host_reads
 
     args = list(_causal_args("state_decay", "exp", False))
     args[1] = (args[1].detach() + 200.0 * (torch.arange(19) == 13)[:, None]).requires_grad_()  # a steep chunk
@@ -386,7 +385,7 @@ def test_op_bodies_make_no_tensor_off_the_inputs_device_and_read_nothing_back(fe
     counter outside an op, so its body is probed directly): called under `torch.device("meta")` on CPU tensors, each
     body makes every tensor on the inputs' device (one made on the default device would land on "meta" and fail),
     and none reads a value back to the host (a CUDA graph may replay it)."""
-    from test_device import host_reads
+    from tests.helpers import host_reads
 
     for name, body, args in _body_calls(feature_map, fused):
         with host_reads(monkeypatch) as sites, torch.device("meta"):
@@ -423,8 +422,7 @@ def test_compiled_training_step_with_the_optimizer_step_equals_eager(monkeypatch
 
 FRESH_PROCESS = """
 import sys, torch
-sys.path.insert(0, "tests")
-from conftest import VOCAB, decoder
+from tests.helpers import VOCAB, decoder
 from hf_settransformer import linear_triton
 assert linear_triton.triton is None  # not yet imported by the package: the kernels never ran here
 model = decoder("linear", "elu", linear_attention_decay="gated").train()
@@ -446,7 +444,7 @@ def test_the_first_compiled_call_imports_nothing_while_tracing():
 
     env = {**os.environ, "HFST_FORCE_TRITON": "1", "TRITON_INTERPRET": "1"}
     env.pop("HFST_DISABLE_TRITON", None)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "one graph" in done.stdout, done.stderr[-2000:]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import batch_of_tokens, decoder, make_model, tiny_config
+from tests.helpers import batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
 
@@ -83,7 +83,7 @@ def _key_mask(kind, n, seed=1):
 
 
 def _keys_with(pattern, span, n=64, seed=5):
-    """As tests/test_attention.py: keys of a few nats plus `span` nats in feature 0, as a spike near the end, a spike
+    """As tests/ops/test_attention.py: keys of a few nats plus `span` nats in feature 0, as a spike near the end, a spike
     near the start, a drift from 0 to `span`, or spikes every 10 positions."""
     q, k, v = _qkv(n, seed=seed)
     if pattern == "late_spike":
@@ -603,7 +603,7 @@ def _compile_for(arch, which):
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPU, str(arch), which], check=False,
-                            cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -3,56 +3,25 @@ result (bad model inputs are in test_checks.py, bad config values in test_config
 message is checked), except where a second process or a kill is the point. The output-folder lock and the kill
 during the final save are tested with the training utilities (test_training.py)."""
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from hf_settransformer import toolkit
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, load_script, tiny_run_args
+
 # a script run as a process imports this checkout's package, not an installed one (another checkout's, say)
 SCRIPT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"hfst_script_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # the Trainer pickles the script's TrainingArguments subclass by module name
-    spec.loader.exec_module(module)
-    return module
-
-
-# ------------------------------------------------------------------------------------------------------ configs
-
 # ------------------------------------------------------------------------------------------------------ flags
-
-
-@pytest.fixture(scope="module")
-def texts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("texts")
-    g = torch.Generator().manual_seed(0)
-    words = [f"w{i}" for i in range(40)]
-    lines = [" ".join(words[int(i)] for i in torch.randint(0, 40, (12,), generator=g)) for _ in range(200)]
-    (folder / "train.txt").write_text("\n".join(lines) + "\n")
-    (folder / "empty.txt").write_text("")
-    (folder / "blank.txt").write_text("\n \n\n")
-    (folder / "short.txt").write_text("w1 w2 w3\n")
-    (folder / "binary.bin").write_bytes(b"w1 w2\n" + bytes(range(256)) * 4)
-    (folder / "latin1.txt").write_bytes("w1 w2\ncaf\u00e9 w3\n".encode("latin-1"))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def train_lm():
-    return load_script("train_lm")
 
 
 @pytest.fixture(scope="module")
@@ -295,11 +264,6 @@ def test_a_missing_model_offline_says_the_hub_is_not_reachable(tmp_path, texts, 
                            "--model_name_or_path", value, "--report_to", "none"])
         for word in [f"--model_name_or_path {value}", *words, "HF_HUB_OFFLINE is set"]:
             assert word in str(err.value.code), str(err.value.code)
-
-
-def tiny_run_args(texts, out, *extra):
-    return ["--do_train", "--train_file", str(texts / "train.txt"), "--preset", "tiny", "--output_dir", str(out),
-            "--report_to", "none", "--disable_tqdm", "true", *extra]
 
 
 DISK_FULL = {"ENOSPC": (OSError(28, "No space left on device", "optimizer.pt"), "the disk is full"),

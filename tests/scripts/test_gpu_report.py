@@ -6,10 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FAMILIES
-from test_scripts import ROOT, _import
+from tests.helpers import FAMILIES, ROOT, import_from
 
-gpu_report = _import("benchmarks", "gpu_report")
+gpu_report = import_from("benchmarks", "gpu_report")
 
 ATTENTIONS = ["softmax", "linear elu", "linear exp"]
 FLA_GATED = "fla chunk_simple_gla causal elu, gated decay (unnormalised)"  # bench_attention.py's name
@@ -111,7 +110,7 @@ def test_a_report_never_goes_into_a_folder_that_holds_files(tmp_path):
 def test_results_are_written_whole_by_a_rename(tmp_path, monkeypatch):
     """bench_common.write_whole (every benchmark's JSON, the report's README): the old file stays until the new one
     is complete; a write that fails midway leaves the old file and no other."""
-    bench_common = _import("benchmarks", "bench_common")
+    bench_common = import_from("benchmarks", "bench_common")
     path = tmp_path / "report.json"
     bench_common.write_whole(path, "old")
     assert path.read_text() == "old" and {p.name for p in tmp_path.iterdir()} == {"report.json"}

@@ -9,7 +9,7 @@ import pytest
 
 from hf_settransformer import toolkit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "results" / "wikitext2-90min-v2"
 DECAY = ROOT / "results" / "wikitext2-90min-decay"  # decayed runs, and undecayed baselines of the grid's names
 CARDS = ROOT / "model_cards"

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import load_script, texts, tiny_run_args, train_lm  # noqa: F401 (fixtures)
+from tests.helpers import tiny_run_args
 
 SETS = ["--max_steps", "2", "--save_steps", "1", "--report_to", "none", "--eval_sets", "8", "--disable_tqdm", "true"]
 
@@ -36,11 +36,6 @@ def lm_run(texts, train_lm, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("lm") / "run"
     train_lm.main(tiny_run_args(texts, out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "2"))
     return out
-
-
-@pytest.fixture(scope="module")
-def train_sets():
-    return load_script("train_sets")
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +108,7 @@ def test_resuming_another_head_of_the_same_config_is_refused():
     import tempfile
 
     import hf_settransformer as hfst
-    from conftest import tiny_config
+    from tests.helpers import tiny_config
 
     from hf_settransformer.toolkit.checkpoint_files import check_checkpoint_matches
 

@@ -5,44 +5,22 @@ give the correct result. Most cases stop in the flag checks, before any data or 
 
 import json
 import os
-import sys
 
 import pytest
 
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit import cli, lm_arguments
-
-sys.path.insert(0, os.path.dirname(__file__))
-from test_bad_inputs import load_script  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def train_lm():
-    return load_script("train_lm")
-
-
-@pytest.fixture(scope="module")
-def train_sets():
-    return load_script("train_sets")
+from tests.helpers import lm_refusal, load_script
 
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory):
+    """train.txt, 200 lines of 12 words in a fixed pattern (this file's own: conftest.py's has files no run can use)."""
     folder = tmp_path_factory.mktemp("flag-texts")
     words = [f"w{i}" for i in range(40)]
     lines = [" ".join(words[(7 * i + 3 * j) % 40] for j in range(12)) for i in range(200)]
     (folder / "train.txt").write_text("\n".join(lines) + "\n")
     return folder
-
-
-def lm_refusal(train_lm, tmp_path, texts, *flags):
-    """train_lm.main's SystemExit message for a tiny run with `flags` (it must refuse)."""
-    argv = ["--do_train", "--train_file", str(texts / "train.txt"), "--preset", "tiny", "--output_dir",
-            str(tmp_path / "out"), "--max_steps", "1", "--report_to", "none", "--disable_tqdm", "true", *flags]
-    with pytest.raises(SystemExit) as err:
-        train_lm.main(argv)
-    assert not (tmp_path / "out").exists()  # refused before anything was made
-    return str(err.value.code)
 
 
 # ------------------------------------------------------------------------------------ flags that cannot apply
@@ -135,6 +113,31 @@ def test_train_sets_feature_map_is_refused_with_softmax_only(train_sets):
                 train_sets.check_arguments(args)
         else:
             train_sets.check_arguments(args)
+
+
+# ---------------------------------------------------------------------------- --linear_attention_decay
+
+DECAY_FLAG_REFUSALS = [
+    (["--attention_type", "softmax", "--linear_attention_decay", "fixed"],
+     ["--linear_attention_decay cannot apply", "--attention_type linear"]),
+    (["--family", "encoder", "--objective", "mlm", "--attention_type", "linear", "--linear_attention_decay", "gated"],
+     ["--linear_attention_decay cannot apply", "bidirectionally"]),
+    (["--family", "set_transformer", "--next_token_mode", "window", "--attention_type", "linear",
+      "--linear_attention_decay", "fixed"], ["--linear_attention_decay cannot apply", "bidirectionally"]),
+]
+
+
+@pytest.mark.parametrize("flags,words", DECAY_FLAG_REFUSALS, ids=[" ".join(c[0][:4]) for c in DECAY_FLAG_REFUSALS])
+def test_train_lm_refuses_a_decay_that_cannot_apply(tmp_path, texts, train_lm, flags, words):
+    message = lm_refusal(train_lm, tmp_path, texts, *flags)
+    for word in words:
+        assert word in message, message
+
+
+def test_train_lm_refuses_an_unknown_decay_naming_the_choices(tmp_path, texts, train_lm, capsys):
+    lm_refusal(train_lm, tmp_path, texts, "--attention_type", "linear", "--linear_attention_decay", "bogus")
+    err = capsys.readouterr().err
+    assert "--linear_attention_decay" in err and "invalid choice: 'bogus'" in err and "'fixed', 'gated'" in err
 
 
 # ------------------------------------------------------------------------------------ a JSON file of flags

@@ -8,26 +8,13 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FAMILIES
+from tests.helpers import FAMILIES, ROOT, import_from
 
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _import(folder, module):
-    """`module` from the repository's `folder` (scripts/ and benchmarks/ are not packages), leaving sys.path as it was."""
-    sys.path.insert(0, str(ROOT / folder))
-    try:
-        return importlib.import_module(module)
-    finally:
-        sys.path.remove(str(ROOT / folder))
-
 
 def script_path(script):
     """benchmarks/bench_*.py, else scripts/<script>."""
@@ -177,7 +164,7 @@ def test_the_kept_results_use_todays_keys():
 
 
 def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
-    curve_label_and_style = _import("scripts", "lm_results").curve_label_and_style
+    curve_label_and_style = import_from("scripts", "lm_results").curve_label_and_style
     run = {"family": "encoder", "attention": "softmax", "feature_map": "elu"}
     assert curve_label_and_style(dict(run, next_token_mode="many")) == ("encoder, softmax", "-")
     assert curve_label_and_style(dict(run, next_token_mode="window")) == ("encoder, softmax, one target / window", "-.")
@@ -186,7 +173,7 @@ def test_lm_results_curves_tell_the_literal_head_from_the_many_target_one():
 
 
 def test_lm_results_curves_tell_decays_apart():
-    curve_colors = _import("scripts", "lm_results").curve_colors
+    curve_colors = import_from("scripts", "lm_results").curve_colors
     elu = {"family": "decoder", "attention": "linear", "feature_map": "elu"}
     runs = [{"family": "decoder", "attention": "softmax", "feature_map": "elu"}, dict(elu),
             dict(elu, linear_attention_decay="fixed"), dict(elu, linear_attention_decay="gated"),
@@ -298,7 +285,7 @@ def test_bench_attention_tiny(tmp_path):
 def test_bench_attention_keeps_going_past_a_contender_that_raises_and_keeps_each_length(tmp_path, monkeypatch):
     """A peer that refuses (fla's gated kernel on Hopper with triton < 3.7.1 raises in its backward) costs its own
     cells, which say why; the JSON is written after each length, so a run stopped later keeps the lengths measured."""
-    bench = _import("benchmarks", "bench_attention")
+    bench = import_from("benchmarks", "bench_attention")
     table, _ = bench.cpu_contenders(SimpleNamespace(chunk_size=8))
 
     def refuses(q, k, v):
@@ -342,7 +329,7 @@ def test_bench_crossover_tiny(tmp_path):
 
 
 def test_crossover_is_where_linear_stays_faster():
-    crossover = _import("benchmarks", "bench_crossover").crossover
+    crossover = import_from("benchmarks", "bench_crossover").crossover
     lengths = [100, 200, 400, 800]
     # softmax / linear = 0.5, 2 (faster), 0.9 (slower again), then 4: linear stays faster from 800 only
     first, estimate = crossover(lengths, [1, 2, 0.9, 4], [2, 1, 1, 1])
@@ -355,7 +342,7 @@ def test_crossover_is_where_linear_stays_faster():
 
 
 def test_peak_memory_counts_what_the_call_allocates():
-    peak_memory_bytes = _import("benchmarks", "bench_common").peak_memory_bytes
+    peak_memory_bytes = import_from("benchmarks", "bench_common").peak_memory_bytes
     import torch
 
     held = []

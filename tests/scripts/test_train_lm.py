@@ -18,14 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "train_lm.py"
-import hf_settransformer  # noqa: E402
-from hf_settransformer import toolkit  # noqa: E402
-from hf_settransformer.toolkit import lm_arguments  # noqa: E402
-from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER  # noqa: E402
+import hf_settransformer
+from hf_settransformer import toolkit
+from hf_settransformer.toolkit import lm_arguments
+from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
+from tests.helpers import ROOT, common_args, write_corpus
 
-WORDS = "the of and in to a was on for as with by is at from his that it an were".split()
+SCRIPT = ROOT / "scripts" / "train_lm.py"
+
 
 
 @pytest.fixture(scope="module")
@@ -33,75 +33,11 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def write_corpus(folder):
-    """WikiText-like files: lines of words, blank lines, ' = Heading = ' lines, <unk>s. Within a line the words
-    follow a fixed cycle, so the next word is predictable and a model that learns shows it."""
-    g = torch.Generator().manual_seed(0)
-
-    def lines(n):
-        out = []
-        for i in range(n):
-            if i % 7 == 0:
-                out.append(" = Heading {} = ".format(WORDS[i % len(WORDS)]))
-            elif i % 5 == 0:
-                out.append(" ")
-            else:
-                start, length = (int(x) for x in torch.randint(0, len(WORDS), (2,), generator=g))
-                words = [WORDS[(start + k) % len(WORDS)] for k in range(4 + length)]
-                out.append(" " + " ".join(words) + " <unk> . ")
-        return out
-
-    for name, n in (("train", 400), ("valid", 60), ("test", 60)):
-        (folder / f"{name}.txt").write_text("\n".join(lines(n)) + "\n")
-    return folder
-
-
 def run(args, env=None, timeout=300, launcher=None):
     command = (launcher or [sys.executable]) + [str(SCRIPT)] + [str(a) for a in args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
-
-
-def common_args(corpus, output_dir, family="decoder", steps=20, extra=()):
-    return [
-        "--family",
-        family,
-        "--preset",
-        "tiny",
-        "--do_train",
-        "--do_eval",
-        "--do_predict",
-        "--train_file",
-        corpus / "train.txt",
-        "--validation_file",
-        corpus / "valid.txt",
-        "--test_file",
-        corpus / "test.txt",
-        "--output_dir",
-        output_dir,
-        "--max_steps",
-        steps,
-        "--per_device_train_batch_size",
-        8,
-        "--per_device_eval_batch_size",
-        16,
-        "--learning_rate",
-        3e-3,
-        "--logging_steps",
-        5,
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "true",
-        "--periodic_eval_targets",
-        256,
-        "--seed",
-        0,
-        *extra,
-    ]
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -351,7 +287,7 @@ print(json.dumps({"ids": out[0].tolist(), "text": tokenizer.decode(out[0])}))
 
 @pytest.mark.slow
 def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
-    from hub_server import LocalHub
+    from tests.toolkit.hub_server import LocalHub
 
     out = tmp_path / "pushed"
     with LocalHub(tmp_path / "hub") as hub:
@@ -442,7 +378,7 @@ def test_push_to_a_hub_and_load_without_the_package(tmp_path, corpus):
 def test_a_push_without_do_predict_carries_a_card_of_what_was_measured(tmp_path, corpus):
     """train_lm.py --push_to_hub without --do_predict, then push_run.py of the same folder: both repositories
     get a model card, with the validation perplexity and no test result (no "None" or "nan" in its place)."""
-    from hub_server import LocalHub
+    from tests.toolkit.hub_server import LocalHub
 
     out = tmp_path / "no-test"
     args = [a for a in common_args(corpus, out, "decoder", steps=6) if a != "--do_predict"]

@@ -5,7 +5,7 @@ import torch
 
 import hf_settransformer as hfst
 from hf_settransformer import toolkit
-from conftest import make_model, tiny_config
+from tests.helpers import make_model, tiny_config
 
 
 def test_pads_features_and_builds_the_mask():

@@ -1,4 +1,4 @@
-"""The real huggingface_hub client and transformers against `LocalHub` (tests/hub_server.py), on 127.0.0.1 only.
+"""The real huggingface_hub client and transformers against `LocalHub` (tests/toolkit/hub_server.py), on 127.0.0.1 only.
 
 huggingface_hub reads HF_ENDPOINT when it is imported, so every client runs in a subprocess whose environment points
 it at the local hub (`LocalHub.client_env`), each with its own empty HF_HOME.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hub_server import LocalHub
+from tests.toolkit.hub_server import LocalHub
 
 
 TIMEOUT = 50  # seconds per client subprocess

@@ -22,7 +22,7 @@ from hf_settransformer.toolkit.language_modeling import (
     token_stream,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_word_tokenizer_vocabulary_and_eos():

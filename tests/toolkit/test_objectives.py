@@ -11,7 +11,7 @@ import hf_settransformer as hfst
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit import OBJECTIVES, objective_of
 
-from conftest import tiny_config
+from tests.helpers import tiny_config
 
 EXPECTED = {  # Auto class -> the objective its heads declare, by next_token_mode
     "AutoModelForCausalLM": {"many": "many_target_windows", "window": "one_target_window"},
@@ -92,7 +92,7 @@ def test_train_lm_flags_name_one_auto_class_each():
 @pytest.mark.slow
 def test_a_new_objective_is_one_row_plus_its_functions(tmp_path):
     # the README's "Extending: an objective", as written there
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     entry = readme.split("<!-- objective-entry -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     namespace = {"__name__": "readme_objective_entry"}
     exec(compile(entry, "README.md (objective entry)", "exec"), namespace)

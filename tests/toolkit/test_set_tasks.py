@@ -12,7 +12,7 @@ from hf_settransformer import toolkit
 from hf_settransformer.toolkit import set_tasks
 from hf_settransformer.modeling_set_transformer import mixture_log_likelihood
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_max_regression_generator():

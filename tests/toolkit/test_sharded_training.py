@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 FSDP_ON_CPU = ROOT / "tests" / "fixtures" / "fsdp_on_cpu.py"
 FSDP2_CONFIG = ROOT / "configs" / "accelerate" / "fsdp2.yaml"
-from test_train_lm import common_args, write_corpus  # noqa: E402
+from tests.helpers import common_args, write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -146,9 +146,9 @@ REPLICAS = """
 import json, sys
 from pathlib import Path
 import torch
-sys.path.insert(0, "tests")
+sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
 from hf_settransformer import toolkit
-from test_training import decoder_trainer
+from tests.helpers import decoder_trainer
 
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import quiet_training_args, tiny_config
+from tests.helpers import decoder_trainer, quiet_training_args, tiny_config
 from transformers import Trainer
 
 import hf_settransformer as hfst
@@ -25,17 +25,7 @@ from hf_settransformer.toolkit.language_modeling import BlockDataset
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
 from hf_settransformer.toolkit.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
-    """A tiny decoder's Trainer over 8-token blocks of a repeating stream (it learns it)."""
-    torch.manual_seed(0)
-    model = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
-    stream = torch.arange(400) % 11
-    args = quiet_training_args(output_dir, max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
-                               **fields)
-    return Trainer(model=model, args=args, train_dataset=BlockDataset(stream, 8), eval_dataset=eval_dataset)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------------ lock, atomic saves
@@ -337,9 +327,9 @@ RANKS_PLAN = """
 import json, sys
 from pathlib import Path
 import torch
-sys.path.insert(0, "tests")
+sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
 from hf_settransformer import toolkit
-from test_training import decoder_trainer
+from tests.helpers import decoder_trainer
 
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
@@ -568,7 +558,7 @@ print("pushed", getattr(info, "commit_url", info))
 
 @pytest.mark.slow
 def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
-    from hub_server import LocalHub
+    from tests.toolkit.hub_server import LocalHub
 
     folder = tmp_path / "run"
     (folder / "checkpoint-4").mkdir(parents=True)
