@@ -234,6 +234,7 @@ def test_remote_code_loads_without_the_package(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
     env["HF_HUB_OFFLINE"] = "1"
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # the threads that computed `expected`: the same sums
     result = subprocess.run(
         [sys.executable, str(tmp_path / "load.py"), str(tmp_path / "cases.json")],
         cwd=tmp_path,
