@@ -53,14 +53,14 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
             corpus,
             out,
             family,
-            steps=60,
+            steps=20,
             extra=[
                 "--attention_type",
                 attention[family],
                 "--eval_strategy",
                 "steps",
                 "--eval_steps",
-                30,
+                10,
                 "--per_device_train_batch_size",
                 16,
                 "--logging_steps",
@@ -105,7 +105,7 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation")
     assert f"{results['test_perplexity']:.2f}" in card and "scripts/train_lm.py" in card
     assert (out / "tokenizer.json").exists() and (out / "model.safetensors").exists()
-    assert [point["step"] for point in results["validation_curve"]] == [30, 60]
+    assert [point["step"] for point in results["validation_curve"]] == [10, 20]
     # model FLOPs of the saved model at the run's sequence length; on a CPU no MFU, and why
     from transformers import AutoModelForCausalLM
 
@@ -138,7 +138,7 @@ def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     from transformers import pipeline
 
     out = tmp_path / family
-    run(common_args(corpus, out, family, steps=200, extra=["--objective", "mlm", "--logging_steps", 1]))
+    run(common_args(corpus, out, family, steps=100, extra=["--objective", "mlm", "--logging_steps", 1]))
     results = json.loads((out / "all_results.json").read_text())
     assert results["objective"] == "mlm" and "masked" in results["eval_protocol"]
     vocab = json.loads((out / "config.json").read_text())["vocab_size"]
