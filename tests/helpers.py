@@ -135,6 +135,7 @@ HEAD_FAMILIES = ["encoder", "set_transformer", "perceiver_io"]
 
 
 def many_target_head(family, attention_type="softmax", feature_map="elu", **overrides):
+    """A window family's next-token head predicting its last 6 tokens of 12 (`target_length`)."""
     from transformers import AutoModelForCausalLM
 
     fields = dict(context_length=12, target_length=6, **overrides)
@@ -145,6 +146,8 @@ def many_target_head(family, attention_type="softmax", feature_map="elu", **over
 
 
 def adaptive_lm(family, attention_type="softmax", feature_map="elu", adaptive_input=False):
+    """A family's next-token head with the adaptive softmax output (clusters at 4 and 16); `adaptive_input`: and the
+    adaptive input embedding."""
     from transformers import AutoModelForCausalLM
 
     extra = {} if family == "decoder" else dict(context_length=8, target_length=4)
@@ -154,7 +157,6 @@ def adaptive_lm(family, attention_type="softmax", feature_map="elu", adaptive_in
         extra["adaptive_input_cutoffs"] = [4, 16]
     config = tiny_config(family, attention_type, feature_map, adaptive_softmax_cutoffs=[4, 16], **extra)
     return make_model(family_classes(config)[AutoModelForCausalLM], config)
-
 
 
 # ------------------------------------------------------------------------------------------------- cached decoding
@@ -213,7 +215,6 @@ def decode(model, step, cache, ids, mask, steps=5):
     return torch.stack(logits)
 
 
-
 # ---------------------------------------------------------------------------------------------------- host reads
 
 SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::nonzero_static"}
@@ -262,11 +263,10 @@ def host_reads(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", tolist)
 
 
-
 # ---------------------------------------------------------------------------------------- scripts and their data
 
 def import_from(folder, module):
-    """`module` from the repository's `folder` (scripts/ and benchmarks/ are not packages), leaving sys.path as it was."""
+    """`module` from the repository's `folder` (scripts/, benchmarks/: not packages), leaving sys.path as it was."""
     sys.path.insert(0, str(ROOT / folder))
     try:
         return importlib.import_module(module)
@@ -275,6 +275,7 @@ def import_from(folder, module):
 
 
 def load_script(name):
+    """scripts/<name>.py imported as a module, to call its `main(argv)` in this process."""
     spec = importlib.util.spec_from_file_location(f"hfst_script_{name}", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # the Trainer pickles the script's TrainingArguments subclass by module name
@@ -283,6 +284,7 @@ def load_script(name):
 
 
 def tiny_run_args(texts, out, *extra):
+    """train_lm.py's flags for a tiny run on `texts`/train.txt into `out`."""
     return ["--do_train", "--train_file", str(texts / "train.txt"), "--preset", "tiny", "--output_dir", str(out),
             "--report_to", "none", "--disable_tqdm", "true", *extra]
 

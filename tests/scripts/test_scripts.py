@@ -399,7 +399,8 @@ def test_bench_lm_step_tiny(tmp_path):
     assert "| encoder / adaptive / fp32 |" in stdout
     [row] = report["results"]
     assert row["contender"] == "encoder / adaptive / fp32"
-    assert row["tokens_per_second"] > 0 and row["flops_per_step"] > 0 and row["achieved_flops"] > 0 and row["peak_flops"] > 0
+    assert row["tokens_per_second"] > 0 and row["flops_per_step"] > 0
+    assert row["achieved_flops"] > 0 and row["peak_flops"] > 0
 
 
 def test_bench_lm_step_contenders_and_what_it_counts_of_each():
