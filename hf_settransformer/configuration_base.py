@@ -98,15 +98,19 @@ def optional(validated, default=None):
     return validated_field(lambda value: value is None or check(value), default=default)
 
 
+def check_field(name, check, value):
+    """`check(value)`, its refusal raised as @strict raises a field's (for the values no @strict field holds)."""
+    try:
+        check(value)
+    except ValueError as err:
+        raise StrictDataclassFieldValidationError(field=name, cause=err) from err
+
+
 def checked_property(parent, name, check):
-    """`parent`, a property of PreTrainedConfig (so no field @strict checks), with `check` run on every value set and
-    its refusal raised as @strict raises a field's."""
+    """`parent`, a property of PreTrainedConfig (so no field @strict checks), with `check` run on every value set."""
 
     def fset(self, value):
-        try:
-            check(value)
-        except ValueError as err:
-            raise StrictDataclassFieldValidationError(field=name, cause=err) from err
+        check_field(name, check, value)
         parent.fset(self, value)
 
     return property(parent.fget, fset, doc=parent.__doc__)
@@ -137,10 +141,7 @@ def check_extra_keys(config_class, kwargs):
     own = sorted(f.name for f in dataclasses.fields(config_class))
     for key, value in kwargs.items():
         if key in GENERIC_FLAGS:
-            try:
-                check_flag(value)
-            except ValueError as err:
-                raise StrictDataclassFieldValidationError(field=key, cause=err) from err
+            check_field(key, check_flag, value)
         if key.startswith("_") or key in GENERIC_FLAGS or hasattr(config_class, key):
             continue
         owners = sorted(cls.__name__ for cls in family_configs() if key in cls.__dataclass_fields__)

@@ -3,9 +3,8 @@
 from typing import Literal
 
 from huggingface_hub.dataclasses import strict
-from huggingface_hub.errors import StrictDataclassFieldValidationError
 
-from .configuration_base import PooledHeadsConfig, check_divisible, optional, positive
+from .configuration_base import PooledHeadsConfig, check_divisible, check_field, optional, positive
 
 
 @strict
@@ -35,13 +34,13 @@ class PerceiverIOConfig(PooledHeadsConfig):
     @num_hidden_layers.setter
     def num_hidden_layers(self, value):
         """A config.json written before it was derived repeats it: it must agree."""
+        check_field("num_hidden_layers", self.check_derived_layers, value)
+
+    def check_derived_layers(self, value):
         if type(value) is not int or value != self.num_hidden_layers:
-            raise StrictDataclassFieldValidationError(
-                field="num_hidden_layers",
-                cause=ValueError(
-                    f"`num_hidden_layers` of Perceiver IO is num_blocks * num_self_attends_per_block = "
-                    f"{self.num_hidden_layers}; got {value!r}. Set `num_blocks` and `num_self_attends_per_block`."
-                ),
+            raise ValueError(
+                f"`num_hidden_layers` of Perceiver IO is num_blocks * num_self_attends_per_block = "
+                f"{self.num_hidden_layers}; got {value!r}. Set `num_blocks` and `num_self_attends_per_block`."
             )
 
     def validate_architecture(self):
