@@ -200,17 +200,18 @@ class HfstConfig(PreTrainedConfig):
     adaptive_input_cutoffs: list[int] | None = validated_field(check_cutoffs, default=None)  # adaptive embedding
     adaptive_input_div_value: int | float = div_value(default=4.0)  # width divisor of each next input cluster
     initializer_range: int | float = unit_scale(default=0.02)  # std of the normal initialisation
-    pad_token_id: int | None = validated_field(check_token_ids, default=None)
-    bos_token_id: int | None = validated_field(check_token_ids, default=None)
-    eos_token_id: int | list[int] | None = validated_field(check_token_ids, default=None)
+    pad_token_id: int | None = validated_field(check_token_ids, default=None)  # padding (`generate` pads with it)
+    bos_token_id: int | None = validated_field(check_token_ids, default=None)  # what an empty prompt starts with
+    eos_token_id: int | list[int] | None = validated_field(check_token_ids, default=None)  # ends generation
     tie_word_embeddings: bool | None = None  # None: tied unless an adaptive layer (it has no matrix to share)
 
     # transformers' own fields, annotated again: configuration_utils' string annotations (`from __future__ import
     # annotations`) leave them unchecked by @strict
-    output_hidden_states: bool | None = False
-    return_dict: bool | None = True
-    is_encoder_decoder: bool = False
+    output_hidden_states: bool | None = False  # return every block's hidden states
+    return_dict: bool | None = True  # return a ModelOutput, not a tuple
+    is_encoder_decoder: bool = False  # a seq2seq config's flag: False for these
     id2label: dict[int, str] | dict[str, str] | None = validated_field(check_labels, default=None)  # sets num_labels
+    # the sequence-classification loss: mean squared error, cross-entropy, or binary cross-entropy per label
     problem_type: Literal["regression", "single_label_classification", "multi_label_classification"] | None = None
     # and two of its properties, checked on assignment as the fields are
     num_labels = checked_property(PreTrainedConfig.num_labels, "num_labels", check_num_labels)

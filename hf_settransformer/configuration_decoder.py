@@ -30,6 +30,5 @@ class TransformerDecoderConfig(HfstConfig):
     add_cross_attention: bool = False
     is_decoder: bool = True  # always a decoder; read by EncoderDecoderModel
     use_cache: bool = True  # return past key/values (softmax) or recurrent states (linear)
-    # > 0: a training forward with `labels` computes the output layer and the cross-entropy this many positions at a
-    # time, never holding the (positions x vocabulary) logits or their gradient, and returns `logits=None`
+    # > 0: a forward with `labels` runs output layer + loss this many positions at a time (no full logits: None)
     lm_loss_chunk_size: int = interval(min=0)(default=0)

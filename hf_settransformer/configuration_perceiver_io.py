@@ -22,8 +22,7 @@ class PerceiverIOConfig(PooledHeadsConfig):
     num_blocks: int = positive(default=1)  # times the latent self-attention block is applied, with shared weights
     num_self_attends_per_block: int = positive(default=4)  # latent self-attention layers in that block
     num_cross_attention_heads: int = positive(default=1)  # heads of the encoder and decoder cross-attentions
-    # the decoder's queries: "inputs" (the embedded input, one per position), "positions" (the position embedding
-    # of each input position) or "learned" (`num_output_queries` learned vectors)
+    # the decoder's queries: the embedded inputs, their position embeddings, or `num_output_queries` learned vectors
     output_query_type: Literal["inputs", "positions", "learned"] = "inputs"
     num_output_queries: int = positive(default=1)  # learned output queries
 
