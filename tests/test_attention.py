@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from conftest import tiny_config
 
 import hf_settransformer as hfst
@@ -662,7 +663,7 @@ def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
 def test_unknown_attention_type_names_the_registered_kernels():
     with pytest.raises(ValueError, match=r"`attention_type` must be one of \['linear', 'softmax'\], got 'lineer'"):
         attention_kernel("lineer")
-    with pytest.raises(ValueError, match="attention_type"):
+    with pytest.raises(StrictDataclassError, match="attention_type"):
         _config("lineer", "elu")
 
 
