@@ -120,12 +120,18 @@ def test_a_linear_cache_of_another_feature_map_is_refused(made_by, continued_by)
     step = torch.randint(1, VOCAB, (1, 1))
     with pytest.raises(ValueError, match=f"'{made_by}' feature map, but this model's `feature_map` is '{continued_by}'"):
         model(input_ids=step, past_key_values=filled_cache(decoder("linear", made_by)))
-    # a cache built without a config records no map: the state tells
+    # a cache built without a config records the map of the model that fills it first
     anonymous = LinearAttentionCache(num_layers=2)
     with torch.no_grad():
         decoder("linear", made_by)(input_ids=torch.randint(1, VOCAB, (1, 5)), past_key_values=anonymous)
-    with pytest.raises(ValueError, match=f"key maxima.*this model's `feature_map` is '{continued_by}'"):
+    with pytest.raises(ValueError, match=f"'{made_by}' feature map, but this model's `feature_map` is '{continued_by}'"):
         model(input_ids=step, past_key_values=anonymous)
+    # one whose states were set by hand records no map: the state tells
+    by_hand = LinearAttentionCache(num_layers=2)
+    for layer, filled in zip(by_hand.layers, anonymous.layers):
+        layer.set_state(filled.state, 5)
+    with pytest.raises(ValueError, match=f"key maxima.*this model's `feature_map` is '{continued_by}'"):
+        model(input_ids=step, past_key_values=by_hand)
     model(input_ids=step, past_key_values=filled_cache(model))  # its own still continues
 
 
