@@ -160,7 +160,8 @@ class LinearAttentionCache(Cache):
         or CUDA-graphed decoding step (see `RecurrentStateLayer`). Each layer records `config.feature_map` and
         `config.linear_attention_decay`: a model of another refuses to continue it (`cache_checks.check_cache_fits`)."""
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
-        made_by = {"feature_map": getattr(config, "feature_map", None), "decay": getattr(config, "linear_attention_decay", None)}
+        made_by = {"feature_map": getattr(config, "feature_map", None)}
+        made_by["decay"] = getattr(config, "linear_attention_decay", None)
         super().__init__(layers=[RecurrentStateLayer(static=static, **made_by) for _ in range(num_layers)])
 
     def get_seq_length(self, layer_idx: int = 0):

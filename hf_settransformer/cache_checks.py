@@ -4,6 +4,7 @@ feature map, another width (heads, head size) or depth (layers), or another batc
 instead of failing inside torch or running on with a past the model never computed."""
 
 import torch
+
 from .attention import attention_kernel
 from .cache import DecoderCache
 from .families import family_for_model_type
@@ -28,7 +29,8 @@ def check_cache(model, inputs, b, n):
     kernel = attention_kernel(model.config)
     cache = DecoderCache.read(kernel, model.config, given)
     if cache.kind == "static":
-        layouts = {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.self_attention.layers}
+        layers = cache.self_attention.layers
+        layouts = {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in layers}
         if len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer":
             raise ValueError(
                 "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
@@ -115,9 +117,10 @@ def check_assisted_generation(model):
 
 def check_cache_fits(config, cache):
     """A cache of this model's kind that another model made: its layer count, each layer's heads and head size, and a
-    linear-attention state's feature map and decay (recorded by the `LinearAttentionCache` that a config made, and seen in the
-    state: an `"exp"` state carries key maxima) must be this model's; continued, a past of another feature map gives
-    wrong logits, one of another width a shape error inside torch."""
+    linear-attention state's feature map and decay (recorded by the `LinearAttentionCache`: from the config it was made
+    with, or from the model that filled it first; the map is seen in the state too, as an `"exp"` state keeps key
+    maxima) must be this model's; continued, a past of another feature map gives wrong logits, one of another width a
+    shape error inside torch."""
     layers = config.num_hidden_layers
     grows = cache.layer_class_to_replicate is not None
     if len(cache.layers) < layers and not grows or len(cache.layers) > layers and cache.get_seq_length() > 0:
