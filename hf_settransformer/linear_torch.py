@@ -116,22 +116,29 @@ class _ChunkScan(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, g, start = inputs
         wants_dg = g is not None and g.requires_grad
-        ctx.g_shape, ctx.has_start = None if g is None else g.shape, start is not None
+        ctx.x_shape, ctx.g_shape, ctx.has_start = x.shape, None if g is None else g.shape, start is not None
         ctx.save_for_backward(None if g is None else _per_chunk(g, x), output[0] if wants_dg else None)
+        # an unused output's gradient stays None: a last state that nothing reads (training) sends none back to the
+        # last chunk, nor, with one chunk, to any
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, d_before, d_last):
         g, before = ctx.saved_tensors
-        grad = d_last.clone()  # the gradient of the state each chunk hands on, from the last chunk back
-        dx = torch.empty_like(d_before)
-        dg = None if before is None else torch.empty(g.shape, dtype=before.dtype, device=before.device)
-        for i in reversed(range(dx.shape[2])):
-            dx[:, :, i] = grad
-            if dg is not None:
-                dg[:, :, i] = (grad * before[:, :, i]).sum_to_size(dg[:, :, i].shape)
-            if g is not None:
-                grad.mul_(g[:, :, i])
-            grad += d_before[:, :, i]
+        grad = None if d_last is None else d_last.clone()  # of the state each chunk hands on, from the last one back
+        dx = dg = None
+        for i in reversed(range(ctx.x_shape[2])):
+            if grad is not None:
+                if dx is None:
+                    dx = grad.new_zeros(ctx.x_shape)
+                    dg = None if before is None else grad.new_zeros(g.shape)
+                dx[:, :, i] = grad
+                if dg is not None:
+                    dg[:, :, i] = (grad * before[:, :, i]).sum_to_size(dg[:, :, i].shape)
+                if g is not None:
+                    grad.mul_(g[:, :, i])
+            if d_before is not None:
+                grad = d_before[:, :, i].clone() if grad is None else grad.add_(d_before[:, :, i])
         return dx, None if dg is None else dg.reshape(ctx.g_shape), grad if ctx.has_start else None
 
 

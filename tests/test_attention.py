@@ -650,7 +650,7 @@ def test_linear_attention_dropout_acts_only_while_training(feature_map, causal):
 def test_chunk_scan_matches_a_plain_loop_and_its_gradient(decay, start):
     """`chunk_scan`: the state entering each chunk (and the last one) as a loop of out-of-place ops computes it, with
     no decay (a cumsum), a decay per chunk or a rescaling per feature, from zeros or a given state; gradients of the
-    chunk states, the decay and the start checked numerically."""
+    chunk states, the decay and the start checked numerically, also where one output is unused."""
     from hf_settransformer.linear_torch import chunk_scan
 
     g64 = {"dtype": torch.float64, "requires_grad": True}
@@ -674,6 +674,10 @@ def test_chunk_scan_matches_a_plain_loop_and_its_gradient(decay, start):
         return chunk_scan(next(args), next(args) if g is not None else None, next(args) if start else None)
 
     assert torch.autograd.gradcheck(scan, inputs)
+    for used in (0, 1):  # one output unused (a training step reads no last state): its gradient is never made
+        assert torch.autograd.gradcheck(lambda *args: scan(*args)[used], inputs)
+    one = tuple(t[:, :, :1] if t is x or t is g else t for t in inputs)  # one chunk, its last state unused
+    assert torch.autograd.gradcheck(lambda *args: scan(*args)[0], one)
 
 
 # ---------------------------------------------------------------------------------------------------------------
