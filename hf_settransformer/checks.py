@@ -18,7 +18,6 @@ import torch
 
 from .attention import attention_kernel
 from .cache_checks import check_cache, check_no_cache
-from .cache_checks import check_static_cache as check_static_cache  # modeling_decoder's import
 from .decay import decay_applies
 from .losses import problem_type_of
 
