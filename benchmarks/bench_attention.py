@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from bench_common import (
     base_parser,
+    describe_error,
     describe_machine,
     log_axes,
     markdown_table,
@@ -292,15 +293,11 @@ def check(active, args):
                 with torch.no_grad():
                     err = (fn(*qkv).float() - ref(*(t.float() for t in qkv))).abs().max().item()
             except Exception as error:
-                failed[name] = first_line(error)
+                failed[name] = describe_error(error)
                 continue
             if not err <= tolerance:
                 raise SystemExit(f"{name} disagrees with the fp32 PyTorch op: max abs difference {err:.2e}")
     return failed
-
-
-def first_line(error):
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
 
 
 def probe(here, device):
@@ -313,7 +310,7 @@ def probe(here, device):
             run()
             sync(device)
         except Exception as error:
-            failed[name] = first_line(error)
+            failed[name] = describe_error(error)
             del here[name]
             if str(device).startswith("cuda"):
                 torch.cuda.empty_cache()

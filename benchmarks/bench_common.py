@@ -122,6 +122,14 @@ def optional_peer(module):
         return None
 
 
+def describe_error(error):
+    """`Type: first line` of the innermost exception (inductor wraps a kernel's failure in BackendCompilerFailed)."""
+    while getattr(error, "inner_exception", None) is not None or error.__cause__ is not None:
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    line = next((text.strip() for text in str(error).splitlines() if text.strip()), "")
+    return f"{type(error).__name__}: {line}"[:300]
+
+
 def write_json(args, name, payload):
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)

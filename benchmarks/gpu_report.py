@@ -59,7 +59,8 @@ from pathlib import Path
 
 import torch
 from bench_common import (
-    describe_machine, markdown_table, matmul_flops_per_second, sync, time_alternating, write_json, write_whole,
+    describe_error, describe_machine, markdown_table, matmul_flops_per_second, sync, time_alternating, write_json,
+    write_whole,
 )
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
@@ -258,14 +259,6 @@ def first_step(model, ids, bf16, compiled=True):
         loss = step()
     sync(ids.device)
     return step, loss, time.perf_counter() - start, broke
-
-
-def describe_error(error):
-    """`Type: first line` of the innermost exception (inductor wraps a kernel's failure in BackendCompilerFailed)."""
-    while getattr(error, "inner_exception", None) is not None or error.__cause__ is not None:
-        error = getattr(error, "inner_exception", None) or error.__cause__
-    line = next((text.strip() for text in str(error).splitlines() if text.strip()), "")
-    return f"{type(error).__name__}: {line}"[:300]
 
 
 def train_one(row, steps, device, bf16):

@@ -97,8 +97,6 @@ def linear_kernel(
     non-causal mask has no order, and runs undecayed."""
     drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
     options = {"feature_map": feature_map, "drop": drop}
-    if state is not None and getattr(state, "decay", None) is None:  # a cache made without a config records it
-        state.decay = linear_attention_decay
     if not mask.causal:
         out, _ = linear_attention(q, k, v, mask.key_mask, **options)
         return out, None
@@ -291,33 +289,32 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
-    def project(self, hidden_states, context=None, past_key_values=None, cached=False):
+    def project(self, hidden_states, context=None, past_key_values=None):
         """(b, n, hidden), (b, m, hidden) -> q (b,h,n,d), k (b,h,m,d), v (b,h,m,e).
 
-        Cross-attention with a cache layer (`past_key_values`) projects the encoder states once into it, and reads
-        them from it once `cached`."""
+        A cross-attention with a `DecoderCache` that keeps cross-attention keys and values projects the encoder
+        states into it once, and reads them from it at the later steps (`context` is then None)."""
         if self.self_attention:
             q, k, v = self.qkv_proj(hidden_states).chunk(3, dim=-1)  # 3 x (b, n, hidden)
             return self._split_heads(q), self._split_heads(k), self._split_heads(v)
         q = self._split_heads(self.q_proj(hidden_states))
-        if cached:
-            return q, past_key_values.keys, past_key_values.values
+        if past_key_values is not None and past_key_values.cross_cached(self.layer_idx):
+            return q, *past_key_values.cross_keys_values(self.layer_idx)
         k, v = self.kv_proj(context).chunk(2, dim=-1)  # 2 x (b, m, hidden)
         k, v = self._split_heads(k), self._split_heads(v)
         if past_key_values is not None:
-            k, v = past_key_values.update(k, v)
+            k, v = past_key_values.cross_keys_values(self.layer_idx, k, v)
         return q, k, v
 
-    def forward(self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None,
-                cached=False):
+    def forward(self, hidden_states, context=None, mask=None, output_attentions=False, past_key_values=None):
         """Returns (output (b, n, hidden), weights (b, h, n, m) or None).
 
-        `past_key_values`: this layer's cache layer, or None. A causal self-attention's (the kernel's
-        `cache_layer_class`) is read and extended by the kernel; a cross-attention's holds the projected encoder
-        states, which `cached` says are there already."""
+        `past_key_values`: the causal stack's `DecoderCache`, or None. A self-attention hands its kernel its own cache
+        layer (`past_key_values.layer(layer_idx)`, the kernel's `cache_layer_class` or a `StaticLayer`) as `state`,
+        which the kernel reads and extends; a cross-attention keeps the projected encoder states there."""
         mask = mask if mask is not None else AttentionMask(causal=self.causal)
-        q, k, v = self.project(hidden_states, context, past_key_values, cached)
-        state = past_key_values if self.self_attention else None
+        q, k, v = self.project(hidden_states, context, past_key_values)
+        state = past_key_values.layer(self.layer_idx) if self.self_attention and past_key_values is not None else None
         out, weights = self.kernel.forward(
             q,
             k,

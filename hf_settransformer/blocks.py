@@ -52,14 +52,11 @@ class MAB(GradientCheckpointingLayer):
         cross_mask=None,
         output_attentions=False,
         past_key_values=None,
-        cross_past_key_values=None,
-        cross_cached=False,
     ):
         """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None).
 
-        `past_key_values`: this block's self-attention cache layer (its model's cache, one layer per block);
-        `cross_past_key_values`: its cross-attention cache layer, which holds the projected encoder states when
-        `cross_cached` (see `MultiHeadAttention.forward`)."""
+        `past_key_values`: the causal stack's `DecoderCache` (or None), handed to both attention layers, which take
+        their own cache layers from it (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
         attended, weights = self.attention(
@@ -68,13 +65,13 @@ class MAB(GradientCheckpointingLayer):
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
+            cached = past_key_values is not None and past_key_values.cross_cached(self.cross_attention.layer_idx)
             attended, cross_weights = self.cross_attention(
                 self.cross_norm(hidden_states),
-                None if cross_cached else self.cross_context_norm(cross_states),
+                None if cached else self.cross_context_norm(cross_states),  # cached: the encoder's keys and values
                 cross_mask,
                 output_attentions,
-                cross_past_key_values,
-                cached=cross_cached,
+                past_key_values,
             )
             hidden_states = hidden_states + self.dropout(attended)
         hidden_states = hidden_states + self.dropout(self.ffn(self.ffn_norm(hidden_states)))

@@ -10,12 +10,15 @@ grow with the context. Softmax attention uses transformers' own `DynamicCache` i
 `get_seq_length()` counts the tokens seen. Built with `static=True`, it keeps its states at fixed addresses and counts
 in a tensor, for a compiled (CUDA-graphed) decoding step: the recurrent state needs no `StaticCache`, its size is fixed
 already. `static_cache_length` recognises transformers' `StaticCache` (softmax attention's fixed-size keys and values).
+
+`DecoderCache` is what one forward of a decoder knows of its cache (which cache, of which kind, how many tokens it
+holds, a static cache's slots), worked out once and handed down to every block.
 """
 
 from dataclasses import dataclass, fields
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, EncoderDecoderCache, StaticLayer
 
 
 @dataclass
@@ -157,11 +160,21 @@ class LinearAttentionCache(Cache):
         or CUDA-graphed decoding step (see `RecurrentStateLayer`). Each layer records `config.feature_map` and
         `config.linear_attention_decay`: a model of another refuses to continue it (`cache_checks.check_cache_fits`)."""
         num_layers = num_layers if num_layers is not None else config.num_hidden_layers
-        made_by = {"feature_map": getattr(config, "feature_map", None), "decay": getattr(config, "linear_attention_decay", None)}
+        made_by = {"feature_map": getattr(config, "feature_map", None)}
+        made_by["decay"] = getattr(config, "linear_attention_decay", None)
         super().__init__(layers=[RecurrentStateLayer(static=static, **made_by) for _ in range(num_layers)])
 
     def get_seq_length(self, layer_idx: int = 0):
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def record_model(self, config):
+        """Record `config`'s feature map and decay on the layers that record none and hold no state yet (a cache made
+        without a config, about to be filled by its first model)."""
+        for layer in self.layers:
+            if layer.state is None and layer.feature_map is None:
+                layer.feature_map = config.feature_map
+            if layer.state is None and layer.decay is None:
+                layer.decay = config.linear_attention_decay
 
     def state_nbytes(self) -> int:
         """Bytes held by all the states (constant once the first token has been seen)."""
@@ -190,14 +203,6 @@ def cache_holds(cache: Cache, layer_class: type) -> bool:
     )
 
 
-def static_cache_layouts(cache: Cache | None) -> set | None:
-    """{(layer class name, max_cache_len)} of a cache with `StaticLayer`s, None for any other cache. A static cache
-    here holds one plain `StaticLayer` per layer, of one length (`checks.check_cache`)."""
-    if cache is None or not any(isinstance(layer, StaticLayer) for layer in cache.layers):
-        return None
-    return {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers}
-
-
 def static_cache_length(cache: Cache | None) -> int | None:
     """The number of key slots of a cache of fixed-size key and value buffers (transformers' `StaticCache`, from
     `generate(cache_implementation="static")`), or None for any other cache (one that grows, or a recurrent state).
@@ -207,16 +212,66 @@ def static_cache_length(cache: Cache | None) -> int | None:
     return cache.layers[0].max_cache_len
 
 
-def cache_batch_size(cache: Cache | None) -> int | None:
-    """The batch size the states in `cache` were made for (keys and values, or recurrent states), None while it holds
-    none: a cache of one batch fed another would pair each row with another row's past (or broadcast a batch of one)."""
-    if cache is None:
-        return None
-    for layer in cache.layers:
-        state = getattr(layer, "state", None)
-        if state is not None:
-            return state.kv.shape[0]
-        keys = getattr(layer, "keys", None)
-        if getattr(layer, "is_initialized", False) and torch.is_tensor(keys) and keys.dim() == 4:
-            return keys.shape[0]
-    return None
+@dataclass
+class DecoderCache:
+    """A decoder's `past_key_values` as one forward reads and extends it: worked out once (`read`, by the checks of the
+    outermost call or by the forward itself) and handed to every block as it is; each attention layer takes its own
+    cache layer by its `layer_idx`, as Llama's attention calls `past_key_values.update(k, v, self.layer_idx)`."""
+
+    returned: Cache | None  # the cache the forward returns: the one given, or the one made
+    self_attention: Cache | None  # the causal self-attention's cache, None without one
+    pair: EncoderDecoderCache | None  # the given or made `EncoderDecoderCache` (cross-attention keys and values)
+    kind: str | None  # "own" (the kernel's `cache_class`), "static" (a `StaticCache`), "other" (another kind that holds
+    # states already: refused by `cache_checks.check_cache`); None without a cache
+    past_length: int | torch.Tensor  # tokens seen before this forward (a tensor where the cache counts on the device)
+    static_length: int | None  # a static cache's number of key slots (slot i holds position i)
+
+    @classmethod
+    def read(cls, kernel, config, past_key_values, use_cache=True, cross_attention=False) -> "DecoderCache":
+        """The facts of `past_key_values` for a decoder of `config` whose attention is `kernel` (an `AttentionKernel`).
+
+        None given and `use_cache`: a new cache, the kernel's `cache_class` (in an `EncoderDecoderCache` when
+        `cross_attention`). An empty self-attention cache of another kind (generate() of `EncoderDecoderModel` hands
+        over a `DynamicCache`) is replaced by the kernel's own. A `LinearAttentionCache` made without a config records
+        this model's feature map and decay (its first model; another is then refused)."""
+        if past_key_values is None and use_cache:
+            past_key_values = kernel.cache_class(config=config)
+            if cross_attention:
+                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=config))
+        pair = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
+        self_cache = past_key_values if pair is None else pair.self_attention_cache
+        if self_cache is None:
+            return cls(None, None, None, None, 0, None)
+        static_length = static_cache_length(self_cache)
+        kind = "static" if static_length is not None else "own"
+        if kind == "own" and not cache_holds(self_cache, kernel.cache_layer_class):
+            kind = "other"
+            if not self_cache.get_seq_length():  # empty: the model makes its own
+                kind, self_cache = "own", kernel.cache_class(config=config)
+                if pair is None:
+                    past_key_values = self_cache
+                else:
+                    pair.self_attention_cache = self_cache
+        if kind == "own" and isinstance(self_cache, LinearAttentionCache):
+            self_cache.record_model(config)
+        # a tensor for a static cache: slots and positions are computed from it, never read back
+        return cls(past_key_values, self_cache, pair, kind, self_cache.get_seq_length(), static_length)
+
+    def layer(self, layer_idx: int) -> CacheLayerMixin | None:
+        """The self-attention cache layer of block `layer_idx`, which its kernel reads and extends; None without one."""
+        return None if self.self_attention is None else cache_layer(self.self_attention, layer_idx)
+
+    def cross_cached(self, layer_idx: int) -> bool:
+        """Whether the cross-attention layer of block `layer_idx` holds the encoder's keys and values already."""
+        return self.pair is not None and bool(self.pair.is_updated.get(layer_idx))
+
+    def cross_keys_values(self, layer_idx: int, keys=None, values=None):
+        """The cross-attention keys and values of block `layer_idx`: those cached (`cross_cached`), or `keys` and
+        `values` (b, h, m, d), kept in the cache for the next forwards where there is one."""
+        if self.pair is None:
+            return keys, values
+        layer = cache_layer(self.pair.cross_attention_cache, layer_idx)
+        if self.cross_cached(layer_idx):
+            return layer.keys, layer.values
+        self.pair.is_updated[layer_idx] = True
+        return layer.update(keys, values)

@@ -4,18 +4,18 @@ feature map, another width (heads, head size) or depth (layers), or another batc
 instead of failing inside torch or running on with a past the model never computed."""
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache
 
 from .attention import attention_kernel
-from .cache import cache_batch_size, cache_holds, static_cache_length, static_cache_layouts
+from .cache import DecoderCache
 from .families import family_for_model_type
 from .feature_maps import get_feature_map
 
 
 def check_cache(model, inputs, b, n):
     """A decoder's `past_key_values` and its mask -> (past length, a tensor where the cache counts on the device;
-    static cache slots or None)."""
-    mask, cache = inputs.get("attention_mask"), inputs.get("past_key_values")
+    static cache slots or None). A given cache is read once here (`DecoderCache.read`), and `inputs` hand the forward
+    that `DecoderCache` in its place."""
+    mask, given = inputs.get("attention_mask"), inputs.get("past_key_values")
     if mask is not None and mask.dim() == 4:
         # transformers' generate() builds them for a static cache, unless the model's `create_masks_for_generate`
         # says otherwise, as this decoder's does; EncoderDecoderModel's does not
@@ -24,39 +24,52 @@ def check_cache(model, inputs, b, n):
             'generate() makes with `cache_implementation="static"` for a model that wraps this decoder '
             "(EncoderDecoderModel). Generate with the default dynamic cache there."
         )
-    if cache is None:
+    if given is None:
         return 0, None
     kernel = attention_kernel(model.config)
-    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    layouts = static_cache_layouts(cache)
-    if layouts is not None and (len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer"):
-        raise ValueError(
-            "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
-            f"position i; sliding-window layers reuse slots), got {sorted(layouts, key=str)}."
-        )
-    slots = static_cache_length(cache)
-    if slots is not None:
-        check_static_cache(kernel, model.config)
-    elif not cache_holds(cache, kernel.cache_layer_class):
-        if cache.get_seq_length() > 0:
+    cache = DecoderCache.read(kernel, model.config, given)
+    if cache.kind == "static":
+        layers = cache.self_attention.layers
+        layouts = {(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in layers}
+        if len(layouts) != 1 or next(iter(layouts))[0] != "StaticLayer":
             raise ValueError(
-                f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
-                f"{type(cache).__name__} that already holds other states."
+                "A static cache here must hold one `StaticLayer` per layer, all of one `max_cache_len` (slot i holds "
+                f"position i; sliding-window layers reuse slots), got {sorted(layouts, key=str)}."
             )
-        return 0, None  # an empty cache of another kind: the model makes its own
-    check_cache_fits(model.config, cache)
-    cached = cache_batch_size(cache)
+        check_static_cache(kernel, model.config)
+    elif cache.kind == "other":
+        raise ValueError(
+            f"This decoder's attention keeps its past in a {kernel.cache_class.__name__}, not a "
+            f"{type(cache.self_attention).__name__} that already holds other states."
+        )
+    check_cache_fits(model.config, cache.self_attention)
+    cached = cache_batch_size(cache.self_attention)
     if cached is not None and cached != b:
         raise ValueError(
             f"`past_key_values` hold the past of a batch of {cached}, but the inputs are a batch of {b}: continue a "
             "cache with the batch it was made for (generate() handles beams and repeats itself)."
         )
+    slots = cache.static_length
     if slots is not None and mask is not None and mask.shape[-1] != slots:
         raise ValueError(
             f"With a static cache of {slots} slots, `attention_mask` must have one column per slot, (batch, {slots}), "
             f"0 past the tokens seen so far (generate() pads it so); got {tuple(mask.shape)}."
         )
-    return cache.get_seq_length(), slots
+    inputs["past_key_values"] = cache
+    return cache.past_length, slots
+
+
+def cache_batch_size(cache):
+    """The batch size the states in `cache` were made for (keys and values, or recurrent states), None while it holds
+    none: a cache of one batch fed another would pair each row with another row's past (or broadcast a batch of one)."""
+    for layer in cache.layers:
+        state = getattr(layer, "state", None)
+        if state is not None:
+            return state.kv.shape[0]
+        keys = getattr(layer, "keys", None)
+        if getattr(layer, "is_initialized", False) and torch.is_tensor(keys) and keys.dim() == 4:
+            return keys.shape[0]
+    return None
 
 
 def check_static_cache(kernel, config):
@@ -104,9 +117,10 @@ def check_assisted_generation(model):
 
 def check_cache_fits(config, cache):
     """A cache of this model's kind that another model made: its layer count, each layer's heads and head size, and a
-    linear-attention state's feature map and decay (recorded by the `LinearAttentionCache` that a config made, and seen in the
-    state: an `"exp"` state carries key maxima) must be this model's; continued, a past of another feature map gives
-    wrong logits, one of another width a shape error inside torch."""
+    linear-attention state's feature map and decay (recorded by the `LinearAttentionCache`: from the config it was made
+    with, or from the model that filled it first; the map is seen in the state too, as an `"exp"` state keeps key
+    maxima) must be this model's; continued, a past of another feature map gives wrong logits, one of another width a
+    shape error inside torch."""
     layers = config.num_hidden_layers
     grows = cache.layer_class_to_replicate is not None
     if len(cache.layers) < layers and not grows or len(cache.layers) > layers and cache.get_seq_length() > 0:

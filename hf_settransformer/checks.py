@@ -18,7 +18,6 @@ import torch
 
 from .attention import attention_kernel
 from .cache_checks import check_cache, check_no_cache
-from .cache_checks import check_static_cache as check_static_cache  # modeling_decoder's import
 from .decay import decay_applies
 from .losses import problem_type_of
 
@@ -52,7 +51,7 @@ def check_forward(model, inputs):
     """Every check of one forward of `model` on `inputs` (a dict by name) -> the inputs, `attention_mask` dropped
     where every element is real."""
     config = model.config
-    config.check_fields()  # a field assigned after construction passed its own check only (configuration_base)
+    config.validate()  # the rules across fields: an assignment is checked alone (configuration_base)
     check_keyword_names(type(model), inputs)
     check_no_cache(model, inputs.get("past_key_values"))
     check_implementation(attention_kernel(config), config)
@@ -479,7 +478,7 @@ def check_keyword_names(cls, kwargs):
 def check_model_config(model):
     """A config this model class cannot run, refused before any module is built."""
     config, name = model.config, type(model).__name__
-    config.check_fields()  # a field assigned after construction passed its own check only (configuration_base)
+    config.validate()  # the rules across fields: an assignment is checked alone (configuration_base)
     if model.predicts_tokens and not config.vocab_size:
         raise ValueError(f"`vocab_size` must be set for {name} (it predicts tokens).")
     if model.pools_each_target and config.pooling != "pma":

@@ -1,12 +1,14 @@
 """Configuration of the pre-norm Transformer encoder (Vaswani et al. 2017, ScaleNorm by Nguyen & Salazar 2019)."""
 
-from .configuration_base import PooledHeadsConfig
+from huggingface_hub.dataclasses import strict
+
+from .configuration_base import PooledHeadsConfig, optional, positive
 
 
+@strict
 class TransformerEncoderConfig(PooledHeadsConfig):
     r"""
-    Configuration of [`TransformerEncoderModel`] and its heads. Takes every argument of [`PooledHeadsConfig`]; token
-    inputs by default (`vocab_size=33278`, the word-level WikiText-2 vocabulary).
+    Configuration of [`TransformerEncoderModel`] and its heads: the fields of [`PooledHeadsConfig`].
 
     Example:
 
@@ -19,5 +21,5 @@ class TransformerEncoderConfig(PooledHeadsConfig):
 
     model_type = "hfst_encoder"
 
-    def __init__(self, vocab_size=33278, **kwargs):
-        super().__init__(vocab_size=vocab_size, **kwargs)
+    vocab_size: int | None = optional(positive, default=33278)  # the word-level WikiText-2 vocabulary
+    num_hidden_layers: int = positive(default=4)  # self-attention blocks

@@ -1,28 +1,19 @@
 """Configuration of the Set Transformer (Lee et al. 2019): ISAB/SAB encoder, PMA + SAB decoder."""
 
-import functools
+from typing import Literal
 
-from .configuration_base import PooledHeadsConfig, check_positive
+from huggingface_hub.dataclasses import strict
+from transformers.utils.type_validators import interval
 
-
-def check_no_positions(value):
-    if value != "none" or not isinstance(value, str):
-        raise ValueError(
-            f"`position_embedding_type` must be 'none' for the Set Transformer (a set has no order), got {value!r}."
-        )
+from .configuration_base import PooledHeadsConfig, positive
 
 
+@strict
 class SetTransformerConfig(PooledHeadsConfig):
     r"""
-    Configuration of [`SetTransformerModel`] and its heads. Takes every argument of [`PooledHeadsConfig`] (inputs are
-    continuous features of size `input_size`, or tokens with `vocab_size`), plus:
-
-    num_inducing_points (`int`, defaults to 16): m inducing points of each ISAB; 0 uses SABs instead.
-    num_seeds (`int`, defaults to 1): k seed vectors of the PMA that pools the set.
-    num_decoder_layers (`int`, defaults to 1): SABs applied to the k pooled vectors, as in the paper's decoder.
-
-    A set has no order: `position_embedding_type` is always `"none"` and the model is permutation invariant
-    (pooled output) and equivariant (per-element output).
+    Configuration of [`SetTransformerModel`] and its heads: the fields of [`PooledHeadsConfig`] (inputs are continuous
+    features of size `input_size`, or tokens with `vocab_size`) and the Set Transformer's own. A set has no order: the
+    model is permutation invariant (pooled output) and equivariant (per-element output).
 
     Example:
 
@@ -36,23 +27,8 @@ class SetTransformerConfig(PooledHeadsConfig):
 
     model_type = "hfst_set_transformer"
 
-    def __init__(
-        self,
-        num_inducing_points=16,
-        num_seeds=1,
-        num_decoder_layers=1,
-        position_embedding_type="none",
-        **kwargs,
-    ):
-        self.num_inducing_points = num_inducing_points
-        self.num_seeds = num_seeds
-        self.num_decoder_layers = num_decoder_layers
-        super().__init__(position_embedding_type=position_embedding_type, **kwargs)
-
-    field_checks = {
-        **PooledHeadsConfig.field_checks,
-        "num_inducing_points": functools.partial(check_positive, "num_inducing_points", allow_zero=True),
-        "num_seeds": functools.partial(check_positive, "num_seeds"),
-        "num_decoder_layers": functools.partial(check_positive, "num_decoder_layers", allow_zero=True),
-        "position_embedding_type": check_no_positions,
-    }
+    num_hidden_layers: int = positive(default=4)  # ISABs (SABs with no inducing points) before pooling
+    num_inducing_points: int = interval(min=0)(default=16)  # m inducing points of each ISAB; 0: SABs instead
+    num_seeds: int = positive(default=1)  # k seed vectors of the PMA that pools the set
+    num_decoder_layers: int = interval(min=0)(default=1)  # SABs over the k pooled vectors, as the paper's decoder
+    position_embedding_type: Literal["none"] = "none"  # a set has no order

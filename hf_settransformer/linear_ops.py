@@ -49,8 +49,7 @@ def _check_drop(drop, k):
 def _check_op_inputs(op, q, k, mask, state, drop, feature_map, decay=None):
     """The arguments every op shares, checked by type and shape (no value is read): `feature_map` a `FEATURE_MAPS`
     name, whose entry this returns, `mask` a (b, m) key mask tensor, `state` a `LinearAttentionState` (with key maxima
-    for a stabilised map), `drop` a (b, h, m) bool tensor. A state passed where the mask goes (the order of the old
-    `linear_attention_step(q, k, v, state, key_mask)`) is named, not read as a mask."""
+    for a stabilised map), `drop` a (b, h, m) bool tensor."""
     fmap = get_feature_map(feature_map)
     if mask is not None:
         if not torch.is_tensor(mask):

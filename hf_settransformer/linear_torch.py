@@ -7,7 +7,8 @@ Shape legend: b batch, h heads, n queries, m keys, d query/key head dim, e value
 k number of chunks. Causal attention runs in chunks (quadratic inside a chunk, a d x e state carried between chunks),
 so no n x d x e tensor is built; the step advances the same state one token at a time. With a decay (log g_t <= 0
 per head and key position) key j weighs exp(G_i - G_j) at query i, G the cumulative log-decay: inside a chunk a mask
-of cumulative log-gates, between chunks a scaled state. The float64 references are in `linear_naive.py`.
+of cumulative log-gates, between chunks a scaled state. No decay is a log-decay of zero: each op has one path, which
+skips the decay's factors (all 1) where `logd` is None. The float64 references are in `linear_naive.py`.
 """
 
 import torch
@@ -95,78 +96,73 @@ def _causal_features(q, k, key_mask, fmap, state):
     return phi_q, phi_k, state, k_max
 
 
-class _ExclusivePrefixSumLoop(torch.autograd.Function):
-    """out[:, :, i] = x[:, :, :i].sum(2), as k in-place additions of one chunk state each (k = x.shape[2])."""
-
-    @staticmethod
-    def forward(x):
-        return _prefix_loop(x, reverse=False)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _prefix_loop(grad, reverse=True)  # d out[j] / d x[i] = 1 for j > i: the reversed exclusive sum
-
-
-def _prefix_loop(x, reverse):
-    out = torch.empty_like(x)
-    running = torch.zeros_like(x[:, :, 0])
-    for i in reversed(range(x.shape[2])) if reverse else range(x.shape[2]):
-        out[:, :, i] = running
-        running += x[:, :, i]
-    return out
-
-
-class _DecayedScanLoop(torch.autograd.Function):
-    """The decayed scan of chunk states x (b, h, k, ...) with decays g (b, h, k) from `start` (b, h, ...):
-    before[:, :, i] = the state entering chunk i, which hands on g_i * before_i + x_i; -> (before, the last state).
-    In-place updates of one running state, as `_ExclusivePrefixSumLoop` (autograd would record two ops per chunk)."""
+class _ChunkScan(torch.autograd.Function):
+    """`chunk_scan`'s loop: in-place updates of one running state, one autograd node for the whole scan (autograd
+    would record two ops per chunk)."""
 
     @staticmethod
     def forward(x, g, start):
-        g = g.reshape(*g.shape, *[1] * (x.dim() - 3))
+        g = None if g is None else _per_chunk(g, x)
         before = torch.empty_like(x)
-        running = start.clone()
+        running = torch.zeros_like(x[:, :, 0]) if start is None else start.clone()
         for i in range(x.shape[2]):
             before[:, :, i] = running
-            running.mul_(g[:, :, i]).add_(x[:, :, i])
+            if g is not None:
+                running.mul_(g[:, :, i])
+            running.add_(x[:, :, i])
         return before, running
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, g, _ = inputs
-        ctx.save_for_backward(output[0], g.reshape(*g.shape, *[1] * (x.dim() - 3)))
+        x, g, start = inputs
+        wants_dg = g is not None and g.requires_grad
+        ctx.x_shape, ctx.g_shape, ctx.has_start = x.shape, None if g is None else g.shape, start is not None
+        ctx.save_for_backward(None if g is None else _per_chunk(g, x), output[0] if wants_dg else None)
+        # an unused output's gradient stays None: a last state that nothing reads (training) sends none back to the
+        # last chunk, nor, with one chunk, to any
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, d_before, d_last):
-        before, g = ctx.saved_tensors
-        # the gradient of the state each chunk hands on, from the last chunk back
-        grad = d_last.clone() if d_last is not None else torch.zeros_like(before[:, :, 0])
-        dx = torch.empty_like(before)
-        dg = torch.empty(before.shape[:3], dtype=before.dtype, device=before.device)
-        feature_dims = tuple(range(2, before.dim() - 1))
-        for i in reversed(range(before.shape[2])):
-            dx[:, :, i] = grad
-            dg[:, :, i] = (grad * before[:, :, i]).sum(dim=feature_dims)
-            grad = grad * g[:, :, i]
+        g, before = ctx.saved_tensors
+        grad = None if d_last is None else d_last.clone()  # of the state each chunk hands on, from the last one back
+        dx = dg = None
+        for i in reversed(range(ctx.x_shape[2])):
+            if grad is not None:
+                if dx is None:
+                    dx = grad.new_zeros(ctx.x_shape)
+                    dg = None if before is None else grad.new_zeros(g.shape)
+                dx[:, :, i] = grad
+                if dg is not None:
+                    dg[:, :, i] = (grad * before[:, :, i]).sum_to_size(dg[:, :, i].shape)
+                if g is not None:
+                    grad.mul_(g[:, :, i])
             if d_before is not None:
-                grad += d_before[:, :, i]
-        return dx, dg, grad
+                grad = d_before[:, :, i].clone() if grad is None else grad.add_(d_before[:, :, i])
+        return dx, None if dg is None else dg.reshape(ctx.g_shape), grad if ctx.has_start else None
 
 
-def exclusive_prefix_sum(x):
-    """Exclusive prefix sum over dim 2 of the chunk states (b, h, k, ...): the state before each chunk.
+def _per_chunk(g, x):
+    """g (b, h, k, ...) with ones appended to broadcast against x (b, h, k, ...)."""
+    return g.reshape(*g.shape, *[1] * (x.dim() - g.dim()))
 
-    On CPU, torch.cumsum over this non-innermost dim (plus the flips of its backward) measured slower than k in-place
-    additions of whole chunk states, each a large contiguous block (forward+backward of the chunked kernel at
-    n = 16384, 8 heads of 64, chunk 64: 1125 ms with cumsum, 936 ms with the loop; benchmarks/bench_attention.py). On
-    other devices, where each addition is a kernel launch, cumsum."""
-    if x.device.type == "cpu":
-        return _ExclusivePrefixSumLoop.apply(x)
-    return torch.cumsum(x, dim=2) - x
+
+def chunk_scan(x, g=None, start=None):
+    """The scan over chunk states x (b, h, k, ...): the state entering chunk i, before[:, :, i], is handed on as
+    g_i * before_i + x_i -> (before, the state after the last chunk). g (b, h, k, ...), broadcast against the chunk
+    states (a decay per chunk, or a rescaling per feature), None: 1; start (b, h, ...): the state entering the first
+    chunk, None: zeros.
+
+    On the CPU, and wherever there is a g, a loop of in-place updates (`_ChunkScan`): torch.cumsum over this
+    non-innermost dim (plus the flips of its backward) measured slower on the CPU than k in-place additions of whole
+    chunk states, each a large contiguous block (forward+backward of the chunked kernel at n = 16384, 8 heads of 64,
+    chunk 64: 1125 ms with cumsum, 936 ms with the loop; benchmarks/bench_attention.py). Elsewhere, where each update
+    is a kernel launch, an undecayed scan is a cumsum."""
+    if g is None and x.device.type != "cpu":
+        before = torch.cumsum(x, dim=2) - x
+        before = before if start is None else before + start[:, :, None]
+        return before, before[:, :, -1] + x[:, :, -1]
+    return _ChunkScan.apply(x, g, start)
 
 
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
@@ -210,63 +206,58 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
     floor = -1e30  # reference while every key so far is masked: any finite value works
     start = state.k_max.clamp_min(floor) if state is not None else k.new_full((b, h, d), floor)
-    decayed = logd is not None
-    if decayed:
+    back = k  # the keys taken back to their chunk's start
+    if logd is not None:
         local = F.pad(logd, (0, pad)).reshape(b, h, nk, c).cumsum(dim=-1)  # b_j, (b, h, k, c)
         total = local[..., -1]  # B_c, (b, h, k)
-        back = k - local[..., None]  # the keys taken back to their chunk's start
+        back = k - local[..., None]
     with torch.no_grad():
-        if not decayed:
-            running = torch.maximum(torch.cummax(k.amax(dim=3), dim=2).values, start[:, :, None])  # R_c (b, h, k, d)
-            running = ref = running.clamp_min(floor)
-        else:  # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c
-            offset = exclusive_prefix_sum(total.detach())[..., None]  # (b, h, k, 1)
-            running = torch.cummax(torch.maximum(back.amax(dim=3) - offset, start[:, :, None]), dim=2).values
-            running = (running + offset).clamp_min(floor)
+        # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c; without a decay
+        # it is R_c, the reference the chunk's keys are scaled by too
+        top = back.amax(dim=3)  # (b, h, k, d)
+        if logd is not None:
+            offset = chunk_scan(total.detach())[0][..., None]  # G_c, (b, h, k, 1)
+            top = top - offset
+        running = torch.cummax(torch.maximum(top, start[:, :, None]), dim=2).values
+        running = ref = (running if logd is None else running + offset).clamp_min(floor)
+        if logd is not None:  # R_c: the decayed reference the state hands the chunk, and the chunk's keys
             ends = running + total[..., None]  # the state's reference after each chunk
             ref = torch.maximum(torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2), k.amax(dim=3))
             ref = ref.clamp_min(floor)
         shift = (q + ref[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
     # the carried state's reference before each chunk (decayed by the chunk before: the decay keeps its gradient)
-    last = running[:, :, :-1] if not decayed else running[:, :, :-1] + total[:, :, :-1, None]
+    last = running[:, :, :-1] if logd is None else running[:, :, :-1] + total[:, :, :-1, None]
     before = torch.cat([start[:, :, None], last], dim=2)
     phi_k = torch.exp(k - ref[:, :, :, None])  # (b, h, k, c, d), <= 1
     phi_q = torch.exp(q + ref[:, :, :, None] - shift)  # <= 1
-    to_state = phi_k if not decayed else torch.exp(back - running[:, :, :, None])  # <= 1
+    to_state = phi_k if logd is None else torch.exp(back - running[:, :, :, None])  # <= 1
     kv_chunks = torch.matmul(to_state.transpose(-1, -2), v)  # (b, h, k, d, e)
     z_chunks = to_state.sum(dim=-2)  # (b, h, k, d)
 
-    # the carried state, a scan over chunks that rescales it to each chunk's reference before adding the chunk
-    kv_run = state.kv if state is not None else q.new_zeros(b, h, d, e)
-    z_run = state.z if state is not None else q.new_zeros(b, h, d)
-    carried_kv, carried_z, rescaled_kv, rescaled_z = [], [], [], []
-    for i in range(nk):
-        carried_kv.append(kv_run)  # in the reference before the chunk, for the exact path
-        carried_z.append(z_run)
-        scale = torch.exp(before[:, :, i] - running[:, :, i])  # (b, h, d), <= 1
-        kv_run, z_run = kv_run * scale[..., None], z_run * scale
-        rescaled_kv.append(kv_run)
-        rescaled_z.append(z_run)
-        kv_run, z_run = kv_run + kv_chunks[:, :, i], z_run + z_chunks[:, :, i]
+    # the carried state, a scan over chunks that rescales it to each chunk's U_c before adding the chunk
+    scale = torch.exp(before - running)  # (b, h, k, d), <= 1
+    kv_before, kv_run = chunk_scan(kv_chunks, scale, None if state is None else state.kv)  # (b, h, k, d, e)
+    z_before, z_run = chunk_scan(z_chunks, scale, None if state is None else state.z)  # (b, h, k, d)
 
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    if not decayed:
-        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * causal  # (b, h, k, c, c)
-        kv_before, z_before = torch.stack(rescaled_kv, dim=2), torch.stack(rescaled_z, dim=2)
-        read = phi_q
+    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
+    read = phi_q
+    if logd is None:  # exp(b_i - b_j) = 1 where j <= i
+        scores = scores * causal
     else:
         gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j
-        scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)
-        kv_before, z_before = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
-        read = torch.exp(q + before[:, :, :, None] + local[..., None] - shift)  # <= 1: before <= ref, b_i <= 0
-    num = torch.matmul(scores, v) + torch.matmul(read, kv_before)  # (b, h, k, c, e)
-    den = scores.sum(dim=-1) + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
+        scores = scores * torch.exp(gaps)
+        read = phi_q * torch.exp(local)[..., None]  # the carried state decayed to each query
+    lift = scale if logd is None else torch.exp(before - ref)  # the carried state in reference R_c, <= 1
+    num = torch.matmul(scores, v) + torch.matmul(read, kv_before * lift[..., None])  # (b, h, k, c, e)
+    den = scores.sum(dim=-1) + torch.matmul(read, (z_before * lift).unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
 
     with torch.no_grad():
         # each query's own reference, and how far the chunk's reference lies above it
-        at = torch.maximum(torch.cummax(back if decayed else k, dim=3).values, before.detach()[:, :, :, None])
-        at = at.clamp_min(floor)
-        own = at if not decayed else at + local[..., None]
+        # cummax along the innermost dim: along the chunk's positions (dim 3) it measured 2.9x slower on the CPU
+        at = torch.cummax(back.transpose(-1, -2).contiguous(), dim=-1).values.transpose(-1, -2)
+        at = torch.maximum(at, before.detach()[:, :, :, None]).clamp_min(floor)
+        own = at if logd is None else at + local[..., None]
         spread = (ref[:, :, :, None] - own).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
@@ -275,23 +266,20 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     # (a zero gradient times 1/den^2 of an underflowed den would be NaN)
     num = num.masked_fill(steep[..., None, None], 0.0)
     out = _ratio(num, den.masked_fill(steep[..., None], 1.0).unsqueeze(-1))
-    keys = back if decayed else k
     if sync_free or torch.compiler.is_compiling():
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)  # (b,h,k,d,e), (b,h,k,d)
         # one graph under torch.compile / torch.export, no data-dependent branch: the exact path for every chunk,
         # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
         # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
         # ("strides of the two branches' output doesn't match")
-        exact = _exp_chunks_exact(q, keys, v, at, before, carried_kv, carried_z)
+        exact = _exp_chunks_exact(q, back, v, at, before, kv_before, z_before)
         out = torch.where(steep[..., None, None], exact, out)
-    elif steep.any():  # rare: the stacked carried states are only built here
-        carried_kv, carried_z = torch.stack(carried_kv, dim=2), torch.stack(carried_z, dim=2)
+    elif steep.any():  # rare
         idx = steep.nonzero(as_tuple=True)
-        exact = _exp_chunks_exact(q[idx], keys[idx], v[idx], at[idx], before[idx], carried_kv[idx], carried_z[idx])
+        exact = _exp_chunks_exact(q[idx], back[idx], v[idx], at[idx], before[idx], kv_before[idx], z_before[idx])
         out = out.index_put(idx, exact)
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
     k_max = running[:, :, -1]
-    if decayed:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
+    if logd is not None:  # the state's reference moves by the last chunk's decay; the sums carry its gradient
         k_max = k_max + total[:, :, -1, None].detach()
         grad = torch.exp(total[:, :, -1] - total[:, :, -1].detach())  # 1, with the decay's gradient
         kv_run, z_run = kv_run * grad[..., None, None], z_run * grad[..., None]
@@ -315,11 +303,16 @@ def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
 
 
 def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None, logd=None, sync_free=False):
+    """Causal linear attention in chunks of `chunk_size` (the exp map: `_causal_exp_linear_attention`). Inside a chunk,
+    key j weighs exp(b_i - b_j) at query i (b the cumulative log-decay in the chunk, 0 without a decay); a chunk reads
+    the state carried into it scaled by exp(b_i), and hands on exp(B) times it plus its keys decayed to its end,
+    exp(B - b_j) (B its whole decay): every exponent <= 0. Without a decay (`logd` None) those factors are 1 and
+    skipped."""
     if fmap.stabilised:
         return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop, logd, sync_free)
     b, h, n, d = q.shape
     e = v.shape[-1]
-    phi_q, phi_k, state, k_max = _causal_features(q, k, with_dropped(key_mask, drop), fmap, state)
+    phi_q, phi_k, state, _ = _causal_features(q, k, with_dropped(key_mask, drop), fmap, state)
     c = min(chunk_size, n)
     pad = (-n) % c
     if pad:
@@ -330,59 +323,31 @@ def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=No
     phi_q = phi_q.reshape(b, h, nk, c, d)
     phi_k = phi_k.reshape(b, h, nk, c, d)
     v = v.reshape(b, h, nk, c, e)
-    if logd is not None:
-        return _decayed_chunks(phi_q, phi_k, v, F.pad(logd, (0, pad)).reshape(b, h, nk, c), state, n)
 
-    # inside each chunk: masked quadratic form
+    # inside each chunk: a masked quadratic form
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
-    scores = scores * torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    read, to_end, g = phi_q, phi_k, None  # the queries reading the carried state, the keys it hands on, its decay
+    if logd is None:
+        scores = scores * causal
+    else:
+        local = F.pad(logd, (0, pad)).reshape(b, h, nk, c).cumsum(dim=-1)  # b, (b, h, k, c)
+        total = local[..., -1]  # B, (b, h, k)
+        gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j, j <= i
+        scores = scores * torch.exp(gaps)
+        read = phi_q * torch.exp(local)[..., None]
+        to_end = phi_k * torch.exp(total[..., None] - local)[..., None]
+        g = torch.exp(total)
     num = torch.matmul(scores, v)  # (b, h, k, c, e)
     den = scores.sum(dim=-1)  # (b, h, k, c)
 
-    # across chunks: the state before each chunk is an exclusive cumulative sum of the chunk states
-    kv_chunks = torch.matmul(phi_k.transpose(-1, -2), v)  # (b, h, k, d, e)
-    z_chunks = phi_k.sum(dim=-2)  # (b, h, k, d)
-    kv_before = exclusive_prefix_sum(kv_chunks)
-    z_before = exclusive_prefix_sum(z_chunks)
-    if state is not None:
-        kv_before = kv_before + state.kv[:, :, None]
-        z_before = z_before + state.z[:, :, None]
-    num = num + torch.matmul(phi_q, kv_before)  # (b, h, k, c, e)
-    den = den + torch.matmul(phi_q, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
-    out = _ratio(num, den.unsqueeze(-1))
-    out = out.reshape(b, h, nk * c, e)[:, :, :n]
-
-    new_state = LinearAttentionState(
-        kv=kv_before[:, :, -1] + kv_chunks[:, :, -1], z=z_before[:, :, -1] + z_chunks[:, :, -1], k_max=k_max
-    )
-    return out, new_state
-
-
-def _decayed_chunks(phi_q, phi_k, v, logd, state, n):
-    """The chunks of an elementwise map with a decay: phi_q, phi_k (b,h,k,c,d), v (b,h,k,c,e), logd (b,h,k,c) ->
-    (out (b,h,n,e), state). Inside a chunk, key j weighs exp(b_i - b_j) at query i (b the cumulative log-decay in the
-    chunk); a chunk reads the state carried into it scaled by exp(b_i), and hands on exp(B) times it plus its keys
-    decayed to its end, exp(B - b_j) (B its whole decay): every exponent <= 0."""
-    b, h, nk, c, d = phi_q.shape
-    e = v.shape[-1]
-    local = logd.cumsum(dim=-1)  # (b, h, k, c)
-    total = local[..., -1]  # (b, h, k)
-    causal = torch.ones(c, c, dtype=torch.bool, device=phi_q.device).tril()
-    gaps = (local[..., :, None] - local[..., None, :]).masked_fill(~causal, float("-inf"))  # b_i - b_j, j <= i
-    scores = torch.matmul(phi_q, phi_k.transpose(-1, -2)) * torch.exp(gaps)  # (b, h, k, c, c)
-    num = torch.matmul(scores, v)
-    den = scores.sum(dim=-1)
-    to_end = phi_k * torch.exp(total[..., None] - local)[..., None]  # keys decayed to the chunk's end
+    # across chunks: the state before each chunk, a scan of the chunk states
     kv_chunks = torch.matmul(to_end.transpose(-1, -2), v)  # (b, h, k, d, e)
     z_chunks = to_end.sum(dim=-2)  # (b, h, k, d)
-    kv_start = state.kv if state is not None else phi_q.new_zeros(b, h, d, e)
-    z_start = state.z if state is not None else phi_q.new_zeros(b, h, d)
-    g = torch.exp(total)  # (b, h, k): the carried state, decayed by each chunk before it adds its keys
-    kv_before, kv_run = _DecayedScanLoop.apply(kv_chunks, g, kv_start)
-    z_before, z_run = _DecayedScanLoop.apply(z_chunks, g, z_start)
-    read = phi_q * torch.exp(local)[..., None]  # the carried state as each query sees it
-    num = num + torch.matmul(read, kv_before)
-    den = den + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)
+    kv_before, kv_run = chunk_scan(kv_chunks, g, None if state is None else state.kv)
+    z_before, z_run = chunk_scan(z_chunks, g, None if state is None else state.z)
+    num = num + torch.matmul(read, kv_before)  # (b, h, k, c, e)
+    den = den + torch.matmul(read, z_before.unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
     out = _ratio(num, den.unsqueeze(-1)).reshape(b, h, nk * c, e)[:, :, :n]
     return out, LinearAttentionState(kv=kv_run, z=z_run)
 

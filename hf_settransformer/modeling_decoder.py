@@ -9,13 +9,11 @@ cache's counter, a tensor), so `torch.compile(model.forward, mode="reduce-overhe
 attention's recurrent state has a fixed size already: `LinearAttentionCache(static=True)` keeps it at fixed addresses
 for a compiled step."""
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
@@ -23,24 +21,14 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
-from .cache import cache_holds, cache_layer, static_cache_length
-from .checks import causal_lm_labels, check_static_cache, checked
+from .cache import DecoderCache, static_cache_length
+from .cache_checks import check_static_cache
+from .checks import causal_lm_labels, checked
 from .configuration_decoder import TransformerDecoderConfig
 from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .modeling_common import HfstPreTrainedModel, record_outputs
-
-
-class CacheView(NamedTuple):
-    """What one forward of the decoder reads and extends, prepared once (`TransformerDecoderModel.prepare_cache`)."""
-
-    returned: Cache | None  # the cache the forward returns
-    layers: list  # each block's self-attention cache layer, or None
-    cross_layers: list  # each block's cross-attention cache layer, or None
-    cross_filled: list  # whether that cross layer holds the encoder's keys and values already
-    past_length: int | torch.Tensor  # tokens seen before this call (a tensor where the cache counts on the device)
-    slots: int | None  # a static cache's number of key slots
 
 
 class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
@@ -73,37 +61,6 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def prepare_cache(self, past_key_values, use_cache, has_encoder_states):
-        """The one view of the cache a forward uses (`CacheView`), made once: the cache to return, each layer's
-        self-attention cache layer, each layer's cross-attention cache layer and whether it already holds the encoder's
-        keys and values, the past length and a static cache's slots.
-
-        The self-attention cache is the attention kernel's `cache_class` (a `DynamicCache` of keys and values for
-        softmax, a `LinearAttentionCache` of recurrent states for linear attention), or a `StaticCache` where the
-        kernel has a `static_cache_layer_class` (softmax). An empty cache of another kind (generate() of
-        EncoderDecoderModel hands over a `DynamicCache`) is replaced by the kernel's own."""
-        kernel, count = attention_kernel(self.config), len(self.layers)
-        if past_key_values is None:
-            if not use_cache:
-                return CacheView(None, [None] * count, [None] * count, [False] * count, 0, None)
-            past_key_values = kernel.cache_class(config=self.config)
-            if has_encoder_states:
-                past_key_values = EncoderDecoderCache(past_key_values, DynamicCache(config=self.config))
-        pair = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
-        self_cache = past_key_values if pair is None else pair.self_attention_cache
-        slots = static_cache_length(self_cache)
-        if slots is None and not cache_holds(self_cache, kernel.cache_layer_class):
-            self_cache = kernel.cache_class(config=self.config)
-            if pair is None:
-                past_key_values = self_cache
-            else:
-                pair.self_attention_cache = self_cache
-        layers = [cache_layer(self_cache, i) for i in range(count)]
-        cross = [None] * count if pair is None else [cache_layer(pair.cross_attention_cache, i) for i in range(count)]
-        filled = [pair is not None and bool(pair.is_updated.get(i)) for i in range(count)]
-        # a tensor for a static cache: slots and positions are computed from it, never read back
-        return CacheView(past_key_values, layers, cross, filled, self_cache.get_seq_length(), slots)
-
     @checked
     @record_outputs
     def forward(
@@ -124,7 +81,8 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         past_key_values (`Cache`, *optional*): what earlier calls saw: a `DynamicCache` of keys and values (softmax),
             a `LinearAttentionCache` of recurrent states (linear), or an `EncoderDecoderCache` holding one of those and
             the cross-attention keys and values. Created when `use_cache` and none is given; returned in the output.
-            Softmax attention also takes a `StaticCache` (fixed-size keys and values, for a compiled step).
+            Softmax attention also takes a `StaticCache` (fixed-size keys and values, for a compiled step). The checks
+            of the outermost call hand the forward its `DecoderCache` (what this forward knows of it) instead.
         attention_mask (`torch.Tensor` of shape (batch, past + length), *optional*): 1 for real tokens, 0 for padding,
             covering the cached tokens too (as `generate()` passes it); with a `StaticCache`, (batch, max_cache_len):
             one column per slot, 0 past the tokens given so far.
@@ -132,7 +90,10 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False
-        cache = self.prepare_cache(past_key_values, use_cache, encoder_hidden_states is not None)
+        cache = past_key_values
+        if not isinstance(cache, DecoderCache):  # none given, or a compiled call (no checks): read here
+            kernel, crossed = attention_kernel(self.config), encoder_hidden_states is not None
+            cache = DecoderCache.read(kernel, self.config, past_key_values, use_cache, crossed)
         hidden_states, _, mask = self.embed_inputs(
             input_ids,
             None,
@@ -141,23 +102,18 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             position_ids,
             causal=True,
             past_length=cache.past_length,
-            cache_slots=cache.slots,
+            cache_slots=cache.static_length,
         )
         cross_mask = None if encoder_hidden_states is None else AttentionMask.build(encoder_attention_mask)
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             hidden_states, _, _ = layer(
                 hidden_states,
                 mask=mask,
                 cross_states=encoder_hidden_states,
                 cross_mask=cross_mask,
                 output_attentions=output_attentions,
-                past_key_values=cache.layers[i],
-                cross_past_key_values=cache.cross_layers[i],
-                cross_cached=cache.cross_filled[i],
+                past_key_values=cache,
             )
-        if encoder_hidden_states is not None and isinstance(cache.returned, EncoderDecoderCache):
-            for i in range(len(self.layers)):
-                cache.returned.is_updated[i] = True  # the encoder's keys and values are in the cross layers now
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.final_norm(hidden_states),
             past_key_values=cache.returned if use_cache else None,

@@ -64,6 +64,7 @@ def main(argv=None):
         p.error(unknown_flags_message(p, unknown))
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
+    from huggingface_hub.errors import StrictDataclassError
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:  # everything is checked before the card is rewritten: a refused push leaves the folder as it was
@@ -98,7 +99,7 @@ def main(argv=None):
                     kept.write_bytes(before)
                     os.replace(kept, card)
                 raise
-    except (OutputDirLockedError, ValueError) as err:  # a live run holds it; a card cannot be made from it
+    except (OutputDirLockedError, ValueError, StrictDataclassError) as err:  # a live run holds it; no card from it
         raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
     except HubUnreachableError as err:
         raise SystemExit(f"Not published, and {args.run_dir} is as it was: {err}. Check the network, HF_HUB_OFFLINE, "

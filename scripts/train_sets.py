@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser, Trainer, set_seed
 from transformers.utils import logging as transformers_logging
 
@@ -165,7 +166,7 @@ def build_model(args):
         common["problem_type"] = task.problem_type
     try:
         config = SetTransformerConfig(**task.config, **common)
-    except ValueError as err:  # a config field is the flag of the same name
+    except (ValueError, StrictDataclassError) as err:  # a config field is the flag of the same name
         raise SystemExit(f"Invalid model configuration (flags of the same names): {err}") from None
     return task.head(config)
 

@@ -127,7 +127,8 @@ def test_every_relative_link_of_the_documentation_resolves():
     assert checked > 20
 
 
-MODELING_IMPORTS = {"torch", "transformers"} | set(sys.stdlib_module_names)
+# huggingface_hub: installed with transformers (its configs' `@strict` dataclasses come from there)
+MODELING_IMPORTS = {"torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names)
 # the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
 # brings along
 TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm", "huggingface_hub"}

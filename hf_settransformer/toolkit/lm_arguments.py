@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, HfArgumentParser
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
@@ -578,5 +579,5 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     fields.update(parse_overrides(model_args.config_overrides, config_class))
     try:
         return config_class(**fields)
-    except ValueError as err:
+    except (ValueError, StrictDataclassError) as err:  # @strict's, for a field's value
         raise SystemExit(f"Invalid model configuration: {err}") from None

@@ -13,7 +13,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
-from tests.helpers import family_classes, quiet_training_args, tiny_config
+from tests.helpers import CONFIG_CLASSES, family_classes, quiet_training_args, tiny_config
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -35,7 +35,8 @@ LINES = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(5 + i % 7)) for i i
 def saved_checkpoint(folder, family, auto, **fields):
     """A tiny model of `family` with the word tokenizer, saved like train_lm.py's output (model_max_length set)."""
     tokenizer = toolkit.build_word_tokenizer(LINES, model_max_length=16)
-    config = tiny_config(family, vocab_size=len(tokenizer), context_length=16, max_position_embeddings=64, **fields)
+    window = {"context_length": 16} if CONFIG_CLASSES[family].windowed_heads else {}  # the decoder has no windows
+    config = tiny_config(family, vocab_size=len(tokenizer), max_position_embeddings=64, **window, **fields)
     torch.manual_seed(0)
     model = family_classes(config)[auto](config)
     model.save_pretrained(folder)

@@ -117,14 +117,21 @@ def test_a_linear_cache_of_another_feature_map_is_refused(made_by, continued_by)
     inside the ops. Both are refused, from the map the cache recorded and from the state (exp keeps key maxima)."""
     model = decoder("linear", continued_by)
     step = torch.randint(1, VOCAB, (1, 1))
-    with pytest.raises(ValueError, match=f"'{made_by}' feature map, but this model's `feature_map` is '{continued_by}'"):
+    refused = f"'{made_by}' feature map, but this model's `feature_map` is '{continued_by}'"
+    with pytest.raises(ValueError, match=refused):
         model(input_ids=step, past_key_values=filled_cache(decoder("linear", made_by)))
-    # a cache built without a config records no map: the state tells
+    # a cache built without a config records the map of the model that fills it first
     anonymous = LinearAttentionCache(num_layers=2)
     with torch.no_grad():
         decoder("linear", made_by)(input_ids=torch.randint(1, VOCAB, (1, 5)), past_key_values=anonymous)
-    with pytest.raises(ValueError, match=f"key maxima.*this model's `feature_map` is '{continued_by}'"):
+    with pytest.raises(ValueError, match=refused):
         model(input_ids=step, past_key_values=anonymous)
+    # one whose states were set by hand records no map: the state tells
+    by_hand = LinearAttentionCache(num_layers=2)
+    for layer, filled in zip(by_hand.layers, anonymous.layers):
+        layer.set_state(filled.state, 5)
+    with pytest.raises(ValueError, match=f"key maxima.*this model's `feature_map` is '{continued_by}'"):
+        model(input_ids=step, past_key_values=by_hand)
     model(input_ids=step, past_key_values=filled_cache(model))  # its own still continues
 
 
@@ -154,3 +161,46 @@ def test_a_softmax_cache_and_a_linear_state_are_not_interchangeable(made_by, con
     own = "LinearAttentionCache" if continued_by == "linear" else "DynamicCache"
     with pytest.raises(ValueError, match=f"keeps its past in a {own}, not a {type(cache).__name__}"):
         decoder(continued_by, "elu")(input_ids=torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_the_cache_is_read_once_per_forward_and_handed_down_whole(attention_type, feature_map, monkeypatch):
+    """One `DecoderCache` per forward, made where the checks read the given cache (or, with none, by the forward), and
+    the same object reaches every attention layer, which takes its own cache layer from it."""
+    from hf_settransformer import cache as cache_module
+    from hf_settransformer.attention import MultiHeadAttention
+
+    model = decoder(attention_type, feature_map)
+    reads, seen = [], []
+    read, forward = cache_module.DecoderCache.read.__func__, MultiHeadAttention.forward
+
+    def counted_read(cls, *args, **kwargs):
+        reads.append(1)
+        return read(cls, *args, **kwargs)
+
+    def recorded_forward(self, *args, **kwargs):
+        seen.append(kwargs["past_key_values"])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cache_module.DecoderCache, "read", classmethod(counted_read))
+    monkeypatch.setattr(MultiHeadAttention, "forward", recorded_forward)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, VOCAB, (2, 5)), use_cache=True).past_key_values
+        assert len(reads) == 1 and len(seen) == 2 and seen[0] is seen[1] and seen[0].returned is cache
+        reads.clear()
+        seen.clear()
+        model(input_ids=torch.randint(1, VOCAB, (2, 1)), past_key_values=cache)
+        assert len(reads) == 1 and len(seen) == 2 and seen[0] is seen[1] and seen[0].self_attention is cache
+    assert cache.get_seq_length() == 6
+
+
+def test_the_linear_kernel_writes_no_metadata_on_the_cache_layer():
+    """The kernel reads and extends its layer's state; what made the cache is recorded where the cache is read."""
+    from hf_settransformer.attention import AttentionMask, linear_kernel
+    from hf_settransformer.cache import RecurrentStateLayer
+
+    layer = RecurrentStateLayer()
+    q, k, v = (torch.randn(1, 4, 3, 8) for _ in range(3))
+    linear_kernel(q, k, v, AttentionMask(causal=True), layer, feature_map="elu", linear_attention_decay="fixed")
+    assert layer.state is not None and layer.get_seq_length() == 3
+    assert layer.feature_map is None and layer.decay is None

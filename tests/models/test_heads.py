@@ -4,6 +4,7 @@ many-target head sees no future; shift_labels; the mode chosen at construction) 
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tests.helpers import (
     ATTENTION_IDS,
     ATTENTIONS,
@@ -122,7 +123,7 @@ def test_many_target_head_rejects_bad_labels_and_prefixes():
         model(input_ids=ids, prefix_length=12)
     with pytest.raises(ValueError, match="num_latents"):
         many_target_head("perceiver_io", num_latents=3)(input_ids=ids)
-    with pytest.raises(ValueError, match="target_length"):
+    with pytest.raises(StrictDataclassError, match="target_length"):
         tiny_config("encoder", context_length=4, target_length=5)
 
 
@@ -178,11 +179,11 @@ def test_adaptive_softmax_cached_generate_equals_argmax_over_full_passes(attenti
 
 
 def test_adaptive_softmax_rejects_bad_cutoffs():
-    with pytest.raises(ValueError, match="increasing positive integers"):
+    with pytest.raises(StrictDataclassError, match="increasing positive integers"):
         tiny_config("decoder", adaptive_softmax_cutoffs=[10, 5])
-    with pytest.raises(ValueError, match="must end below `vocab_size`"):
+    with pytest.raises(StrictDataclassError, match="must end below `vocab_size`"):
         tiny_config("decoder", adaptive_softmax_cutoffs=[4, VOCAB])
-    with pytest.raises(ValueError, match="cannot hold with `adaptive_softmax_cutoffs`"):
+    with pytest.raises(StrictDataclassError, match="cannot hold with `adaptive_softmax_cutoffs`"):
         tiny_config("decoder", adaptive_softmax_cutoffs=[4], tie_word_embeddings=True)
 
 

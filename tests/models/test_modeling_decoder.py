@@ -3,6 +3,7 @@ chunked), the cache a training forward fills, the tied LM head under resizing.""
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tests.helpers import ATTENTION_IDS, ATTENTIONS, VOCAB, batch_of_tokens, decoder, make_model, tiny_config
 
 import hf_settransformer as hfst
@@ -107,7 +108,7 @@ def test_chunked_lm_loss_equals_the_usual_loss_and_gradients(tie, attention_type
     out = chunked(input_ids=ids, labels=labels)
     assert out.logits.shape == (3, 13, VOCAB)
     torch.testing.assert_close(out.loss, usual.eval()(input_ids=ids, labels=labels).loss)
-    with pytest.raises(ValueError, match="lm_loss_chunk_size"):
+    with pytest.raises(StrictDataclassError, match="lm_loss_chunk_size"):
         tiny_config("decoder", lm_loss_chunk_size=-1)
 
 

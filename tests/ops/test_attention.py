@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tests.helpers import tiny_config
 
 import hf_settransformer as hfst
@@ -645,14 +646,39 @@ def test_linear_attention_dropout_acts_only_while_training(feature_map, causal):
             torch.testing.assert_close(out2[:, : t + 1], out[:, : t + 1], atol=1e-6, rtol=1e-5)
 
 
-def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
-    from hf_settransformer.linear_torch import exclusive_prefix_sum
+@pytest.mark.parametrize("decay", ["none", "per chunk", "per feature"])
+@pytest.mark.parametrize("start", [False, True], ids=["zeros", "state"])
+def test_chunk_scan_matches_a_plain_loop_and_its_gradient(decay, start):
+    """`chunk_scan`: the state entering each chunk (and the last one) as a loop of out-of-place ops computes it, with
+    no decay (a cumsum), a decay per chunk or a rescaling per feature, from zeros or a given state; gradients of the
+    chunk states, the decay and the start checked numerically, also where one output is unused."""
+    from hf_settransformer.linear_torch import chunk_scan
 
-    x = torch.randn(2, 3, 7, 4, 5, dtype=torch.float64, requires_grad=True)
-    expected = torch.cumsum(x, dim=2) - x  # the state before each chunk: everything strictly earlier
-    torch.testing.assert_close(exclusive_prefix_sum(x), expected)
-    assert torch.equal(exclusive_prefix_sum(x)[:, :, 0], torch.zeros_like(x[:, :, 0]))
-    assert torch.autograd.gradcheck(exclusive_prefix_sum, (x,))
+    g64 = {"dtype": torch.float64, "requires_grad": True}
+    x = torch.randn(2, 3, 7, 4, 5, **g64)
+    g = {"none": None, "per chunk": torch.rand(2, 3, 7, **g64), "per feature": torch.rand(2, 3, 7, 4, **g64)}[decay]
+    s0 = torch.randn(2, 3, 4, 5, **g64) if start else None
+    running, expected = torch.zeros(2, 3, 4, 5, dtype=torch.float64) if s0 is None else s0, []
+    for i in range(7):
+        expected.append(running)
+        factor = 1.0 if g is None else g[:, :, i].reshape(*g.shape[:2], *g.shape[3:], *[1] * (5 - g.dim()))
+        running = running * factor + x[:, :, i]
+    before, last = chunk_scan(x, g, s0)
+    torch.testing.assert_close(before, torch.stack(expected, dim=2))
+    torch.testing.assert_close(last, running)
+    if g is None and not start:
+        torch.testing.assert_close(before, torch.cumsum(x, dim=2) - x)
+    inputs = tuple(t for t in (x, g, s0) if t is not None)
+
+    def scan(*args):
+        args = iter(args)
+        return chunk_scan(next(args), next(args) if g is not None else None, next(args) if start else None)
+
+    assert torch.autograd.gradcheck(scan, inputs)
+    for used in (0, 1):  # one output unused (a training step reads no last state): its gradient is never made
+        assert torch.autograd.gradcheck(lambda *args: scan(*args)[used], inputs)
+    one = tuple(t[:, :, :1] if t is x or t is g else t for t in inputs)  # one chunk, its last state unused
+    assert torch.autograd.gradcheck(lambda *args: scan(*args)[0], one)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -662,7 +688,7 @@ def test_exclusive_prefix_sum_matches_cumsum_and_its_gradient():
 def test_unknown_attention_type_names_the_registered_kernels():
     with pytest.raises(ValueError, match=r"`attention_type` must be one of \['linear', 'softmax'\], got 'lineer'"):
         attention_kernel("lineer")
-    with pytest.raises(ValueError, match="attention_type"):
+    with pytest.raises(StrictDataclassError, match="attention_type"):
         _config("lineer", "elu")
 
 

@@ -5,6 +5,7 @@ compile, the gate's initialisation, save/load, a state that does not grow); the 
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tests.helpers import (
     VOCAB,
     check_cached_steps,
@@ -633,10 +634,10 @@ def test_a_decay_of_the_wrong_shape_or_dtype_is_refused_by_name(bad):
 
 def test_an_unknown_decay_is_refused_naming_the_choices():
     choices = r"must be one of \['none', 'fixed', 'gated'\], got 'bogus'"
-    with pytest.raises(ValueError, match=choices):
+    with pytest.raises(StrictDataclassError, match=choices):
         tiny_config("decoder", "linear", "elu", linear_attention_decay="bogus")
     config = tiny_config("decoder", "linear", "elu", linear_attention_decay="fixed")
-    with pytest.raises(ValueError, match=choices):
+    with pytest.raises(StrictDataclassError, match=choices):
         config.linear_attention_decay = "bogus"
     assert config.linear_attention_decay == "fixed"
 

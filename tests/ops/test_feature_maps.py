@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tests.helpers import decoder, tiny_config
 
 from hf_settransformer import linear_triton
@@ -75,7 +76,7 @@ def test_an_unknown_name_is_refused_naming_the_table():
 def test_config_accepts_exactly_the_table_names(relu):
     for name in FEATURE_MAPS:
         assert tiny_config("decoder", "linear", name).feature_map == name
-    with pytest.raises(ValueError, match=r"`feature_map` must be one of \['elu', 'exp', 'relu'\], got 'nope'"):
+    with pytest.raises(StrictDataclassError, match=r"`feature_map` must be one of \['elu', 'exp', 'relu'\], got 'nope'"):
         tiny_config("decoder", "linear", "nope")
 
 

@@ -1,4 +1,4 @@
-"""What a run does with its --output_dir and with what it resumes from (issue 44): it never deletes or writes over what
+"""What a run does with its --output_dir and with what it resumes from: it never deletes or writes over what
 it reads or what it did not write, never retrains over a finished run when asked to resume it, resumes only the model
 its checkpoint holds, and names the file of a damaged checkpoint or model. Both scripts' `main` run in this process
 (tiny models, 1-2 steps); a refusal is a `SystemExit` whose message is checked, and the folder is checked untouched."""

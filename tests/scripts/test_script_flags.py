@@ -1,4 +1,4 @@
-"""Every flag of train_lm.py and train_sets.py (issue 44): a flag the chosen family, objective, mode or task cannot use
+"""Every flag of train_lm.py and train_sets.py: a flag the chosen family, objective, mode or task cannot use
 is refused by name when given; a JSON file of flags is typed as the command line is; data files and tokenizer folders
 that cannot be read say which flag, which path and why; extreme numeric values are refused naming the valid range, or
 give the correct result. Most cases stop in the flag checks, before any data or model is made."""
