@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 import pytest
 
 # One intra-op thread: the tests' models are tiny (hidden 32), too small for a second thread to share their ops; with
-# two, each op waits for the other thread, which on a busy machine costs milliseconds per op (10-100x the op).
-# Processes the tests start keep torch's default.
+# two, each op waits for the other thread, which on a busy machine costs milliseconds per op (10-100x the op). The
+# README's command runs one pytest-xdist worker per CPU instead. Processes the tests start keep torch's default.
 torch.set_num_threads(1)
 
 

@@ -5,6 +5,7 @@ import collections
 import contextlib
 import importlib
 import importlib.util
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -379,3 +380,10 @@ def decoder_trainer(output_dir, steps=4, eval_dataset=None, **fields):
                                **fields)
     return Trainer(model=model, args=args, train_dataset=BlockDataset(stream, 8), eval_dataset=eval_dataset)
 
+
+def free_port():
+    """A TCP port free now, for a process group's rendezvous: a fixed port may be held by another run's processes (or
+    by another test worker's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -11,7 +11,6 @@ import copy
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from tests.helpers import ATTENTIONS, VOCAB, tiny_config
+from tests.helpers import ATTENTIONS, VOCAB, free_port, tiny_config
 from torch import nn
 
 import hf_settransformer as hfst
@@ -101,11 +100,8 @@ def run_launched(script, tmp_path, timeout=600):
     path.write_text(script)
     out = tmp_path / "out"
     out.mkdir()
-    with socket.socket() as probe:  # a free port: a fixed one may be held by another run's processes
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(path), str(out)],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},

@@ -21,6 +21,7 @@ import sys
 import types
 import unittest
 
+import filelock
 import pytest
 import torch
 import transformers
@@ -35,15 +36,19 @@ def transformers_tests_tree():
         return pathlib.Path(os.environ["HFST_TRANSFORMERS_TESTS"])
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
     tree = cache / "hf_settransformer" / f"transformers-tests-{transformers.__version__}"
-    if not (tree / "test_modeling_common.py").is_file():
-        script = REPOSITORY / "scripts" / "get_transformers_tests.sh"
-        done = subprocess.run(["bash", str(script), str(tree)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHON": sys.executable})
-        if done.returncode or not (tree / "test_modeling_common.py").is_file():
-            raise RuntimeError(
-                f"Could not build transformers' tests tree in {tree} ({script} failed: {done.stderr.strip()[-500:]}). "
-                f"Build it where PyPI is reachable with `{script} <folder>` and set HFST_TRANSFORMERS_TESTS=<folder>."
-            )
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    # every pytest-xdist worker imports this module: the first builds the tree, the others wait for it
+    with filelock.FileLock(f"{tree}.lock"):
+        if not (tree / "test_modeling_common.py").is_file():
+            script = REPOSITORY / "scripts" / "get_transformers_tests.sh"
+            done = subprocess.run(["bash", str(script), str(tree)], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHON": sys.executable})
+            if done.returncode or not (tree / "test_modeling_common.py").is_file():
+                raise RuntimeError(
+                    f"Could not build transformers' tests tree in {tree} ({script} failed: "
+                    f"{done.stderr.strip()[-500:]}). Build it where PyPI is reachable with `{script} <folder>` and "
+                    f"set HFST_TRANSFORMERS_TESTS=<folder>."
+                )
     return tree
 
 

@@ -95,7 +95,7 @@ def test_legacy_config_resaves_the_fields_it_had(tmp_path, caplog, name):
         assert resaved[key] == saved[key], key
 
 
-SAVED_CONFIGS = Path(__file__).resolve().parent / "fixtures" / "saved_configs"
+SAVED_CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "saved_configs"
 FAMILY_NAMES = sorted(path.name for path in SAVED_CONFIGS.iterdir())
 WRITTEN_BY_TRANSFORMERS = {"model_type", "transformers_version", "auto_map"}
 

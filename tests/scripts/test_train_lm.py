@@ -8,7 +8,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import hf_settransformer
 from hf_settransformer import toolkit
 from hf_settransformer.toolkit import lm_arguments
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
-from tests.helpers import ROOT, common_args, write_corpus
+from tests.helpers import ROOT, common_args, free_port, write_corpus
 
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 
@@ -521,9 +520,7 @@ def test_a_push_that_cannot_reach_the_hub_leaves_the_folder_as_it_was(tmp_path, 
     card = out / "README.md"
     card.write_text("the card as it was")
     script = [sys.executable, str(ROOT / "scripts" / "push_run.py"), str(out), "user/x"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once the socket is closed
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     for variables in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": closed, "HF_TOKEN": "hf_test"}):
         env = {**os.environ, **variables}
         result = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -6,7 +6,6 @@ path (wrapping, sharded forward and backward, gathering the state dict, saving).
 ZeRO-3 equivalence are in test_model_level_sharding.py."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.helpers import common_args, free_port, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
 FSDP_ON_CPU = ROOT / "tests" / "fixtures" / "fsdp_on_cpu.py"
 FSDP2_CONFIG = ROOT / "configs" / "accelerate" / "fsdp2.yaml"
-from tests.helpers import common_args, write_corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +43,6 @@ def launch(config, args, timeout=600):
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
-
-
-def free_port():
-    with socket.socket() as probe:  # a fixed port may be held by another run's processes
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def training_args(corpus, out, family, extra=()):
