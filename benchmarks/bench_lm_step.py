@@ -34,7 +34,7 @@ HEADS = {  # name -> the adaptive layers it has
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = base_parser(__doc__)
     p.add_argument("--families", nargs="+", default=["decoder", "encoder"], choices=list(hfst.FAMILIES))
     p.add_argument("--attention_type", default="softmax", choices=["softmax", "linear"])
@@ -50,7 +50,7 @@ def parse_args():
     p.add_argument("--no_bf16", action="store_true", help="skip the bf16 contenders")
     p.add_argument("--baseline", type=Path, default=None,
                    help="a checkout of another commit: its hf_settransformer runs every contender too, alternating")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.tiny:
         args.hidden_size, args.num_hidden_layers, args.vocab_size, args.seq_len, args.batch_size = 32, 1, 500, 16, 2
         args.cutoffs, args.repeats, args.warmup, args.no_compile = [50, 200], 2, 1, True
@@ -94,6 +94,16 @@ def build(family, head, args, package=hfst):
     return AutoModelForCausalLM.from_config(package.FAMILIES[family].config_class()(**fields)).train()
 
 
+def variants(args):
+    """(head, bf16, compiled) of every contender of a family, as the flags choose them."""
+    chosen = [(head, bf16, compiled) for head in args.heads for bf16 in (False, True) for compiled in (False, True)]
+    return [v for v in chosen if not (args.no_compile and v[2]) and not (args.no_bf16 and v[1])]
+
+
+def contender_name(family, head, bf16, compiled, prefix=""):
+    return f"{prefix}{family} / {head} / {'bf16' if bf16 else 'fp32'}" + (" / compile" if compiled else "")
+
+
 def make_step(model, ids, device, bf16, compiled):
     """One training step: zero_grad, the forward with labels, backward, AdamW. Its tokens are those fed to the model
     (batch x sequence): the decoder predicts every one of them, a many-target head its last `target_length` per window."""
@@ -127,24 +137,23 @@ def matmul_peak(device, bf16, size=2048, repeats=5):
     return 2 * size**3 / timing["mm"]["median_s"]
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     setup_device(args)
     device = torch.device(args.device)
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device=device)
-    variants = [(head, bf16, compiled) for head in args.heads for bf16 in (False, True) for compiled in (False, True)]
-    variants = [v for v in variants if not (args.no_compile and v[2]) and not (args.no_bf16 and v[1])]
+    chosen = variants(args)
     packages = {"": hfst, "baseline: ": load_baseline(args.baseline)} if args.baseline else {"": hfst}
     contenders, flops, parameters = {}, {}, {}
     for family in args.families:
-        for head, bf16, compiled in variants:
+        for head, bf16, compiled in chosen:
             for prefix, package in packages.items():
-                name = f"{prefix}{family} / {head} / {'bf16' if bf16 else 'fp32'}" + (" / compile" if compiled else "")
+                name = contender_name(family, head, bf16, compiled, prefix)
                 model = build(family, head, args, package).to(device)
                 parameters[name] = sum(p.numel() for p in model.parameters())
                 flops[name] = step_flops(model, ids, bf16, device)
                 contenders[name] = make_step(model, ids, device, bf16, compiled)
-    peaks = {bf16: matmul_peak(device, bf16) for bf16 in {v[1] for v in variants}}
+    peaks = {bf16: matmul_peak(device, bf16) for bf16 in {v[1] for v in chosen}}
     timings = time_alternating(contenders, device, args.repeats, args.warmup)
     tokens = args.batch_size * args.seq_len
     rows, records = [], []

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build a transformers tests tree (outside this repository) for tests/test_transformers_common.py, which runs
+# Build a transformers tests tree (outside this repository) for tests/integration/test_transformers_common.py, which runs
 # transformers' own `ModelTesterMixin` against our model classes. That test module runs this script itself, into a
 # cache folder, the first time; run it by hand for a tree elsewhere:
 #
 #   scripts/get_transformers_tests.sh [DEST] [TRANSFORMERS_SRC]
-#   HFST_TRANSFORMERS_TESTS=DEST python -m pytest -q tests/test_transformers_common.py
+#   HFST_TRANSFORMERS_TESTS=DEST python -m pytest -q tests/integration/test_transformers_common.py
 #
 # PYTHON (default: python) is the interpreter whose transformers version is fetched, with its pip.
 #
@@ -16,7 +16,7 @@
 #     folder's parent), those two folders are copied from it;
 #   - without it, two one-line placeholder classes are written instead, so the import works: `ModelTesterMixin`'s own
 #     tests all run, the export tests that `ExportTesterMixin` would add do not, and generation tests are not run
-#     either way (tests/test_generation.py covers `generate()`).
+#     either way (tests/models/test_generation.py covers `generate()`).
 # Nothing from transformers is copied into this repository; the tree stays where DEST says.
 set -euo pipefail
 

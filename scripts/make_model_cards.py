@@ -10,7 +10,7 @@ pushes to.
     python scripts/make_model_cards.py                 # rewrites model_cards/ (after a change to the templates)
     python scripts/make_model_cards.py --check         # writes nothing; exits 1 naming each card that differs
 
-tests/test_model_cards.py checks that model_cards/ is what this writes.
+tests/scripts/test_model_cards.py checks that model_cards/ is what this writes.
 """
 
 import sys

@@ -1,10 +1,11 @@
-"""Tiny models for the tests: hidden 32, 2 layers, 4 heads, no dropout, fixed seeds."""
+"""The environment every test runs in (set before anything imports triton), the fixtures every folder uses and the
+fast tier's collection. Tiny models and the other shared helpers: helpers.py."""
 
 import os
 
 import torch
 
-# tests/test_linear_triton.py runs the Triton kernels on CPU tensors in triton's interpreter, which must be chosen
+# tests/ops/test_linear_triton.py runs the Triton kernels on CPU tensors in triton's interpreter, which must be chosen
 # before triton is first imported (importing transformers imports it). It changes nothing else: no other test runs a
 # Triton kernel on a CPU. With a GPU the kernels run compiled and this stays unset.
 if not torch.cuda.is_available():
@@ -14,122 +15,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest
-import transformers
 
-import hf_settransformer as hfst
-
-VOCAB = 37
-FAMILIES = list(hfst.FAMILIES)
-ATTENTIONS = [("softmax", "elu"), ("linear", "elu"), ("linear", "exp")]
-ATTENTION_IDS = ["softmax", "linear-elu", "linear-exp"]
-
-CONFIG_CLASSES = {name: family.config_class() for name, family in hfst.FAMILIES.items()}
-FAMILY_EXTRAS = {
-    "encoder": {},
-    "decoder": {},
-    "set_transformer": {"num_inducing_points": 3, "num_seeds": 1, "num_decoder_layers": 1},
-    "perceiver_io": {
-        "num_latents": 5,
-        "num_blocks": 2,
-        "num_self_attends_per_block": 2,
-        "num_cross_attention_heads": 2,
-    },
-}
-
-
-def family_classes(config):
-    """{transformers Auto class: model class} of a config's family (the heads registered with an Auto class)."""
-    family = hfst.families.family_for_model_type(config.model_type)
-    return {
-        getattr(transformers, name): cls for name, cls in family.model_classes().items() if hasattr(transformers, name)
-    }
-
-
-# every (family, class) pair of the Auto classes (the mixture-of-Gaussians head has its own tests)
-MODEL_CLASSES = [(family, cls) for family in FAMILIES for cls in family_classes(CONFIG_CLASSES[family]()).values()]
-
-
-def tiny_config(family, attention_type="softmax", feature_map="elu", **overrides):
-    kwargs = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        attention_type=attention_type,
-        feature_map=feature_map,
-        linear_attention_chunk_size=4,
-        max_position_embeddings=64,
-        num_labels=3,
-        initializer_range=0.1,  # 0.02 (the default) is made for widths in the hundreds; these are 32 wide
-    )
-    if CONFIG_CLASSES[family].windowed_heads:  # the decoder has no window heads: it would drop the field
-        kwargs["context_length"] = 8
-    kwargs.update(FAMILY_EXTRAS[family])
-    if family == "perceiver_io":
-        kwargs.pop("num_hidden_layers")
-    kwargs.update(overrides)
-    return CONFIG_CLASSES[family](**kwargs)
-
-
-def make_model(cls, config, seed=0):
-    torch.manual_seed(seed)
-    return cls(config).eval()
-
-
-def batch_of_tokens(b=2, n=6):
-    return torch.randint(0, VOCAB, (b, n))
-
-
-def decoder(attention_type, feature_map, **overrides):
-    """A tiny `TransformerDecoderForCausalLM` in eval mode (seed 0)."""
-    return make_model(
-        hfst.TransformerDecoderForCausalLM, tiny_config("decoder", attention_type, feature_map, **overrides)
-    )
-
-
-def main_output(output):
-    """The tensor a user reads first: logits for heads, last_hidden_state for base models."""
-    return output.logits if "logits" in output else output.last_hidden_state
+# One intra-op thread: the tests' models are tiny (hidden 32), too small for a second thread to share their ops; with
+# two, each op waits for the other thread, which on a busy machine costs milliseconds per op (10-100x the op). The
+# README's command runs one pytest-xdist worker per CPU instead. Processes the tests start keep torch's default.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-WORDS = ["<pad>", "<unk>", "<eos>"] + [f"\u2581w{i}" for i in range(VOCAB - 3)]
-
-
-def word_tokenizer():
-    """A word-level tokenizer over the test vocabulary (ids 0..VOCAB-1), built with the `tokenizers` library.
-
-    Words carry a leading "\u2581" that decodes to a space, so decoded continuations keep their word boundary
-    (the text-generation pipeline appends the decoded new tokens to the prompt)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="never")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        eos_token="<eos>",
-        model_input_names=["input_ids", "attention_mask"],
-    )
-
-
-def quiet_training_args(output_dir, cls=None, **fields):
-    """`TrainingArguments` (or `cls`, e.g. Seq2SeqTrainingArguments) for a test: CPU, seed 0, no saving, logging,
-    reporting or progress bars; `fields` set the rest."""
-    from transformers import TrainingArguments
-
-    defaults = dict(report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
-    return (cls or TrainingArguments)(output_dir=str(output_dir), **{**defaults, **fields})
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def test_docs_stay_a_reference():
 
 OWN_SCRIPT = (ROOT / "docs" / "training.md", "## Use the pieces in your own script")
 # the README's objective entry is written against the OBJECTIVES table (hf_settransformer/toolkit/objectives.py);
-# tests/test_objectives.py runs it (and trains and evaluates the head it declares), not this file
+# tests/toolkit/test_objectives.py runs it (and trains and evaluates the head it declares), not this file
 OBJECTIVE_ENTRY = "<!-- objective-entry -->"
 
 
@@ -231,7 +231,7 @@ def test_a_checkpoint_carries_only_modeling_files_and_loads_without_the_package(
     toolkit module (training, language modeling, set tasks, data collator), and what it carries imports torch,
     transformers, the standard library and the other carried files only. Loaded in a process where
     hf_settransformer cannot be imported."""
-    from conftest import FAMILIES, family_classes, tiny_config
+    from tests.helpers import FAMILIES, family_classes, tiny_config
     from transformers import AutoModelForCausalLM
 
     folders = []

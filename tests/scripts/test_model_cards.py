@@ -1,0 +1,79 @@
+"""model_cards/: the card of every released checkpoint (the 90 CPU-minute WikiText-2 grid and its decayed linear
+runs), as scripts/make_model_cards.py writes it from the runs' all_results.json with the package's templates."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_settransformer import toolkit
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = ROOT / "results" / "wikitext2-90min-v2"
+DECAY = ROOT / "results" / "wikitext2-90min-decay"  # decayed runs, and undecayed baselines of the grid's names
+CARDS = ROOT / "model_cards"
+# run name -> its folder; the grid's where both have the name (the script's rule)
+RELEASED = {path.parent.name: path.parent for folder in (DECAY, GRID) for path in folder.glob("*/all_results.json")}
+
+
+def make_model_cards():
+    spec = importlib.util.spec_from_file_location("hfst_script_make_model_cards", ROOT / "scripts" / "make_model_cards.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_released_run_has_its_card_and_nothing_else_is_there():
+    grid = {path.parent.name for path in GRID.glob("*/all_results.json")}
+    decayed = {path.parent.name for path in DECAY.glob("*/all_results.json")} - grid
+    assert len(grid) == 13, sorted(grid)
+    assert decayed and all(name.endswith(("-fixed", "-gated")) for name in decayed), sorted(decayed)
+    assert {path.name for path in CARDS.iterdir()} == {f"{run}.md" for run in grid | decayed}
+    assert not list(GRID.glob("*/README.md")) and not list(DECAY.glob("*/README.md"))  # one copy: model_cards/
+
+
+def test_the_cards_are_what_the_script_writes_from_the_results(tmp_path):
+    """Run `python scripts/make_model_cards.py` after a change to the templates or to a run's results."""
+    script = make_model_cards()
+    assert [Path(folder) for folder in script.Arguments().results_dirs] == [GRID, DECAY]
+    written = script.write_cards([GRID, DECAY], tmp_path, quiet=True)
+    assert len(written) == len(list(CARDS.glob("*.md")))
+    for path in written:
+        assert path.read_text() == (CARDS / path.name).read_text(), (
+            f"model_cards/{path.name} is stale: run python scripts/make_model_cards.py")
+
+
+def test_an_earlier_folders_run_is_the_released_one_and_a_folder_without_runs_is_refused(tmp_path, capsys):
+    first, second, empty = (tmp_path / name for name in ("first", "second", "empty"))
+    for folder, run in [(first, "a"), (second, "a"), (second, "b")]:
+        (folder / run).mkdir(parents=True)
+        (folder / run / "all_results.json").write_text("{}")
+    empty.mkdir()
+    script = make_model_cards()
+    assert script.runs([first, second]) == [first / "a", second / "b"]
+    assert f"{second / 'a'}: no card, {first / 'a'} is the released run" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=f"No run folder with an all_results.json in {empty}"):
+        script.runs([first, empty])
+
+
+@pytest.mark.parametrize("run", sorted(RELEASED))
+def test_a_card_gives_its_runs_figures_and_a_command_a_hub_reader_can_run(run):
+    results = json.loads((RELEASED[run] / "all_results.json").read_text())
+    card = (CARDS / f"{run}.md").read_text()
+    assert f"| parameters | {results['parameters']:,} |" in card
+    for split in ("validation", "test"):
+        assert f"**{results[f'{split}_perplexity']:.2f}**" in card and f"split: {split}" in card
+    assert f"--family {results['family']} " in card and "--dataset_name wikitext --dataset_config_name wikitext-2-v1" in card
+    assert "wiki.train.tokens" not in card and "${" not in card
+    assert f"transformers {results['transformers_version']}, torch" in card and results["torch_version"] in card
+    decay = results.get("linear_attention_decay", "none")  # the grid's runs predate the field
+    assert (f"--linear_attention_decay {decay}" in card and f"{decay} decay)**" in card) == (decay != "none")
+
+
+def test_a_results_folder_without_its_config_is_refused_naming_what_it_lacks(tmp_path):
+    results = json.loads((GRID / "decoder-softmax" / "all_results.json").read_text())
+    del results["config"]
+    (tmp_path / "all_results.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="does not record the run's config"):
+        toolkit.refresh_model_card(tmp_path)
