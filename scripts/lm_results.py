@@ -13,9 +13,10 @@ written again from it: scripts/make_model_cards.py); the folder can be read back
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
-from results_common import check_folders, keep, read_results
+from results_common import check_folders, keep, numbers_where_recorded, read_results
 
 ORDER = ["decoder", "encoder", "set_transformer", "perceiver_io"]
 ATTENTION = {
@@ -26,14 +27,18 @@ ATTENTION = {
 }
 
 
+SCORES = ("validation_perplexity", "test_perplexity", "test_accuracy", "parameters")
+
+
 def load(folders):
+    """The language-model runs under `folders` that scored a split (validation, test or both), in the table's order."""
     runs = []
     for folder in folders:
         for path in sorted(Path(folder).glob("**/all_results.json")):
             result = read_results(path)
-            if result is not None and "validation_perplexity" in result:
-                result["name"] = path.parent.name
-                result["path"] = path
+            scored = result is not None and {"validation_perplexity", "test_perplexity"} & set(result)
+            if scored and "family" in result and numbers_where_recorded(result, SCORES, path):
+                result["name"], result["path"] = path.parent.name, path
                 runs.append(result)
     key = {name: i for i, name in enumerate(ORDER)}
     runs.sort(key=lambda r: (key.get(r["family"], 9), design(r), r["attention"] != "softmax", r["feature_map"],
@@ -44,14 +49,18 @@ def load(folders):
 def attention_label(r):
     """"softmax", "linear elu", "linear exp, gated decay" (the decay of runs that had one)."""
     decay = r.get("linear_attention_decay") or "none"
-    return ATTENTION[(r["attention"], r["feature_map"])] + ("" if decay == "none" else f", {decay} decay")
+    attention = ATTENTION.get((r["attention"], r["feature_map"]), r["attention"])  # a registered kernel: its name
+    return attention + ("" if decay == "none" else f", {decay} decay")
 
 
 def design(r):
-    if r["family"] == "decoder":
-        return "causal LM"
-    mode = r.get("next_token_mode") or "window"
-    return "many targets" if mode == "many" else "one target / window"
+    """The head's design as the run recorded it: "masked LM" (`objective` mlm), "causal LM" (`next_token_mode` None:
+    the causal-LM head has no mode), "many targets" or "one target / window". Runs that predate `next_token_mode`
+    had one head per family: causal for the decoder, one target per window for the others."""
+    if r.get("objective") == "mlm":
+        return "masked LM"
+    mode = r["next_token_mode"] if "next_token_mode" in r else (None if r["family"] == "decoder" else "window")
+    return {None: "causal LM", "many": "many targets"}.get(mode, "one target / window")
 
 
 def whole_run_seconds(r):
@@ -83,8 +92,8 @@ def table(runs, unigram=None):
             f"{r['parameters'] / 1e6:.2f}M | {output_layer(r)} | {r.get('precision', 'fp32')} | {threads} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | "
             f"{r.get('train_tokens', 0) / 1e6:.2f}M | {training_speed(r, cpu_minutes)} | "
-            f"{selected_step(r)} | {r['validation_perplexity']:.1f} | {r['test_perplexity']:.1f} | "
-            f"{r['test_accuracy']:.3f} | {evaluation_minutes(r)} |"
+            f"{selected_step(r)} | {measured(r, 'validation_perplexity', '.1f')} | {measured(r, 'test_perplexity', '.1f')} | "
+            f"{measured(r, 'test_accuracy', '.3f')} | {evaluation_minutes(r)} |"
         )
     if unigram:
         lines.append(
@@ -92,6 +101,11 @@ def table(runs, unigram=None):
             f"{unigram['test']:.1f} | {unigram['test_accuracy']:.3f} | |"
         )
     return "\n".join(lines)
+
+
+def measured(r, key, form):
+    """A recorded figure, or "not measured" where the run did not evaluate that split (no `--do_predict`: no test)."""
+    return "not measured" if r.get(key) is None else format(r[key], form)
 
 
 def training_speed(r, cpu_minutes):
@@ -116,8 +130,9 @@ def selected_step(r):
 
 
 def evaluation_minutes(r):
-    """CPU-minutes of the final validation + test evaluation; runs that recorded only wall time: 'N wall'."""
-    splits = ("validation", "test")
+    """CPU-minutes of the final evaluation of the splits the run scored (validation, and test where it ran); runs that
+    recorded only wall time: 'N wall'."""
+    splits = [split for split in ("validation", "test") if r.get(f"{split}_perplexity") is not None]
     if all(f"{split}_cpu_seconds" in r for split in splits):
         return f"{sum(r[f'{split}_cpu_seconds'] for split in splits) / 60:.1f}"
     return f"{sum(r.get(f'{split}_wall_seconds', 0.0) for split in splits) / 60:.1f} wall"
@@ -152,8 +167,8 @@ def curve_label_and_style(r):
     label = f"{r['family']}, {attention}" + (", one target / window" if literal else "")
     if r.get("resumed_from_step") and whole_run_seconds(r) is None:
         label += f" (from step {r['resumed_from_step']}: time after resuming)"
-    return label, "-." if literal else {"softmax": "-", "linear elu": "--", "linear exp": ":"}[ATTENTION[
-        (r["attention"], r["feature_map"])]]
+    styles = {"softmax": "-", "linear elu": "--", "linear exp": ":"}
+    return label, "-." if literal else styles.get(ATTENTION.get((r["attention"], r["feature_map"])), "-")
 
 
 def curve_colors(runs):
@@ -170,11 +185,12 @@ def plot(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    drawn = [(r, color) for r, color in zip(runs, curve_colors(runs)) if r.get("validation_curve")]
+    if not drawn:  # runs without a periodic evaluation: an empty picture would say nothing
+        return False
     fig, ax = plt.subplots(figsize=(8, 5))
-    for r, color in zip(runs, curve_colors(runs)):
-        curve = r.get("validation_curve") or []
-        if not curve:
-            continue
+    for r, color in drawn:
+        curve = r["validation_curve"]
         label, style = curve_label_and_style(r)
         ax.plot(
             [p["seconds"] * cpu_minutes_per_clock_second(r) for p in curve],
@@ -182,6 +198,7 @@ def plot(runs, path):
             style,
             color=color,
             label=label,
+            marker="o" if len(curve) == 1 else None,  # a line through one point draws nothing
         )
     ax.set_yscale("log")
     ax.set_xlabel("training CPU-minutes (process CPU time, or wall minutes x threads)")
@@ -190,6 +207,7 @@ def plot(runs, path):
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return True
 
 
 def main():
@@ -221,8 +239,11 @@ def main():
     if args.copy_to:
         keep(runs, args.copy_to)
     if args.plot:
-        plot(runs, args.plot)
-        print(f"wrote {args.plot}")
+        if plot(runs, args.plot):
+            print(f"wrote {args.plot}")
+        else:
+            print(f"no plot written to {args.plot}: no run recorded a validation curve (the periodic evaluation "
+                  "during training, every --eval_steps)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,17 @@ def read_results(path):
     return result
 
 
+def numbers_where_recorded(result, keys, path):
+    """Whether each of `keys` that `result` records is a number (or null); a line on stderr naming the file and the
+    field where one is not (a figure edited into a string would otherwise stop the table or print as text)."""
+    for key in keys:
+        value = result.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            print(f"skipped {path}: {key} is {value!r}, not a number", file=sys.stderr)
+            return False
+    return True
+
+
 def check_folders(folders):
     """Refuses folders that do not exist, naming them (a typo would otherwise read as "no results there")."""
     missing = [str(f) for f in folders if not Path(f).is_dir()]

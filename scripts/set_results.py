@@ -13,33 +13,41 @@ from pathlib import Path
 
 from hf_settransformer.toolkit.objectives import set_objectives
 from hf_settransformer.toolkit.cli import unknown_flags_message
-from results_common import check_folders, keep, read_results
+from results_common import check_folders, keep, numbers_where_recorded, read_results
 
 BASELINES = {"deepsets_max": "rFF+max", "deepsets_mean": "rFF+mean", "deepsets_sum": "rFF+sum"}
 
 
 def load(folders):
-    tasks = list(set_objectives())  # the table's order: the rows'
+    tasks = set_objectives()  # the table's order: the rows'
     runs = []
     for folder in folders:
         for path in sorted(Path(folder).glob("**/all_results.json")):
             result = read_results(path)
-            if result is not None and result.get("task") in tasks:
+            if result is None or not isinstance(result.get("task"), str) or result["task"] not in tasks:
+                continue
+            task = tasks[result["task"]]
+            figures = [task.metric[0], *(task.reference or ())[:1], "parameters", "steps", "batch_size", "steps_before"]
+            if numbers_where_recorded(result, figures, path):
                 result["name"], result["path"] = path.parent.name, path
                 runs.append(result)
-    runs.sort(key=lambda r: (tasks.index(r["task"]), r["model"].startswith("deepsets"), r["model"], r["name"]))
+    order = list(tasks)
+    runs.sort(key=lambda r: (order.index(r["task"]), str(r.get("model")).startswith("deepsets"), str(r.get("model")),
+                             r["name"]))
     return runs
 
 
 def paper_value(run):
     """The paper's figure for this model on this task, or '-' (it reports none for point_clouds here)."""
-    model = run["model"]
+    model = run.get("model") or ""
     key = BASELINES.get(model, model.split(",")[0])  # "ISAB(16)+PMA, softmax" -> "ISAB(16)+PMA"
     value = run.get("paper", {}).get(key)
     return "-" if value is None else set_objectives()[run["task"]].metric[2].format(value)
 
 
 def split_model(model):
+    if model is None:
+        return "?", "?"
     if model in BASELINES:
         return BASELINES[model], "-"
     blocks, _, attention = model.partition(", ")
@@ -50,11 +58,19 @@ def depth(run):
     """Blocks before and after pooling, "2 + 1" (the rFF baselines have no attention blocks: "-")."""
     if "num_hidden_layers" not in run:
         return "-"
-    return f"{run['num_hidden_layers']} + {run['num_decoder_layers']}"
+    return f"{run['num_hidden_layers']} + {run.get('num_decoder_layers', '?')}"
+
+
+def metric(run, task):
+    """The task's metric as the table shows it, or "not measured" where the run recorded none (or not its reference)."""
+    keys = [task.metric[0]] + ([task.reference[0]] if task.reference else [])
+    return task.metric_text(run) if all(run.get(key) is not None for key in keys) else "not measured"
 
 
 def steps(run):
     """Steps x sets: "20,000 x 128", or "30,000 + 20,000 x 10" for a run continued with --model_name_or_path."""
+    if run.get("steps") is None or run.get("batch_size") is None:
+        return "?"
     before = f"{run['steps_before']:,} + " if run.get("steps_before") else ""
     return f"{before}{run['steps']:,} x {run['batch_size']}"
 
@@ -73,10 +89,11 @@ def table(runs):
     ]
     for r in runs:
         task = set_objectives()[r["task"]]
-        blocks, attention = split_model(r["model"])
+        blocks, attention = split_model(r.get("model"))
+        parameters = "?" if r.get("parameters") is None else f"{r['parameters']:,}"
         lines.append(
-            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {r['parameters']:,} | {steps(r)} | "
-            f"{r['lr_scheduler']} | {task.metric[1]} | {task.metric_text(r)} | {paper_value(r)} | "
+            f"| {r['task']} | {blocks} | {depth(r)} | {attention} | {parameters} | {steps(r)} | "
+            f"{r.get('lr_scheduler', '?')} | {task.metric[1]} | {metric(r, task)} | {paper_value(r)} | "
             f"{training_time(r)} |"
         )
     return "\n".join(lines)
