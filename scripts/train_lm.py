@@ -320,6 +320,7 @@ def final_evaluation(trainer, streams, data_args, tokenizer, eos_id):
         # wall seconds, and CPU seconds of this process (time-sharing the cores does not inflate them; a machine
         # loaded past its cores still does, through caches and memory bandwidth: docs/training.md, time budget)
         metrics["wall_seconds"], metrics["cpu_seconds"] = time.time() - began, time.process_time() - cpu_began
+        metrics["tokens_evaluated"], metrics["split_tokens"] = len(stream), len(streams[split])  # --max_eval_tokens
         if is_main:
             logger.info(f"[train_lm] {split} perplexity {metrics['perplexity']:.2f} ({metrics['wall_seconds']:.0f} "
                         f"wall seconds, {metrics['cpu_seconds']:.0f} CPU-seconds)")

@@ -105,6 +105,8 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         test_ppl=_measured(results, "test_perplexity", "{:.2f}"),
         val_acc=_measured(results, "validation_accuracy", "{:.4f}"),
         test_acc=_measured(results, "test_accuracy", "{:.4f}"),
+        val_scored=_card_tokens_scored(results, "validation", is_masked_lm(model)),
+        test_scored=_card_tokens_scored(results, "test", is_masked_lm(model)),
         train_tokens=_measured(results, "train_tokens", "{:,}"),
         training_speed=_card_training_speed(results) if trained else None,
         model_flops=_card_model_flops(results) if trained else None,
@@ -145,6 +147,24 @@ def _measured(results, key, form="{}"):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return form.format(value)
+
+
+def _card_tokens_scored(results, split, masked):
+    """How many of a split's tokens its perplexity scored: "217,646 tokens: the whole split", or "20,000 tokens: the
+    first 20,000 of the split's 217,646 (`--max_eval_tokens`)"; a masked LM scores its masked tokens of them. Runs
+    that did not record the split's length say only whether `--max_eval_tokens` cut it."""
+    scored = results.get(f"{split}_tokens_scored")
+    if scored is None:
+        return "tokens scored: not recorded"
+    evaluated, whole = results.get(f"{split}_tokens_evaluated"), results.get(f"{split}_split_tokens")
+    text = f"{scored:,} {'masked ' if masked else ''}tokens"
+    if evaluated is not None and whole is not None:
+        if evaluated < whole:
+            return f"{text} of the first {evaluated:,} of the split's {whole:,} (`--max_eval_tokens`)"
+        return f"{text} of the split's {whole:,}" if masked else f"{text}: the whole split"
+    if "--max_eval_tokens" in results.get("command", ""):
+        return f"{text} from the first tokens of the split only (`--max_eval_tokens`)"
+    return f"{text} of the whole split" if masked else f"{text}: the whole split"
 
 
 def _card_training_speed(results):

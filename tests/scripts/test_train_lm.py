@@ -236,6 +236,10 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     ra, rb = (json.loads((d / "all_results.json").read_text()) for d in (straight, killed))
     assert ra["validation_perplexity"] == rb["validation_perplexity"]
     assert ra["test_perplexity"] == rb["test_perplexity"]
+    # --max_eval_tokens 200: the results and the card say how many of each split's tokens were scored
+    assert ra["validation_tokens_evaluated"] == ra["validation_tokens_scored"] == 200 < ra["validation_split_tokens"]
+    assert (f"200 tokens of the first 200 of the split's {ra['validation_split_tokens']:,} (`--max_eval_tokens`)"
+            in (straight / "README.md").read_text())
     # the resumed run's training time and validation curve include the part before the kill
     assert ra["resumed_from_step"] is None and rb["resumed_from_step"] >= 8
     # the CPU time the checkpoint's marker recorded is carried into the whole run's

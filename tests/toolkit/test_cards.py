@@ -151,3 +151,29 @@ def test_what_a_run_did_not_measure_is_left_out_of_its_card(tmp_path, unmeasured
     assert "| training speed |" not in text  # unmeasured, or NaN
     if kept:
         assert kept.replace("perplexity", "masked-token perplexity") in text if head == "masked" else kept in text
+
+
+@pytest.mark.parametrize("head", ["causal", "masked"])
+def test_the_card_says_how_many_of_each_splits_tokens_were_scored(tmp_path, head):
+    """A run evaluated with --max_eval_tokens scored the first N tokens of each split: its card says how many of how
+    many, and does not claim the whole split; a run that scored the whole split says so."""
+    lm = model("decoder", "causal") if head == "causal" else model("encoder", "masked")
+    words = "masked tokens" if head == "masked" else "tokens"
+    scored = 3_000 if head == "masked" else 20_000
+    cut = dict(RESULTS, validation_tokens_scored=scored, validation_tokens_evaluated=20_000,
+               validation_split_tokens=217_646, test_tokens_scored=scored, test_tokens_evaluated=20_000,
+               test_split_tokens=245_569)
+    text = card(tmp_path, lm, cut)
+    assert f"{scored:,} {words} of the first 20,000 of the split's 217,646 (`--max_eval_tokens`)" in text
+    assert f"{scored:,} {words} of the first 20,000 of the split's 245,569 (`--max_eval_tokens`)" in text
+    assert "whole split" not in text.split("## Use")[0]
+    whole = dict(cut, validation_tokens_evaluated=217_646, validation_tokens_scored=217_646,
+                 test_tokens_evaluated=245_569, test_tokens_scored=245_569)
+    text = card(tmp_path, lm, whole)
+    expected = ("217,646 masked tokens of the split's 217,646" if head == "masked"
+                else "217,646 tokens: the whole split")
+    assert expected in text and "max_eval_tokens`)" not in text.split("## Use")[0]
+    # a run that recorded only how many it scored: its command tells whether the split was cut
+    older = {k: v for k, v in cut.items() if not k.endswith(("_tokens_evaluated", "_split_tokens"))}
+    text = card(tmp_path, lm, dict(older, command="python scripts/train_lm.py --do_eval --max_eval_tokens 20000"))
+    assert f"{scored:,} {words} from the first tokens of the split only (`--max_eval_tokens`)" in text
