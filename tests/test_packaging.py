@@ -2,6 +2,7 @@
 the package stays loadable as remote code (flat, sibling imports only)."""
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -329,3 +330,60 @@ def test_the_wheel_carries_the_model_card_templates(tmp_path):
     for name in templates:
         assert f"hf_settransformer/toolkit/model_cards/{name}" in names, sorted(names)
     assert "hf_settransformer/toolkit/cards.py" in names
+
+
+def kept_runs(folder):
+    """results/<folder>/<run>/all_results.json, by run name."""
+    return {path.parent.name: json.loads(path.read_text())
+            for path in sorted((ROOT / "results" / folder).glob("*/all_results.json"))}
+
+
+@pytest.mark.parametrize("folder", ["wikitext2-90min-v2", "wikitext2-90min-keydrop", "wikitext2-90min-decay",
+                                   "wikitext2-90min-decay-seeds"])
+def test_the_results_tables_are_the_kept_results(folder):
+    """docs/results.md's rows of the 90-minute runs show each kept run's validation and test perplexity and its test
+    accuracy as its all_results.json records them."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    for run, r in kept_runs(folder).items():
+        row = (rf"\| {r['validation_perplexity']:.1f} \| (\*\*)?{r['test_perplexity']:.1f}(\*\*)?( \([+-]\d+\.\d%\))? "
+               rf"\| {r['test_accuracy']:.3f} \|")
+        assert re.search(row, text), f"docs/results.md has no row of results/{folder}/{run}: {row}"
+
+
+def test_the_readme_quotes_the_results_files_and_their_machines():
+    """The README's perplexities are those of the runs it names (the command it shows, the best of a folder), with
+    the machine, threads and precision those runs recorded."""
+    text = " ".join(README.split())
+    grid, decay = kept_runs("wikitext2-90min-v2"), kept_runs("wikitext2-90min-decay")
+    seed = kept_runs("wikitext2-90min-decay-seeds")["decoder-linear-elu-gated-seed1"]
+    best = min(grid, key=lambda run: grid[run]["test_perplexity"])
+    assert best == "perceiver_io-linear-exp"  # the run the README names as the grid's best
+    assert (f"(`results/wikitext2-90min-v2/`, an AMD EPYC with `avx512_bf16`, bf16) this command gives "
+            f"{grid['decoder-softmax']['test_perplexity']:.1f} test perplexity, the best run (Perceiver IO as Perceiver "
+            f"AR, linear exp) {grid[best]['test_perplexity']:.1f};") in text
+    assert (f"(`results/wikitext2-90min-decay/`, an EPYC without `avx512_bf16`, fp32) "
+            f"{decay['decoder-softmax']['test_perplexity']:.1f}, the gated linear elu decoder "
+            f"{decay['decoder-linear-elu-gated']['test_perplexity']:.1f} ({seed['test_perplexity']:.1f} with "
+            "`--seed 1`)") in text
+    for runs, precision in ((grid, "bf16"), (decay, "fp32"), ({"seed": seed}, "fp32")):
+        for r in runs.values():
+            assert (r["cpu_model"], r["threads_per_process"], r["precision"]) == ("AMD EPYC", 1, precision)
+    assert "one thread each" in text and "as written, the numbers of" not in text
+
+
+def documented_commands(path):
+    """The shell commands of a document's bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_every_documented_training_command_names_its_output_dir():
+    """A training command without --output_dir writes into `trainer_output/` of the folder it runs in (the
+    repository root, shared by every such command): each documented one names its own."""
+    commands = [(path, line) for path in DOCUMENTS for line in documented_commands(path)
+                if re.search(r"scripts/train_(lm|sets)\.py", line)]
+    assert len(commands) >= 10, commands
+    for path, line in commands:
+        assert "--output_dir" in line, f"{path.relative_to(ROOT)}: {line}"
+    folders = [line.split("--output_dir")[1].split()[0] for _, line in commands]
+    assert all(folder.startswith("outputs/") for folder in folders), folders  # ignored by git (.gitignore)

@@ -571,6 +571,11 @@ def test_readme_smoke_command_runs(tmp_path, corpus):
     results = json.loads((tmp_path / "smoke" / "all_results.json").read_text())
     assert results["train_steps"] >= 1 and results["validation_perplexity"] > 0
     assert 0 < results["validation_tokens_scored"] <= 4096
+    # the README's next step: the results table of the run, which scored no test split
+    table = subprocess.run([sys.executable, str(ROOT / "scripts" / "lm_results.py"), str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and f"| {results['validation_perplexity']:.1f} | not measured |" in table.stdout, (
+        table.stderr[-3000:])
 
 
 @pytest.mark.slow
