@@ -40,6 +40,9 @@ from .run_folder import OutputDirLock, resolve_resume
 from .set_tasks import evaluate_set_task, make_set_task
 from .cli import CheckedTrainingArguments, check_flags
 from .logs import log_to_stdout
+from .machine import quiet_deepspeed_on_cpu
+
+quiet_deepspeed_on_cpu()  # before transformers or accelerate first imports DeepSpeed (at a save, a launch)
 
 __all__ = [
     # the objectives table: what a head predicts, how its data is cut and how it is scored

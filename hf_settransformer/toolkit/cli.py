@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
+import torch
 import transformers
 
 
@@ -64,6 +65,10 @@ class CheckedTrainingArguments(transformers.TrainingArguments):
     def __post_init__(self):
         check_training_values(self)
         super().__post_init__()
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            # pinned memory is for copies to an accelerator: without one, torch pins nothing and warns at every
+            # DataLoader ("'pin_memory' argument is set as true but no accelerator is found")
+            self.dataloader_pin_memory = False
 
 
 def parse_flags(parse, *args, **kwargs):

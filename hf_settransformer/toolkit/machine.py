@@ -2,12 +2,23 @@
 whether bf16 is fast on it, the dense peak FLOP/s of its GPU (for the MFU), and the Trainer settings a run on a GPU
 takes where the command does not say."""
 
+import os
 import platform
 import re
+import sys
 from pathlib import Path
 
 import torch
 import transformers
+
+
+def quiet_deepspeed_on_cpu():
+    """DeepSpeed (the `deepspeed` extra) picks its accelerator when first imported, which transformers and accelerate
+    do at a save or a launch, and where it detects none warns "Setting accelerator to CPU. If you have GPU ..." in
+    every run of a CPU machine. Where torch sees no accelerator, `DS_ACCELERATOR=cpu` tells it in advance (a value
+    already set is kept; once DeepSpeed is imported its choice is made)."""
+    if "deepspeed" not in sys.modules and not torch.accelerator.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def cpu_model_name():

@@ -127,6 +127,16 @@ class PerplexityLoggingTrainer(transformers.Trainer):
                 logs[name] = math.exp(min(value, 700.0))  # exp overflows a float past ~709
         return super().log(logs, *args, **kwargs)
 
+    def _issue_warnings_after_load(self, load_result):
+        """As the Trainer's, less the tied weights: a checkpoint stores a tied weight once (under its source), so the
+        reload of the best checkpoint (`load_best_model_at_end`) finds its tied copies (`lm_head.weight`) missing and
+        says so, though they are tied to the loaded weight again. Other missing or unexpected keys are reported."""
+        tied = set(getattr(self.model, "all_tied_weights_keys", None) or ())
+        if tied & set(load_result.missing_keys):
+            self.model.tie_weights()
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        return super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
 
 def sharding_of(model):
     """How `model`'s parameters are split between processes: None when every process holds all of them (one process,

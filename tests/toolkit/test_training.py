@@ -606,3 +606,34 @@ def test_log_to_stdout_shows_the_toolkit_lines_by_process(capsys, caplog):
         root.setLevel(level)
         for h in root.handlers[len(handlers):]:
             root.removeHandler(h)
+
+
+def test_reloading_a_checkpoint_reports_missing_keys_but_not_tied_weights(tmp_path):
+    """A checkpoint stores a tied weight once: `PerplexityLoggingTrainer` does not report its tied copy
+    (`lm_head.weight`) as missing when it reloads the best checkpoint, and still reports a key that is missing."""
+    from torch.nn.modules.module import _IncompatibleKeys
+
+    from hf_settransformer.toolkit.measure import PerplexityLoggingTrainer
+
+    model = hfst.TransformerDecoderForCausalLM(tiny_config("decoder"))
+    assert "lm_head.weight" in model.all_tied_weights_keys
+    trainer = PerplexityLoggingTrainer(model=model, args=quiet_training_args(tmp_path, max_steps=1))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.trainer")
+    logger.addHandler(handler)
+    try:
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight"], []))
+        assert not records and model.lm_head.weight is model.model.embeddings.embed_tokens.weight
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.norm.weight"], []))
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "There were missing keys in the checkpoint model loaded: ['model.norm.weight']."]
+
+
+def test_training_arguments_pin_no_memory_without_an_accelerator(tmp_path):
+    """Pinned memory serves copies to an accelerator; without one torch pins nothing and warns at every DataLoader."""
+    args = toolkit.CheckedTrainingArguments(output_dir=str(tmp_path), report_to="none")
+    assert args.dataloader_pin_memory == torch.accelerator.is_available()
