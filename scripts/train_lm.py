@@ -15,8 +15,14 @@ Several processes or GPUs (`accelerate launch`), resuming, publishing and every 
 """
 
 import json
+import sys
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # --help and a refused flag answer before the Trainer, datasets and the data code load
+    from hf_settransformer.toolkit.lm_arguments import parse_arguments
+
+    parse_arguments(sys.argv[1:])
 
 import torch
 import transformers

@@ -387,3 +387,24 @@ def test_every_documented_training_command_names_its_output_dir():
         assert "--output_dir" in line, f"{path.relative_to(ROOT)}: {line}"
     folders = [line.split("--output_dir")[1].split()[0] for _, line in commands]
     assert all(folder.startswith("outputs/") for folder in folders), folders  # ignored by git (.gitignore)
+
+
+REFUSED_FLAG = """
+import runpy, sys
+sys.argv = ["scripts/train_lm.py", "--famly", "decoder"]
+try:
+    runpy.run_path("scripts/train_lm.py", run_name="__main__")
+except SystemExit as refusal:
+    print(refusal.code)
+print(sorted(name for name in ("datasets", "transformers.trainer", "hf_settransformer.toolkit.measure") if name in sys.modules))
+"""
+
+
+def test_train_lm_refuses_a_misspelt_flag_before_the_trainer_and_datasets_load():
+    """`train_lm.py --help` and a refused flag answer after the argument classes load (transformers'
+    `TrainingArguments`, the model side for the families), not after the `Trainer`, datasets and the toolkit's training
+    code too."""
+    result = subprocess.run([sys.executable, "-c", REFUSED_FLAG], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["unknown flag --famly (did you mean --family?)", "[]"], result.stdout

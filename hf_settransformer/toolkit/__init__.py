@@ -24,7 +24,6 @@ from .language_modeling import (
     evaluate_windows,
     token_stream,
 )
-from .measure import train_and_measure
 from .objectives import (
     OBJECTIVES,
     Objective,
@@ -43,6 +42,16 @@ from .logs import log_to_stdout
 from .machine import quiet_deepspeed_on_cpu
 
 quiet_deepspeed_on_cpu()  # before transformers or accelerate first imports DeepSpeed (at a save, a launch)
+
+
+def __getattr__(name):
+    """`train_and_measure` on first use: its module subclasses the `Trainer`, whose import brings datasets and
+    accelerate, so that a script parses its flags (`--help`, a misspelt flag) without them."""
+    if name == "train_and_measure":
+        from .measure import train_and_measure
+
+        return train_and_measure
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     # the objectives table: what a head predicts, how its data is cut and how it is scored
