@@ -415,9 +415,9 @@ def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path
     with what it measured, a perplexity for each split it evaluated and none without evaluation; a run that only
     evaluates writes all_results.json and no card."""
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert ("the card is written by every run that trains or pushes, with what the run measured: a perplexity for each "
-            "split it evaluated (`--do_eval`, which a periodic evaluation implies as in transformers, and "
-            "`--do_predict`), none without them; a run that only evaluates writes `all_results.json`") in readme
+    assert ("a model card (`README.md`, written by every run that trains or pushes: a perplexity for each split it "
+            "evaluated, none without `--do_eval` or `--do_predict`) in `--output_dir`, and prints a table of what it "
+            "measured; a run that only evaluates writes `all_results.json`") in readme
     script = train_lm_module()
 
     def main(out, *drop, extra=()):
