@@ -45,12 +45,13 @@ quiet_deepspeed_on_cpu()  # before transformers or accelerate first imports Deep
 
 
 def __getattr__(name):
-    """`train_and_measure` on first use: its module subclasses the `Trainer`, whose import brings datasets and
-    accelerate, so that a script parses its flags (`--help`, a misspelt flag) without them."""
-    if name == "train_and_measure":
-        from .measure import train_and_measure
+    """`measure` and its `train_and_measure` on first use: the module subclasses the `Trainer`, whose import brings
+    datasets, so that a script parses its flags (`--help`, a misspelt flag) without it."""
+    if name in ("measure", "train_and_measure"):
+        import importlib
 
-        return train_and_measure
+        measure = importlib.import_module(".measure", __name__)  # sets the package's `measure`
+        return measure if name == "measure" else measure.train_and_measure
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
