@@ -69,9 +69,9 @@ RESULTS_NEEDED = ("family", "parameters", "wall_time_seconds", "eval_protocol", 
                   "precision", "device")
 
 
-def read_results(run_dir):
-    """`run_dir`/all_results.json, a dict whose keys a card reads hold what the card needs (`RESULT_TYPES`,
-    `RESULTS_NEEDED`); else a ValueError naming the file and each wrong key (a file cut short, a perplexity stored
+def read_results(run_dir, needed=RESULTS_NEEDED):
+    """`run_dir`/all_results.json, a dict whose keys a card reads hold what the card needs (`RESULT_TYPES`) and has
+    the keys of `needed`; else a ValueError naming the file and each wrong key (a file cut short, a perplexity stored
     as a string), not a formatting error from inside the card."""
     path = Path(run_dir) / "all_results.json"
     try:
@@ -82,7 +82,7 @@ def read_results(run_dir):
         raise ValueError(f"{path} holds a JSON {type(results).__name__}, not an object: no model card from it.")
     wrong = [f"{key} is {value!r}, not {what}" for key, ((kinds, what)) in RESULT_TYPES.items()
              if (value := results.get(key)) is not None and (isinstance(value, bool) or not isinstance(value, kinds))]
-    wrong += [f"no {key}" for key in RESULTS_NEEDED if results.get(key) is None]
+    wrong += [f"no {key}" for key in needed if results.get(key) is None]
     if wrong:
         raise ValueError(f"{path}: {'; '.join(wrong)}: not a run's results as train_lm.py writes them; no model card "
                          "from it.")
@@ -345,7 +345,7 @@ def refresh_model_card(run_dir, repo_id=None, card_path=None):
     refused with a ValueError, and so is an all_results.json that is damaged (`read_results`). Returns the card's
     path."""
     run_dir = Path(run_dir)
-    results = read_results(run_dir)
+    results = read_results(run_dir, needed=())  # the keys the card needs: once the folder is known to be a run
     length = results.get("hyperparameters", {}).get("sequence_length")
     unrecorded = [name for name, value in (("command", results.get("command")),
                                            ("hyperparameters.sequence_length", length)) if value is None]
@@ -365,6 +365,7 @@ def refresh_model_card(run_dir, repo_id=None, card_path=None):
         # never call a class by a name read from a file without checking it is one of ours
         raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
                          "model class.")
+    read_results(run_dir)
     with torch.device("meta"):  # the card reads the config and the class; no weights needed
         model = model_class(config)
     args_file = run_dir / "training_args.json"
