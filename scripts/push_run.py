@@ -64,15 +64,16 @@ def main(argv=None):
         from hf_settransformer.toolkit.cli import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
-    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
-        raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
     from huggingface_hub.errors import StrictDataclassError
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:  # everything is checked before the card is rewritten: a refused push leaves the folder as it was
         validate_repo_id(args.repo_id)
+        if args.repo_id.count("/") != 1:
+            raise HFValidationError("it has no namespace (a user or organisation)")
     except HFValidationError as err:
-        raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: {err}") from None
+        raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: expected namespace/name, e.g. "
+                         f"you/wikitext2-decoder ({err})") from None
     check_finished_run(args.run_dir)
 
     # torch and transformers: after the cheap checks

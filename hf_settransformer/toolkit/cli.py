@@ -59,6 +59,10 @@ def check_training_values(args):
         from .hub import check_repo_id
 
         check_repo_id(args.hub_model_id, "--hub_model_id", namespace=args.push_to_hub)
+        strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
+        if args.push_to_hub and strategy in ("checkpoint", "all_checkpoints"):  # the scripts push the final model's files, once
+            raise ValueError(f"--hub_strategy {strategy}: a push uploads the final model at the end of the run, never "
+                             "a checkpoint (its optimizer and RNG states are pickles); leave the flag out.")
 
 
 @dataclass

@@ -301,6 +301,8 @@ def test_push_folder_to_hub_uploads_no_pickles_checkpoints_links_or_lock(model_f
                                            "without '--' or '..'"]),
         (["--push_to_hub"], ["--hub_model_id is needed: the Hub repository, namespace/name"]),
         (["--push_to_hub", "--hub_model_id", "tiny"], ["--hub_model_id 'tiny' has no namespace"]),
+        (["--push_to_hub", "--hub_model_id", "user/tiny", "--hub_strategy", "all_checkpoints"],
+         ["--hub_strategy all_checkpoints: a push uploads the final model at the end of the run, never a checkpoint"]),
     ],
 )
 def test_train_lm_refuses_a_hub_repository_id_before_training(train_lm, tmp_path, texts, flags, words):
@@ -345,3 +347,17 @@ def test_train_sets_pushes_the_model_alone(tmp_path):
     assert {"model.safetensors", "config.json", "README.md", "modeling_set_transformer.py"} <= uploaded
     assert not any(name.endswith(".bin") or name.startswith((".", "checkpoint-")) for name in uploaded), uploaded
     assert "pushed to user/sets" in result.stdout
+
+
+@pytest.mark.parametrize("repo_id,words", [
+    ("../../escape", ["expected namespace/name", "must be in the form 'repo_name' or 'namespace/repo_name'"]),
+    ("user/a..b", ["Cannot have -- or .."]),
+    ("tiny", ["it has no namespace"]),
+])
+def test_push_run_names_a_repository_id_that_is_not_one_and_the_rule(tmp_path, repo_id, words):
+    with pytest.raises(SystemExit) as err:
+        load_script("push_run").main([str(tmp_path), repo_id])
+    message = str(err.value.code)
+    assert message.startswith(f"repo_id {repo_id!r} is not a valid Hub repository id: expected namespace/name")
+    for word in words:
+        assert word in message, message
