@@ -7,7 +7,8 @@ transformers ties on load; the modeling code config.json's auto_map names and wh
 `save_pretrained` copies); the tokenizer's files (those its `save_pretrained` writes); the model card README.md; the
 run's results as JSON (all_results.json, trainer_state.json, training_args.json and the Trainer's *_results.json).
 Everything else (checkpoints, pickles such as training_args.bin, optimizer.pt or a pytorch_model.bin, logs, notes, a
-link to a file anywhere) is left out and named: a run's folder holds these by design. A file the model needs that is
+link to a file anywhere) is left out and named: a run's folder holds these by design. A file that would be published
+holding a Hub access token is refused. A file the model needs that is
 missing, cut short, a link or not what config.json describes refuses the whole push (`UnpublishableFolderError`): the
 repository would not load, or would load as another model.
 """
@@ -42,6 +43,9 @@ _RELATIVE_IMPORTS = (re.compile(r"^\s*import\s+\.(\S+)\s*$", re.M), re.compile(r
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
                        torch.bool: "BOOL"}
+# a Hub access token ("hf_" and 34 letters and digits today): never in a published file
+HUB_TOKEN = re.compile(rb"hf_[A-Za-z0-9]{30,}")
+SECRET_FLAG = "--hub_token"
 REPO_ID_RULE = ("namespace/name, e.g. you/wikitext2-decoder: a user or organisation, then the repository, each of "
                 "letters, digits, '-', '_' and '.', neither starting nor ending with '-' or '.', without '--' or '..', "
                 "at most 96 characters")
@@ -70,6 +74,19 @@ def check_repo_id(repo_id, flag, namespace=True):
         raise ValueError(f"{flag} {repo_id!r} is not a valid Hub repository id: expected {REPO_ID_RULE} ({err})") from None
     if namespace and repo_id.count("/") != 1:
         raise ValueError(f"{flag} {repo_id!r} has no namespace: expected {REPO_ID_RULE}.")
+
+
+def without_secrets(argv):
+    """`argv` with the value of `--hub_token` (or an abbreviation argparse takes for it) as `<HUB_TOKEN>`, as
+    transformers writes training_args.json: a command is recorded in all_results.json and the model card, which a
+    push publishes."""
+    kept, hide = [], False
+    for word in argv:
+        flag, equals, _ = word.partition("=")
+        secret = flag.startswith("--hub_t") and SECRET_FLAG.startswith(flag)
+        kept.append("<HUB_TOKEN>" if hide else f"{flag}=<HUB_TOKEN>" if secret and equals else word)
+        hide = secret and not equals and not hide
+    return kept
 
 
 def network_errors():
@@ -146,6 +163,11 @@ def publishable_files(folder):
             else:
                 _json_object(path)
             upload.add(name)
+    for name in upload:  # the text a push publishes: a token in it (a recorded command, say) would be public
+        path = folder / name
+        if not name.endswith(".safetensors") and HUB_TOKEN.search(path.read_bytes()):
+            raise UnpublishableFolderError(f"{path} holds a Hub access token (hf_...): not publishing a secret; "
+                                           "take it out of the file.")
     left_out = []
     for path in sorted(folder.iterdir()):
         if path.name in upload or path.name == LOCK_FILE:

@@ -14,7 +14,18 @@ from safetensors.torch import load_file, save_file
 
 from hf_settransformer.toolkit.hub import UnpublishableFolderError, publishable_files
 from hf_settransformer.toolkit.run_folder import LOCK_FILE
-from tests.helpers import ROOT, common_args, decoder, load_script, lm_refusal, word_tokenizer, write_corpus
+from tests.helpers import (
+    MODEL_CLASSES,
+    ROOT,
+    common_args,
+    decoder,
+    load_script,
+    lm_refusal,
+    make_model,
+    tiny_config,
+    word_tokenizer,
+    write_corpus,
+)
 from tests.toolkit.hub_server import LocalHub
 
 # what a saved decoder with its tokenizer, card and results publishes: the modeling code is the closure of
@@ -361,3 +372,62 @@ def test_push_run_names_a_repository_id_that_is_not_one_and_the_rule(tmp_path, r
     assert message.startswith(f"repo_id {repo_id!r} is not a valid Hub repository id: expected namespace/name")
     for word in words:
         assert word in message, message
+
+
+@pytest.mark.parametrize("family,cls", MODEL_CLASSES, ids=[f"{f}-{c.__name__}" for f, c in MODEL_CLASSES])
+def test_every_model_class_saved_by_save_pretrained_is_publishable(tmp_path, family, cls):
+    """No model of the package is refused: tied weights, buffers and every family's parts load as their config says."""
+    make_model(cls, tiny_config(family)).save_pretrained(tmp_path)
+    upload, left_out = publishable_files(tmp_path)
+    assert "model.safetensors" in upload and left_out == []
+
+
+def test_a_model_saved_in_bfloat16_is_publishable_and_one_cast_behind_its_configs_back_is_not(tmp_path):
+    model = decoder("softmax", "elu").to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    publishable_files(tmp_path)
+    _edit_json(tmp_path / "config.json", dtype="float32")
+    with pytest.raises(UnpublishableFolderError, match="is BF16 in model.safetensors, the config's model F32"):
+        publishable_files(tmp_path)
+
+
+TOKEN = "hf_" + "Ab1" * 11 + "x"  # the form of a Hub access token
+
+
+def test_the_recorded_command_hides_the_hub_token():
+    from hf_settransformer.toolkit.hub import without_secrets
+
+    argv = ["--push_to_hub", "--hub_token", TOKEN, "--hub_tok", TOKEN, f"--hub_token={TOKEN}", "--hub_strategy", "end"]
+    assert without_secrets(argv) == ["--push_to_hub", "--hub_token", "<HUB_TOKEN>", "--hub_tok", "<HUB_TOKEN>",
+                                     "--hub_token=<HUB_TOKEN>", "--hub_strategy", "end"]
+
+
+@pytest.mark.parametrize("name", ["all_results.json", "README.md", "modeling_decoder.py"])
+def test_a_file_holding_a_hub_token_is_not_published(model_folder, name):
+    path = model_folder / name
+    path.write_text(path.read_text() + f"\n# python scripts/train_lm.py --hub_token {TOKEN}\n"
+                    if name.endswith((".md", ".py")) else json.dumps({"command": f"x --hub_token {TOKEN}"}))
+    with pytest.raises(UnpublishableFolderError) as err:
+        publishable_files(model_folder)
+    assert f"{path} holds a Hub access token" in str(err.value) and TOKEN not in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_push_with_hub_token_on_the_command_line_does_not_publish_it(tmp_path):
+    """train_lm.py records its command in all_results.json and the card, which a push uploads: `--hub_token`'s value
+    is recorded as `<HUB_TOKEN>`, as transformers writes it in training_args.json."""
+    corpus = write_corpus(tmp_path)
+    out = tmp_path / "run"
+    args = common_args(corpus, out, "decoder", steps=2, extra=["--push_to_hub", "--hub_model_id", "user/tok",
+                                                              "--hub_token", TOKEN])
+    with LocalHub(tmp_path / "hub") as hub:
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_lm.py"), *map(str, args)], cwd=ROOT,
+                                env=hub.client_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        repo = hub.repo("model", "user/tok")
+        published = [hub.object_path(f["sha256"]).read_bytes() for f in repo["commits"][repo["branches"]["main"]][
+            "files"].values()]
+    assert published and not any(TOKEN.encode() in data for data in published)
+    assert "--hub_token <HUB_TOKEN>" in (out / "README.md").read_text()
+    assert TOKEN not in (out / "all_results.json").read_text()
