@@ -10,7 +10,7 @@ Everything else (checkpoints, pickles such as training_args.bin, optimizer.pt or
 link to a file anywhere) is left out and named: a run's folder holds these by design. A file that would be published
 holding a Hub access token is refused. A file the model needs that is
 missing, cut short, a link or not what config.json describes refuses the whole push (`UnpublishableFolderError`): the
-repository would not load, or would load as another model.
+repository would not load, or would load as another model; so do weights that hold NaN or infinite values.
 """
 
 
@@ -342,6 +342,11 @@ def _checked_weights(folder, model_class, config):
     reported = {kind: sorted(keys) for kind, keys in loaded[1].items() if keys}
     if reported:
         raise UnpublishableFolderError(f"{folder} does not load strictly as {model_class.__name__}: {reported}.")
+    broken = [key for key, t in loaded[0].state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
+    if broken:  # a run that diverged: its card would leave the NaN perplexity out as unmeasured
+        raise UnpublishableFolderError(f"{folder}: the weights {', '.join(broken[:5])}"
+                                       f"{f' and {len(broken) - 5} more' if len(broken) > 5 else ''} hold NaN or "
+                                       "infinite values: not publishing a model that cannot predict.")
     return [WEIGHTS] if single else [WEIGHTS_INDEX, *files]
 
 

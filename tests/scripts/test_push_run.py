@@ -126,6 +126,9 @@ DAMAGES = {
     "a tensor stored in another dtype": (
         lambda f: _edit_weights(f / "model.safetensors", _half_first),
         ["model.embeddings.embed_tokens.weight is F16 in model.safetensors, the config's model F32"]),
+    "a tensor holding NaN": (
+        lambda f: _edit_weights(f / "model.safetensors", lambda t: t["model.final_norm.weight"].fill_(float("nan"))),
+        ["the weights model.final_norm.weight hold NaN or infinite values"]),
     "a tensor missing": (lambda f: _edit_weights(f / "model.safetensors", _drop_first),
                          ["model.embeddings.embed_tokens.weight is missing"]),
     "an untied head without its weights": (lambda f: _edit_json(f / "config.json", tie_word_embeddings=False),
