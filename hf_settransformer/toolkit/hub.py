@@ -7,14 +7,15 @@ transformers ties on load; the modeling code config.json's auto_map names and wh
 `save_pretrained` copies); the tokenizer's files (those its `save_pretrained` writes); the model card README.md; the
 run's results as JSON (all_results.json, trainer_state.json, training_args.json and the Trainer's *_results.json).
 Everything else (checkpoints, pickles such as training_args.bin, optimizer.pt or a pytorch_model.bin, logs, notes, a
-link to a file anywhere) is left out and named: a run's folder holds these by design. A file that would be published
-holding a Hub access token is refused. A file the model needs that is
+link to a file anywhere) is left out and named: a run's folder holds these by design. A file the model needs that is
 missing, cut short, a link or not what config.json describes refuses the whole push (`UnpublishableFolderError`): the
-repository would not load, or would load as another model; so do weights that hold NaN or infinite values.
+repository would not load, or would load as another model. So do weights holding NaN or infinite values (a diverged
+run) and a file to be published that holds a Hub access token (`without_secrets` keeps it out of recorded commands).
 """
 
 
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -92,8 +93,6 @@ def without_secrets(argv):
 def network_errors():
     """The exceptions a Hub call raises when the Hub cannot be reached or refuses: OSError (huggingface_hub's HTTP
     errors and offline mode are OSErrors) and the HTTP client's own errors (connection refused, time-outs)."""
-    import importlib
-
     found = [OSError]
     for name in ("httpx2", "httpx"):  # the client huggingface_hub uses (httpx2 from huggingface_hub 2)
         try:
@@ -163,7 +162,7 @@ def publishable_files(folder):
             else:
                 _json_object(path)
             upload.add(name)
-    for name in upload:  # the text a push publishes: a token in it (a recorded command, say) would be public
+    for name in sorted(upload):  # the text a push publishes: a token in it (a recorded command, say) would be public
         path = folder / name
         if not name.endswith(".safetensors") and HUB_TOKEN.search(path.read_bytes()):
             raise UnpublishableFolderError(f"{path} holds a Hub access token (hf_...): not publishing a secret; "
