@@ -53,7 +53,7 @@ from hf_settransformer.toolkit.cli import (
     check_tokenizer_folder,
     load_pretrained,
 )
-from hf_settransformer.toolkit.hub import HubUnreachableError
+from hf_settransformer.toolkit.hub import HubUnreachableError, UnpublishableFolderError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
 from hf_settransformer.toolkit.machine import run_environment
@@ -367,6 +367,8 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
         except HubUnreachableError as err:
             raise SystemExit(f"[train_lm] the run is saved in {out}, but not pushed: {err}. Push it later with "
                              f"`python scripts/push_run.py {out} {repo_id}`.") from None
+        except UnpublishableFolderError as err:  # what it wrote would not load: nothing was uploaded
+            raise SystemExit(f"[train_lm] the run is saved in {out}, but not pushed: {err}") from None
         logger.info(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 

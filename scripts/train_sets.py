@@ -52,6 +52,7 @@ from hf_settransformer.toolkit.cli import (
     read_flags_file,
     typed_flag_values,
 )
+from hf_settransformer.toolkit.hub import HubUnreachableError, UnpublishableFolderError, push_folder_to_hub
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
@@ -330,6 +331,9 @@ def main(argv=None):
     args.flags_given = frozenset(given)  # a flag the task cannot use is refused if given
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
+    if training_args.push_to_hub and args.model != "set_transformer":
+        raise SystemExit(f"--push_to_hub publishes a Set Transformer: --model {args.model} is a plain torch module "
+                         "without a config.json, which would not load from the Hub.")
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
     check_resume_checkpoint(training_args)
     # the model continued must not lie in the folder the run writes (an --overwrite_output_dir would delete it)
@@ -374,6 +378,9 @@ def run(args, training_args, model=None):
         check_run_settings(resume, settings, script="train_sets")
     timed, _, callbacks = timed_callbacks(resume)
     record_run_settings(callbacks, settings)
+    # The Trainer's own push uploads at every save, training_args.bin (a pickle), the run's lock and a model folder
+    # being moved into place included: push_folder_to_hub uploads the final model's files alone, at the end.
+    push_requested, training_args.push_to_hub = training_args.push_to_hub, False
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -414,6 +421,14 @@ def run(args, training_args, model=None):
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         logger.info("[train_sets] " + json.dumps(results, indent=1))
+        if push_requested:
+            out, repo_id = Path(training_args.output_dir), training_args.hub_model_id
+            trainer.create_model_card(model_name=repo_id)  # README.md, as the Trainer's push wrote it
+            try:
+                info = push_folder_to_hub(out, repo_id, training_args.hub_token, training_args.hub_private_repo)
+            except (HubUnreachableError, UnpublishableFolderError) as err:
+                raise SystemExit(f"[train_sets] the run is saved in {out}, but not pushed: {err}") from None
+            logger.info(f"[train_sets] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # several processes: leave the process group before exiting
     return results

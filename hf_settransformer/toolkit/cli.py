@@ -55,6 +55,14 @@ def check_training_values(args):
     epochs = args.num_train_epochs
     if args.max_steps == -1 and not (_finite(epochs) and epochs > 0):  # with --max_steps it is not read
         raise ValueError(f"--num_train_epochs must be a positive number (or pass --max_steps), got {epochs}.")
+    if args.push_to_hub or args.hub_model_id is not None:  # a push needs the full name: the card loads it by it
+        from .hub import check_repo_id
+
+        check_repo_id(args.hub_model_id, "--hub_model_id", namespace=args.push_to_hub)
+        strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
+        if args.push_to_hub and strategy in ("checkpoint", "all_checkpoints"):  # the scripts push the final model's files, once
+            raise ValueError(f"--hub_strategy {strategy}: a push uploads the final model at the end of the run, never "
+                             "a checkpoint (its optimizer and RNG states are pickles); leave the flag out.")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 from ..families import FAMILIES
 from ..decay import DECAYS, decay_applies
 from ..feature_maps import FEATURE_MAPS
+from .hub import without_secrets
 from .machine import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
 from .cli import (  # explicit_flags: imported from here before it moved
@@ -302,7 +303,7 @@ def parse_arguments(argv=None):
         def parse(extra):
             return parser.parse_dict({**values, **extra})
     else:
-        command = "python scripts/train_lm.py " + " ".join(argv)
+        command = "python scripts/train_lm.py " + " ".join(without_secrets(argv))  # published in the card
         if processes > 1:
             command = f"accelerate launch --multi_gpu --num_processes {processes} " + command[7:]
         explicit = explicit_flags(parser, argv)
