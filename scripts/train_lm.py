@@ -43,9 +43,6 @@ from hf_settransformer.toolkit.checkpoint_files import (
     check_checkpoint_matches,
     check_loaded_weights,
     check_model_weights,
-    check_run_settings,
-    file_digest,
-    run_settings,
 )
 from hf_settransformer.toolkit.cli import (
     check_data_file,
@@ -65,6 +62,7 @@ from hf_settransformer.toolkit.measure import (
     tokens_per_step,
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
+from hf_settransformer.toolkit.resume_settings import check_run_settings, file_digest, run_settings
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
@@ -123,7 +121,8 @@ def read_paths(model_args, data_args, training_args, argv):
 def settings_of_run(model_args, data_args, training_args):
     """What defines this run besides its model (the checkpoint's config.json) and its length: the training settings
     (`run_settings`), the data (the training text by content, or the dataset's name), the example shape, the
-    objective's flags and the precision. Recorded in every checkpoint; a resume must keep them (`check_run_settings`)."""
+    objective's flags and the precision it resolved to. Recorded in every checkpoint; a resume must keep them
+    (`check_run_settings`)."""
     train = data_files(data_args).get("train")
     data = ({"train_file_sha256": file_digest(train)} if train else
             {"dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name})
@@ -133,7 +132,12 @@ def settings_of_run(model_args, data_args, training_args):
     return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
         "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens")},
         budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
-        precision=model_args.precision)
+        precision=resolved_precision(training_args))
+
+
+def resolved_precision(training_args):
+    """What the run computes in: "bf16", "fp16" or "fp32" (--precision auto is one of them on each machine)."""
+    return "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
 
 
 def load_splits(data_args):

@@ -41,8 +41,6 @@ from hf_settransformer.toolkit.checkpoint_files import (
     check_checkpoint_matches,
     check_loaded_weights,
     check_model_weights,
-    check_run_settings,
-    run_settings,
 )
 from hf_settransformer.toolkit.cli import (
     explicit_flags,
@@ -53,6 +51,7 @@ from hf_settransformer.toolkit.cli import (
     typed_flag_values,
 )
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
+from hf_settransformer.toolkit.resume_settings import check_run_settings, run_settings
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,

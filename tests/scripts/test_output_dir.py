@@ -269,8 +269,27 @@ def drop_a_tensor(path):
     save_file(tensors, path)
 
 
+class Malicious:
+    """Pickled as a call of os.system: what a hostile checkpoint file holds (written here, never loaded)."""
+
+    def __reduce__(self):
+        return os.system, ("echo this pickle ran",)
+
+
+def plant_pickle(path):
+    """Replaces the torch.save file `path` with a whole archive whose pickle would call os.system."""
+    import torch
+
+    torch.save(Malicious(), path)
+
+
 DAMAGES = {
     "no trainer_state.json": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+    **{f"foreign pickle in {name}": (lambda c, name=name: plant_pickle(c / name),
+                                     f"{name} is a pickle that would call posix.system")
+       for name in ("rng_state.pth", "optimizer.pt", "scheduler.pt", "training_args.bin")},
+    "no optimizer (--save_only_model)": (lambda c: [(c / n).unlink() for n in ("optimizer.pt", "scheduler.pt")],
+                                         "optimizer.pt and scheduler.pt are missing"),
     "truncated weights": (lambda c: os.truncate(c / "model.safetensors", (c / "model.safetensors").stat().st_size // 2),
                           "model.safetensors is damaged"),
     "garbage optimizer.pt": (lambda c: (c / "optimizer.pt").write_bytes(b"garbage" * 100), "optimizer.pt is damaged"),
@@ -393,6 +412,12 @@ LM_OTHER_SETTINGS = {
     "budget_clock": (["--budget_clock", "wall", "--max_train_minutes", "5"],
                      "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
     "train_file": (["--train_file", "{other}"], "train_file_sha256:"),
+    "neftune_noise_alpha": (["--neftune_noise_alpha", "5"], "neftune_noise_alpha: the checkpoint's run has None"),
+    "dataloader_drop_last": (["--dataloader_drop_last", "true"], "dataloader_drop_last: the checkpoint's run has "
+                                                                 "False, the flags say True"),
+    "train_sampling_strategy": (["--train_sampling_strategy", "sequential"], "train_sampling_strategy:"),
+    "accelerator_config": (["--accelerator_config", '{"split_batches": true}'], "accelerator_config:"),
+    "precision": (["--precision", "fp32"], "precision: the checkpoint's run has 'bf16', the flags say 'fp32'"),
 }
 
 
@@ -429,20 +454,67 @@ def test_resuming_longer_or_with_other_logging_keeps_the_run(tmp_path, texts, tr
     assert settings["learning_rate"] > 0 and len(settings["train_file_sha256"]) == 64
 
 
-def test_a_checkpoint_without_run_settings_still_resumes_with_a_warning(tmp_path, texts, train_lm, lm_run,  # noqa: F811
-                                                                       monkeypatch):
-    """Checkpoints made before the settings were recorded: nothing to compare, so the resume goes on and says so."""
-    from hf_settransformer.toolkit import checkpoint_files
+def test_a_checkpoint_without_run_settings_resumes_with_a_warning_that_says_what_was_compared(  # noqa: F811
+        tmp_path, texts, train_lm, lm_run, monkeypatch):
+    """A marker without its run settings (an older version's, or edited): the training arguments are still compared
+    with the checkpoint's training_args.bin, so --learning_rate 0.003 on a 0.002 run is refused; the same flags resume
+    with a warning that says what could and could not be compared (it said the checkpoint was "made before they were
+    recorded", which it cannot know)."""
+    from hf_settransformer.toolkit import resume_settings
 
     run = copy_of(lm_run, tmp_path)
     for marker in run.glob("checkpoint-*/hfst_checkpoint_complete.json"):
         marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "run_settings"}))
+    before = digests(run)
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                                   "--learning_rate", "0.003"))
+    assert "learning_rate: the checkpoint's run has 0.002 (its training_args.bin), the flags say 0.003" in message
+    assert digests(run) == before
     warnings = []
-    monkeypatch.setattr(checkpoint_files.logger, "warning", warnings.append)
-    train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
-                                "--learning_rate", "0.003"))
+    monkeypatch.setattr(resume_settings.logger, "warning", warnings.append)
+    train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
     assert json.loads((run / "all_results.json").read_text())["resumed_from_step"] == 2
-    assert any("records no run settings" in line and "checkpoint-2" in line for line in warnings), warnings
+    (warning,) = warnings
+    assert "checkpoint-2" in warning and "records no run settings" in warning, warning
+    assert "compared with its training_args.bin" in warning and "made before" not in warning, warning
+
+
+def test_a_marker_edited_to_match_other_flags_is_not_believed(tmp_path, texts, train_lm, lm_run):  # noqa: F811
+    """Run settings changed by hand to the new flags' values: the checkpoint's training_args.bin (what the Trainer ran
+    with) still tells, and the message names both."""
+    run = copy_of(lm_run, tmp_path)
+    marker = run / "checkpoint-2" / "hfst_checkpoint_complete.json"
+    content = json.loads(marker.read_text())
+    content["run_settings"].update(learning_rate=0.003, dataloader_drop_last=True)
+    marker.write_text(json.dumps(content))
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                                   "--learning_rate", "0.003", "--dataloader_drop_last", "true"))
+    for words in ("learning_rate: the checkpoint's run has 0.002 (its training_args.bin; its "
+                  "hfst_checkpoint_complete.json says 0.003), the flags say 0.003",
+                  "dataloader_drop_last: the checkpoint's run has False (its training_args.bin; its "
+                  "hfst_checkpoint_complete.json says True), the flags say True"):
+        assert words in message, message
+
+
+def test_precision_auto_is_compared_as_what_it_resolved_to(tmp_path, texts, train_lm, monkeypatch):  # noqa: F811
+    """A run recorded as --precision auto that ran in fp32 (a CPU without a fast bf16 path) resumes with --precision
+    fp32 (it was refused: "auto" is not "fp32"); a resume that would compute in bf16 is refused."""
+    from hf_settransformer.toolkit import lm_arguments
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(lm_arguments, "fast_bf16_available", lambda use_cpu=False: False)
+    train_lm.main(tiny_run_args(texts, run, "--max_steps", "2", "--save_steps", "1"))
+    marker = run / "checkpoint-2" / "hfst_checkpoint_complete.json"
+    content = json.loads(marker.read_text())
+    assert content["run_settings"]["precision"] == "fp32"
+    content["run_settings"]["precision"] = "auto"  # as earlier versions recorded it
+    marker.write_text(json.dumps(content))
+    monkeypatch.setattr(lm_arguments, "fast_bf16_available", lambda use_cpu=False: True)
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
+    assert "bf16: the checkpoint's run has False, the flags say True" in message, message
+    results = train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                          "--precision", "fp32"))
+    assert results["resumed_from_step"] == 2 and results["precision"] == "fp32"
 
 
 @pytest.fixture(scope="module")
@@ -460,6 +532,7 @@ SETS_OTHER_SETTINGS = {
                                                                   "say 5"),
     "max_values": (["--model", "deepsets_max", "--max_values", "integer"], "max_values:"),
     "learning_rate": (["--model", "deepsets_max", "--learning_rate", "0.5"], "learning_rate:"),
+    "dataloader_drop_last": (["--model", "deepsets_max", "--dataloader_drop_last", "true"], "dataloader_drop_last:"),
 }
 
 
