@@ -102,6 +102,50 @@ def test_a_dataset_folder_or_flags_file_in_the_output_folder_is_refused(tmp_path
     assert digests(run) == before
 
 
+OUTPUT_INSIDE = {
+    "another run's checkpoint through a link": ("{link}/sub", [], "is inside {run}/checkpoint-2, a checkpoint of a run"),
+    "a checkpoint through a link": ("{link}", [], "is a checkpoint of a run"),
+    "another run's folder": ("{run}/sub", [], "is inside {run}, the output folder of another run"),
+    "this run's checkpoint": ("{run}/checkpoint-1/sub", ["--resume_from_checkpoint", "true"],
+                              "a checkpoint of a run"),
+    "the model's folder": ("{run}/sub", ["--model_name_or_path", "{run}"],
+                           "is inside --model_name_or_path {run}, a folder this run reads"),
+    "the tokenizer's folder": ("{tokenizer}/sub", ["--tokenizer_name", "{tokenizer}"],
+                               "is inside --tokenizer_name {tokenizer}, a folder this run reads"),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_INSIDE))
+def test_an_output_dir_inside_a_checkpoint_a_run_or_an_input_folder_is_refused(tmp_path, texts, train_lm, lm_run,  # noqa: F811
+                                                                              case):
+    """`--output_dir link/sub`, where link is another run's checkpoint-2, wrote a whole run into that checkpoint;
+    so did an --output_dir inside another run's folder or inside a folder the run reads. Refused, symbolic links
+    resolved, before anything is made."""
+    run = copy_of(lm_run, tmp_path)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(run / name, tokenizer / name)
+    (tmp_path / "link").symlink_to(run / "checkpoint-2")
+    before = digests(tmp_path)
+    out, extra, words = OUTPUT_INSIDE[case]
+    names = dict(run=run, link=tmp_path / "link", tokenizer=tokenizer)
+    extra = [x.format(**names) for x in extra]
+    message = refused(train_lm.main, tiny_run_args(texts, out.format(**names), "--max_steps", "1", *extra))
+    assert words.format(**names) in message, message
+    assert "an --output_dir outside it" in message or "Pass a new folder" in message, message
+    assert digests(tmp_path) == before and not (run / "sub").exists()
+
+
+def test_train_sets_refuses_an_output_dir_inside_a_checkpoint(tmp_path, train_sets, sets_run):
+    run = copy_of(sets_run, tmp_path)
+    (tmp_path / "link").symlink_to(run / "checkpoint-2")
+    before = digests(run)
+    message = refused(train_sets.main, ["--output_dir", str(tmp_path / "link" / "sub"), *SETS])
+    assert f"is inside {run / 'checkpoint-2'}, a checkpoint of a run" in message and "symbolic link" in message
+    assert digests(run) == before
+
+
 def test_resuming_another_head_of_the_same_config_is_refused():
     """The same config and weight shapes under another head (an encoder's masked-LM checkpoint resumed as its causal
     LM) would resume silently: the checkpoint's architectures name its head."""
