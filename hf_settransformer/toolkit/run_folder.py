@@ -549,17 +549,33 @@ def newest_complete_checkpoint(output_dir):
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed")
+# torch.save's writer: "unexpected pos 704 vs 598" is a write cut short (the bytes written are fewer than it gave)
+WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed", "unexpected pos")
+# free space below which a write that failed without saying why failed for space
+LOW_SPACE_BYTES = 64 * 2**20
 
 
-def disk_full_words(err):
-    """"the disk is full" for a write refused for space, "the disk is probably full" for torch.save's writer failing
-    without saying why, None for any other error."""
+def disk_full_words(err, folder=None):
+    """"the disk is full" for a write refused for space, or for torch.save's writer failing without saying why while
+    `folder`'s disk has (almost) no space left; "a write failed: the disk is probably full" for that failure with space
+    left (a quota, say); None for any other error."""
     if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
         return "the disk is full"
     if isinstance(err, (OSError, RuntimeError)) and any(text in str(err) for text in WRITE_FAILED_TEXTS):
+        try:
+            free = shutil.disk_usage(folder).free if folder is not None else None
+        except OSError:
+            free = None
+        if free is not None and free < LOW_SPACE_BYTES:
+            return "the disk is full"
         return "a write failed: the disk is probably full"
     return None
+
+
+def incomplete_checkpoints(output_dir):
+    """The `checkpoint-<step>` folders of `output_dir` without a completion marker (being written, or cut short)."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return sorted((p for p in folders if read_marker(p) is None), key=checkpoint_step)
 
 
 def where_to_resume(output_dir):
@@ -583,16 +599,19 @@ def stops_say_where_to_resume(output_dir, script="train"):
         print(f"[{script}] interrupted (Ctrl-C): {where_to_resume(output_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (OSError, RuntimeError) as err:
-        words = disk_full_words(err)
+        words = disk_full_words(err, output_dir)
         if words is None:
             raise
         try:
             free = f"{shutil.disk_usage(output_dir).free / 2**20:,.0f} MiB free now"
         except OSError:
             free = "free space unknown"
+        cut = incomplete_checkpoints(output_dir)
+        cut = (f" {', '.join(str(p) for p in cut)} {'is' if len(cut) == 1 else 'are'} incomplete (no "
+               f"{COMPLETE_MARKER}): never resumed from, and set aside when the run resumes." if cut else "")
         raise SystemExit(
             f"[{script}] {words}: writing in {output_dir} failed ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then "
+            f"{str(err).splitlines()[0] if str(err) else err}; {free}).{cut} Free some space, then "
             f"{where_to_resume(output_dir)}"
         ) from None
 
