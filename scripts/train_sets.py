@@ -15,7 +15,6 @@ shapes, classification). Each runs with `--attention_type softmax|linear` and `-
 """
 
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -232,12 +231,19 @@ def check_arguments(args):
 # index range is drawn from a generator seeded with seed * 1,000,003 + i, which must stay below 2**64
 MAX_SET_SIZE = 10_000_000
 MAX_SETS = 2**60
+# --value_scale: the model sees max_regression's numbers (in [0, 100)) divided by it, up to 100 / value_scale
+VALUE_SCALE_RANGE = (1e-2, 1e4)
 
 
 def check_set_flags(args):
     """Refuses a numeric flag outside its range, naming the flag and the range."""
-    if not (math.isfinite(args.value_scale) and args.value_scale > 0):
-        raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
+    low, high = VALUE_SCALE_RANGE
+    if not low <= args.value_scale <= high:  # NaN too
+        raise SystemExit(
+            f"--value_scale must be between {low:g} and {high:,g}, got {args.value_scale}: max_regression's numbers "
+            "(below 100) reach the model divided by it, so outside that range they are too large or too small for it "
+            "to learn from (at 1e-300 they overflow and the MAE is NaN)."
+        )
     for name in ("eval_sets", "train_sets"):
         if not 1 <= getattr(args, name) <= MAX_SETS:
             raise SystemExit(f"--{name} must be a positive integer up to 2**60, got {getattr(args, name)}.")

@@ -195,8 +195,8 @@ def test_train_sets_refused_for_a_missing_model_leaves_no_folder(tmp_path):
 @pytest.mark.parametrize(
     "extra,words",
     [
-        (["--value_scale", "0"], ["--value_scale must be a positive finite number"]),
-        (["--value_scale", "nan"], ["--value_scale must be a positive finite number"]),
+        (["--value_scale", "0"], ["--value_scale must be between 0.01 and 10,000, got 0.0"]),
+        (["--value_scale", "nan"], ["--value_scale must be between 0.01 and 10,000, got nan"]),
         (["--eval_sets", "0"], ["--eval_sets must be a positive integer"]),
         (["--min_size", "5", "--max_size", "2"], ["--min_size (5) must not exceed --max_size (2)"]),
         (["--model", "deepsets_max", "--attention_type", "linear"], ["deepsets_max", "--attention_type cannot apply"]),

@@ -283,6 +283,17 @@ SETS_EXTREMES = [
     (["--num_hidden_layers", str(10**9)], ["--num_hidden_layers 1000000000", "GiB to train"]),
     (["--seed", str(2**32)], ["--seed must be an integer in [0, 2**32)"]),
     (["--seed", "-1"], ["--seed must be an integer in [0, 2**32)"]),
+    # ended in "mae": NaN (1e-300), or a MAE of 1e297 (1e300)
+    *[(["--value_scale", value], ["--value_scale must be between 0.01 and 10,000, got", "MAE is NaN"])
+      for value in ("1e-300", "1e300", "0.001", "nan", "-1")],
+    # tracebacks from torch's optimizer, sampler or dataloader, or a division by zero, once training started
+    (["--learning_rate", "nan"], ["--learning_rate must be a positive finite number, got nan"]),
+    (["--learning_rate", "-1"], ["--learning_rate must be a positive finite number, got -1.0"]),
+    (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
+    (["--per_device_eval_batch_size", "0"], ["--per_device_eval_batch_size must be a positive integer, got 0"]),
+    (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps must be a positive integer, got 0"]),
+    (["--dataloader_num_workers", "-1"], ["--dataloader_num_workers must be a non-negative integer"]),
+    (["--neftune_noise_alpha", "-1"], ["--neftune_noise_alpha must be a positive finite number"]),
 ]
 
 
