@@ -88,10 +88,16 @@ def data_files(data_args):
 
 def check_inputs(model_args, data_args, training_args):
     """Refuses, naming the flag, what the run would read and cannot: a data file that is missing, a folder or not
-    text; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
+    text, or not given for --do_eval / --do_predict; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
     folder (nor Hub id). Called before the output folder is made, so that such a run leaves nothing behind."""
-    for split, path in data_files(data_args).items():
+    files = data_files(data_args)
+    for split, path in files.items():
         check_data_file(f"--{split}_file", path)
+    if files:  # the splits are the files given: an evaluation without its file is refused before any is read
+        if "validation" not in files and "do_eval" in getattr(model_args, "flags_given", ()):
+            raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
+        if "test" not in files and training_args.do_predict:
+            raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
     if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
         load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
                         trust_remote_code=model_args.trust_remote_code)

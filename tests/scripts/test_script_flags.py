@@ -357,3 +357,26 @@ def test_train_sets_reads_a_json_file_of_flags_typed(tmp_path, train_sets):
     path.write_text(json.dumps({"output_dir": str(tmp_path / "out2"), "eval_sets": 2.5}))
     with pytest.raises(SystemExit, match="'eval_sets' must be an integer, got 2.5"):
         train_sets.main([str(path)])
+
+
+BEFORE_THE_DATA = [
+    (["--config_overrides", "hiden_size=8"], "--config_overrides: TransformerDecoderConfig has no field 'hiden_size' "
+                                             "(did you mean 'hidden_size'?)"),
+    (["--family", "encoder", "--config_overrides", "poling=mean"], "has no field 'poling' (did you mean 'pooling'?)"),
+    (["--config_overrides", "hidden_size"], '--config_overrides: expected "key=value"'),
+    (["--do_eval"], "--do_eval needs a validation split"),
+    (["--do_predict"], "--do_predict needs a test split"),
+]
+
+
+@pytest.mark.parametrize("flags,words", BEFORE_THE_DATA, ids=[" ".join(c[0]) for c in BEFORE_THE_DATA])
+def test_checks_that_need_no_data_are_made_before_the_data_is_read(tmp_path, texts, train_lm, monkeypatch, flags,
+                                                                   words):
+    """A misspelt --config_overrides key was refused only once the data was read and tokenized (minutes on a large
+    file), and so was an evaluation whose split file was not given."""
+
+    def read(data_args):
+        raise AssertionError("the data was read before the flags were checked")
+
+    monkeypatch.setattr(train_lm, "load_splits", read)
+    assert words in lm_refusal(train_lm, tmp_path, texts, *flags)
