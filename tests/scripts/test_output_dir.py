@@ -316,15 +316,19 @@ def drop_a_tensor(path):
 class Malicious:
     """Pickled as a call of os.system: what a hostile checkpoint file holds (written here, never loaded)."""
 
+    def __init__(self, command):
+        self.command = command
+
     def __reduce__(self):
-        return os.system, ("echo this pickle ran",)
+        return os.system, (self.command,)
 
 
 def plant_pickle(path):
-    """Replaces the torch.save file `path` with a whole archive whose pickle would call os.system."""
+    """Replaces the torch.save file `path` with a whole archive whose pickle would call os.system to make a file
+    `ran-<name>` beside the run folder: it must never exist."""
     import torch
 
-    torch.save(Malicious(), path)
+    torch.save(Malicious(f"touch {path.parents[1].parent / ('ran-' + path.name)}"), path)
 
 
 DAMAGES = {
@@ -355,6 +359,7 @@ def test_a_damaged_checkpoint_is_named_with_the_earlier_one(tmp_path, texts, tra
     shutil.rmtree(run / "checkpoint-2")
     message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
     assert words in message and "--overwrite_output_dir" in message, message
+    assert not list(tmp_path.glob("ran-*"))  # no planted pickle ran
 
 
 def test_train_sets_names_a_damaged_checkpoint(tmp_path, train_sets, sets_run):
