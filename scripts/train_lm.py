@@ -14,6 +14,7 @@ presets and their checks are `hf_settransformer.toolkit.lm_arguments`. It writes
 Several processes or GPUs (`accelerate launch`), resuming, publishing and every default: docs/training.md.
 """
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ from hf_settransformer.toolkit.run_folder import (
     check_resume_checkpoint,
     lock_output_dir,
     record_run_settings,
+    stops_say_where_to_resume,
     write_text_atomically,
 )
 
@@ -124,14 +126,17 @@ def read_paths(model_args, data_args, training_args, argv):
     return paths
 
 
-def settings_of_run(model_args, data_args, training_args):
+def settings_of_run(model_args, data_args, training_args, tokenizer):
     """What defines this run besides its model (the checkpoint's config.json) and its length: the training settings
-    (`run_settings`), the data (the training text by content, or the dataset's name), the example shape, the
-    objective's flags and the precision it resolved to. Recorded in every checkpoint; a resume must keep them
-    (`check_run_settings`)."""
+    (`run_settings`), the data (the training text by content, or the dataset's name), the tokenizer's vocabulary, the
+    example shape, the objective's flags and the precision it resolved to. Recorded in every checkpoint; a resume must
+    keep them (`check_run_settings`)."""
     train = data_files(data_args).get("train")
     data = ({"train_file_sha256": file_digest(train)} if train else
             {"dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name})
+    # which word each id stands for (a tokenizer of the same size but other ids fits the checkpoint's config)
+    vocabulary = json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]))
+    data["vocabulary_sha256"] = hashlib.sha256(vocabulary.encode()).hexdigest()
     clock = data_args.budget_clock  # the clock the time is counted on: "auto" is the CPU's on a CPU, else the wall's
     if clock == "auto":
         clock = "cpu" if training_args.device.type == "cpu" else "wall"
@@ -407,7 +412,7 @@ def run(model_args, data_args, training_args, command):
     if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
         check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
-    settings = settings_of_run(model_args, data_args, training_args)
+    settings = settings_of_run(model_args, data_args, training_args, tokenizer)
     if resume:  # and of this run's settings: the optimizer, schedule and data position come from the checkpoint
         check_run_settings(resume, settings, script="train_lm")
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
@@ -470,8 +475,9 @@ def main(argv=None):
     # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
     # release removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, command, script="train_lm")
-    try:
-        return run(model_args, data_args, training_args, command)
+    try:  # a full disk or Ctrl-C at any point (the final model, results, card): one line naming what to resume
+        with stops_say_where_to_resume(training_args.output_dir, script="train_lm"):
+            return run(model_args, data_args, training_args, command)
     finally:
         lock.release()
 

@@ -58,6 +58,7 @@ from hf_settransformer.toolkit.run_folder import (
     lock_output_dir,
     record_run_settings,
     save_model_atomically,
+    stops_say_where_to_resume,
     train_unless_finished,
     write_text_atomically,
 )
@@ -345,8 +346,9 @@ def main(argv=None):
     # held while main runs, released however it ends (main can run again in one process after an error); the release
     # removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, " ".join(argv), script="train_sets")
-    try:
-        return run(args, training_args, model)
+    try:  # a full disk or Ctrl-C at any point (the final model, results): one line naming what to resume
+        with stops_say_where_to_resume(training_args.output_dir, script="train_sets"):
+            return run(args, training_args, model)
     finally:
         lock.release()
 

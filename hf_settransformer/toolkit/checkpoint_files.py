@@ -201,14 +201,25 @@ def _is_whole_archive(path):
 
 
 def check_model_weights(flag, folder):
-    """Before `from_pretrained(folder)`: a local model folder holds weights and a whole safetensors file (SystemExit
-    naming `flag`, the file and what is wrong). Returns {name: shape}, or None where there is nothing to check here (a
+    """Before `from_pretrained(folder)`: a local model folder holds weights, a whole safetensors file or a
+    pytorch_model.bin of plain tensors (SystemExit naming `flag`, the file and what is wrong). Returns {name: shape}, or None where there is nothing to check here (a
     Hub id, sharded or .bin weights)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         return None
     weights = folder / WEIGHTS
     if not weights.is_file():
+        pickled = folder / "pytorch_model.bin"
+        if pickled.is_file() and not (folder / "model.safetensors.index.json").is_file():
+            # transformers torch.loads it with weights_only=True: a foreign pickle fails there, naming no file
+            foreign = _unsafe_globals(pickled) if _is_whole_archive(pickled) else None
+            if foreign is None:
+                raise SystemExit(f"{flag} {folder}: pytorch_model.bin is damaged (not a whole torch.save archive). "
+                                 "Pass another saved model.")
+            if foreign:
+                raise SystemExit(f"{flag} {folder}: pytorch_model.bin is a pickle that would call "
+                                 f"{', '.join(foreign)}, which no weights file does (refused, not run). Pass another "
+                                 "saved model.")
         if any((folder / name).is_file() for name in ("model.safetensors.index.json", "pytorch_model.bin")):
             return None
         raise SystemExit(f"{flag} {folder}: holds no weights ({WEIGHTS} is missing): pass the folder of a saved "

@@ -255,7 +255,9 @@ def read_training_args_file(folder):
             AttributeError, IndexError, KeyError) as err:
         raise damaged_checkpoint(folder, f"training_args.bin is damaged (not the Trainer's arguments file: "
                                          f"{type(err).__name__}: {err})") from None
-    foreign = sorted({name for name in unpickler.named if not name.startswith(ARGUMENT_MODULES)})
+    # a script's own TrainingArguments subclass is pickled under the script's module (`__main__`)
+    foreign = sorted({name for name in unpickler.named
+                      if not (name.startswith(ARGUMENT_MODULES) or name.endswith("TrainingArguments"))})
     if foreign:
         raise damaged_checkpoint(folder, f"training_args.bin is a pickle that would call {', '.join(foreign)}, "
                                          "which no arguments file does (refused, not run)")

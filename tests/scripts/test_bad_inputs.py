@@ -308,6 +308,26 @@ def test_a_full_disk_while_saving_says_so_and_the_previous_checkpoint_resumes(tm
     assert "checkpoint-4 was never completely written" in capsys.readouterr().out
 
 
+def test_train_sets_a_full_disk_while_saving_the_final_model_says_so(tmp_path, monkeypatch):
+    """The final model's save was outside the full-disk handling of train_sets.py: a traceback."""
+    train_sets = load_script("train_sets")
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if ".tmp-final-model" in str(f):
+            raise OSError(28, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as err:
+        train_sets.main(["--output_dir", str(out), "--max_steps", "2", "--save_steps", "1", "--report_to", "none",
+                         "--eval_sets", "8", "--hidden_size", "16", "--disable_tqdm", "true"])
+    message = str(err.value.code)
+    for words in ("[train_sets] the disk is full: writing in", f"resume from {out / 'checkpoint-2'} (step 2, complete)"):
+        assert words in message, message
+
+
 def test_ctrl_c_before_any_checkpoint_says_none_exists_and_exits_130(tmp_path, texts, train_lm, monkeypatch, capsys):
     import transformers
 

@@ -325,10 +325,10 @@ class Malicious:
 
 def plant_pickle(path):
     """Replaces the torch.save file `path` with a whole archive whose pickle would call os.system to make a file
-    `ran-<name>` beside the run folder: it must never exist."""
+    `ran-<name>` beside it: it must never exist."""
     import torch
 
-    torch.save(Malicious(f"touch {path.parents[1].parent / ('ran-' + path.name)}"), path)
+    torch.save(Malicious(f"touch {path.with_name('ran-' + path.name)}"), path)
 
 
 DAMAGES = {
@@ -359,7 +359,7 @@ def test_a_damaged_checkpoint_is_named_with_the_earlier_one(tmp_path, texts, tra
     shutil.rmtree(run / "checkpoint-2")
     message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
     assert words in message and "--overwrite_output_dir" in message, message
-    assert not list(tmp_path.glob("ran-*"))  # no planted pickle ran
+    assert not list(tmp_path.rglob("ran-*"))  # no planted pickle ran
 
 
 def test_train_sets_names_a_damaged_checkpoint(tmp_path, train_sets, sets_run):
@@ -381,7 +381,20 @@ def test_train_sets_continuing_a_model_with_damaged_results_still_saves_its_run(
     assert "all_results.json is unreadable" in caplog.text
 
 
+def pickled_weights(folder, plant=False):
+    """The model of `folder` as a pytorch_model.bin instead of its model.safetensors; with `plant`, one whose pickle
+    would call os.system."""
+    (folder / "model.safetensors").unlink()
+    if plant:
+        plant_pickle(folder / "pytorch_model.bin")
+    else:
+        (folder / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut short")
+
+
 MODEL_DAMAGES = {
+    "foreign pickle as pytorch_model.bin": (lambda c: pickled_weights(c, plant=True),
+                                            "pytorch_model.bin is a pickle that would call posix.system"),
+    "damaged pytorch_model.bin": (pickled_weights, "pytorch_model.bin is damaged"),
     "truncated weights": (DAMAGES["truncated weights"][0], "model.safetensors is damaged"),
     "no weights": (DAMAGES["no weights"][0], "holds no weights (model.safetensors is missing)"),
     "missing tensors": (DAMAGES["missing tensors"][0], "model.safetensors lacks"),
@@ -401,6 +414,7 @@ def test_a_damaged_model_to_continue_is_named(tmp_path, texts, train_lm, train_s
     message = refused(train_sets.main, ["--output_dir", str(tmp_path / "out2"), "--model_name_or_path", str(model),
                                         *SETS])
     assert f"--model_name_or_path {model}" in message and words in message, message
+    assert not list(tmp_path.rglob("ran-*"))  # no planted pickle ran
 
 
 # ------------------------------------------------------------------------------- 6. a folder that cannot be written
@@ -467,6 +481,7 @@ LM_OTHER_SETTINGS = {
     "train_sampling_strategy": (["--train_sampling_strategy", "sequential"], "train_sampling_strategy:"),
     "accelerator_config": (["--accelerator_config", '{"split_batches": true}'], "accelerator_config:"),
     "precision": (["--precision", "fp32"], "precision: the checkpoint's run has 'bf16', the flags say 'fp32'"),
+    "tokenizer": (["--tokenizer_name", "{tokenizer}"], "vocabulary_sha256:"),
 }
 
 
@@ -477,11 +492,16 @@ def test_resuming_with_other_training_settings_is_refused_by_name(tmp_path, text
     run = copy_of(lm_run, tmp_path)
     other = tmp_path / "other.txt"  # the same words, each line twice: another text with the same vocabulary
     other.write_text("".join(line + line for line in (texts / "train.txt").read_text().splitlines(keepends=True)))
+    # a tokenizer of the same words (the same size: the checkpoint's config fits) with other ids
+    from hf_settransformer.toolkit import build_word_tokenizer
+
+    lines = (texts / "train.txt").read_text().splitlines()
+    build_word_tokenizer(lines + [" ".join(["w39"] * 1000)]).save_pretrained(tmp_path / "tokenizer")
     before = digests(run)
     extra, words = LM_OTHER_SETTINGS[case]
     length = [] if "--max_train_minutes" in extra else ["--max_steps", "3"]  # a time budget sets the steps itself
     args = tiny_run_args(texts, run, *length, "--resume_from_checkpoint", "true")
-    args += [word.replace("{other}", str(other)) for word in extra]
+    args += [word.replace("{other}", str(other)).replace("{tokenizer}", str(tmp_path / "tokenizer")) for word in extra]
     message = refused(train_lm.main, args)
     assert words in message and "checkpoint-2" in message and "flags that started the run" in message, message
     assert digests(run) == before
