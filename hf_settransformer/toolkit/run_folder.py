@@ -412,7 +412,8 @@ class CompleteCheckpointCallback(TrainerCallback):
     """Marks a checkpoint complete once the Trainer has written all of it (atomic rename), so that a run killed while
     saving never resumes from a half-written folder. The marker also carries the training time and validation curve
     so far (`timer`, a TimedEvalCallback), which a resumed run continues from, and the settings that define the run
-    (`run_settings`, set by `record_run_settings`), which a resume compares with its flags (`check_run_settings`)."""
+    (`run_settings`, set by `record_run_settings`), which a resume compares with its flags
+    (`resume_settings.check_run_settings`)."""
 
     def __init__(self, timer, settings=None):
         self.timer, self.run_settings = timer, settings
