@@ -287,8 +287,8 @@ SETS_EXTREMES = [
     *[(["--value_scale", value], ["--value_scale must be between 0.01 and 10,000, got", "MAE is NaN"])
       for value in ("1e-300", "1e300", "0.001", "nan", "-1")],
     # tracebacks from torch's optimizer, sampler or dataloader, or a division by zero, once training started
-    (["--learning_rate", "nan"], ["--learning_rate must be a positive finite number, got nan"]),
-    (["--learning_rate", "-1"], ["--learning_rate must be a positive finite number, got -1.0"]),
+    (["--learning_rate", "nan"], ["--learning_rate must be a finite number, not negative", "got nan"]),
+    (["--learning_rate", "-1"], ["--learning_rate must be a finite number, not negative", "got -1.0"]),
     (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
     (["--per_device_eval_batch_size", "0"], ["--per_device_eval_batch_size must be a positive integer, got 0"]),
     (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps must be a positive integer, got 0"]),
