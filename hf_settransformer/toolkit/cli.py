@@ -41,6 +41,16 @@ TRAINING_VALUE_RANGES = {
     "eval_accumulation_steps": (lambda v: v is None or v >= 1, "a positive integer"),
     # set_seed seeds numpy too, whose seeds are 32-bit: anything else fails there with numpy's own ValueError
     "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
+    # refused by torch's optimizer, sampler or dataloader only once training starts, with their own tracebacks (a
+    # zero accumulation divides by zero)
+    "learning_rate": (lambda v: _finite(v) and v >= 0, "a finite number, not negative (0 keeps the weights as they "
+                      "are)"),
+    "per_device_train_batch_size": (lambda v: v >= 1, "a positive integer"),
+    "per_device_eval_batch_size": (lambda v: v >= 1, "a positive integer"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, "a positive integer"),
+    "dataloader_num_workers": (lambda v: v >= 0, "a non-negative integer (0: batches made in the main process)"),
+    "neftune_noise_alpha": (lambda v: v is None or (_finite(v) and v > 0),
+                            "a positive finite number; omit it for no noise"),
 }
 
 
