@@ -175,6 +175,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
     # the toolkit's OBJECTIVES.
     objective = "sequence_classification"
     check_labels = classification_labels
+    built_from = ("num_labels",)  # the classifier's outputs (`id2label` may rename them)
 
     def __init__(self, config):
         super().__init__(config)

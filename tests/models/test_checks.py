@@ -399,7 +399,7 @@ def test_the_outermost_call_checks_once_and_drops_a_mask_of_ones(family, monkeyp
     model = many_target_head(family)
     checked, seen = [], []
     check_forward = checks.check_forward
-    monkeypatch.setattr(checks, "check_forward", lambda m, inputs: checked.append(m) or check_forward(m, inputs))
+    monkeypatch.setattr(checks, "check_forward", lambda m, inputs, **options: checked.append(m) or check_forward(m, inputs, **options))
     model.model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]),
                                           with_kwargs=True)
     ids = batch_of_tokens(2, 12)
