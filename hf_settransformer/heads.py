@@ -386,10 +386,25 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         logits[:, length - states.shape[1] :] = target_logits
         return loss, logits
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None,
+                                      is_first_iteration=False, **kwargs):
+        """generate() would feed only the newest token once it believes a cache exists: feed the whole window. With
+        `inputs_embeds` (the prompt as vectors; transformers' decoders read them at the first step only, then keep them
+        in their cache), every step reads those vectors followed by the tokens generated so far (generate()'s
+        `input_ids`, which start empty), embedded as `input_ids` are (`get_input_embeddings`): this head keeps no
+        cache."""
         window = self.config.context_length
-        inputs = {"input_ids": input_ids[:, -window:]}
+        if inputs_embeds is None:
+            inputs = {"input_ids": input_ids[:, -window:]}
+        else:
+            if is_first_iteration and input_ids.shape[1]:
+                raise ValueError(
+                    f"generate() of {type(self).__name__} takes the prompt as `input_ids` or as `inputs_embeds`, not "
+                    f"both (got {input_ids.shape[1]} ids and {inputs_embeds.shape[1]} vectors): it reads its whole "
+                    "window at every step, and which of the two is the prompt would be a guess."
+                )
+            generated = self.get_input_embeddings()(input_ids).to(inputs_embeds.dtype)  # (b, steps so far, hidden)
+            inputs = {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, -window:]}
         if attention_mask is not None:
             inputs["attention_mask"] = attention_mask[:, -window:]
         return inputs
