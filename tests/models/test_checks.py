@@ -469,7 +469,7 @@ BUILT_CHANGES = {  # a field a model is built from -> another value, valid alone
     "vocab_size": VOCAB + 1, "input_size": 3, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 40,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.2,
     "max_position_embeddings": 65, "position_embedding_type": "learned", "scale_embedding": False,
-    "norm_type": "layernorm", "norm_eps": 1e-6, "attention_type": "linear", "feature_map": "exp",
+    "norm_type": "layernorm", "norm_eps": 1e-6, "attention_type": "softmax", "feature_map": "exp",
     "linear_attention_chunk_size": 8, "linear_attention_decay": "fixed", "adaptive_softmax_cutoffs": [4, 16],
     "adaptive_softmax_div_value": 2.0, "adaptive_input_cutoffs": [4, 16], "adaptive_input_div_value": 2.0,
     "tie_word_embeddings": False, "num_hidden_layers": 3, "add_cross_attention": True, "pooling": "mean",
@@ -487,10 +487,11 @@ BUILT_MODELS = [*((family, cls) for family, cls in MODEL_CLASSES),
 
 
 def built_model(family, cls, **fields):
-    """A tiny `cls` (tied weights off: the adaptive layers can then be switched on) and its inputs."""
+    """A tiny linear-attention `cls` (its kernel's fields are read; tied weights off: the adaptive layers can then be
+    switched on) and its inputs."""
     if cls is hfst.SetTransformerForMixtureOfGaussians:
         fields = {"vocab_size": None, "input_size": 2, "num_seeds": 3, **fields}
-    config = tiny_config(family, tie_word_embeddings=False, **fields)
+    config = tiny_config(family, "linear", tie_word_embeddings=False, **fields)
     model = make_model(cls, config)
     if model.main_input_name == "input_features":
         return model, {"input_features": torch.randn(2, 6, config.input_size)}
