@@ -532,9 +532,16 @@ def check_keyword_names(cls, kwargs):
     for key in kwargs:
         if key in names or key in PASSED_THROUGH:
             continue
-        near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+        near = near_input_name(key, names)
         if near:
-            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near[0]}`?).")
+            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near}`?).")
+
+
+@torch.compiler.assume_constant_result  # a compiled forward calls it while tracing (difflib cannot be traced)
+def near_input_name(key, names):
+    """The input name (of `names` or `PASSED_THROUGH`) one typo away from `key`, or None."""
+    near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+    return near[0] if near else None
 
 
 # ------------------------------------------------------------------------------------------------ config, generate()

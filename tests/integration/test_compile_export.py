@@ -270,6 +270,18 @@ def test_a_config_changed_after_build_is_refused_when_compiled():
     compiled(input_ids=ids)  # the guard on the config field recompiles, and the checks pass again
 
 
+def test_a_compiled_forward_passes_an_unknown_keyword_and_refuses_a_typo_as_eager_does():
+    """The keyword check (`checks.check_keyword_names`) in one graph: a name far from every input passes, one a typo
+    away (`attention_masks=`) is refused."""
+    model = classifier()
+    ids = torch.randint(0, VOCAB, (2, 6))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(input_ids=ids, my_own_flag=1).logits, model(input_ids=ids).logits)
+    compiled_refusal(model, {"input_ids": ids, "attention_masks": torch.ones(2, 6)}, ValueError,
+                     "did you mean `attention_mask`")
+
+
 @pytest.mark.parametrize("case", ["mask shape", "ids dtype", "labels shape"])
 def test_shape_and_dtype_checks_run_when_compiled(case):
     model = classifier()
