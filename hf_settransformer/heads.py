@@ -393,6 +393,12 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         in their cache), every step reads those vectors followed by the tokens generated so far (generate()'s
         `input_ids`, which start empty), embedded as `input_ids` are (`get_input_embeddings`): this head keeps no
         cache."""
+        if kwargs.get("position_ids") is not None:
+            raise ValueError(
+                f"generate() of {type(self).__name__} takes no `position_ids`: each step reads the last "
+                f"`context_length` ({self.config.context_length}) tokens, whose positions it counts from the attention "
+                "mask (left padding is skipped). Generate without them."
+            )
         window = self.config.context_length
         if inputs_embeds is None:
             inputs = {"input_ids": input_ids[:, -window:]}

@@ -180,11 +180,15 @@ def test_a_window_head_generates_from_inputs_embeds_as_from_the_ids(family, mode
         assert torch.equal(got, expected[:, 5:]), options
 
 
-def test_a_window_head_refuses_a_prompt_given_both_as_ids_and_as_embeds():
+def test_a_window_head_refuses_generate_arguments_it_would_drop():
+    """A prompt given both as ids and as vectors (the vectors were dropped), and `position_ids` (dropped: the window's
+    positions come from its mask)."""
     model = many_target_head("encoder")
     ids = torch.randint(1, VOCAB, (2, 5))
     with pytest.raises(ValueError, match="`input_ids` or as `inputs_embeds`, not both"):
         model.generate(ids, inputs_embeds=model.get_input_embeddings()(ids), max_new_tokens=2)
+    with pytest.raises(ValueError, match="takes no `position_ids`"):
+        model.generate(ids, position_ids=torch.arange(5)[None].expand(2, -1) + 3, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
