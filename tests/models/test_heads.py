@@ -225,3 +225,11 @@ def test_next_token_class_runs_the_head_its_mode_names(family, tmp_path):
         with pytest.raises(ValueError, match="built with next_token_mode='many'"):
             use()
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_a_next_token_head_has_one_public_forward_and_it_is_checked(family):
+    """The per-mode forwards are private: called directly, they would run without the checks of `forward`."""
+    cls = type(many_target_head(family))
+    assert [name for name in dir(cls) if name.startswith("forward")] == ["forward"]
+    assert getattr(cls.forward, "__wrapped__", None) is not None  # checks.checked
