@@ -13,7 +13,8 @@ from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .checks import checked, classification_labels, many_target_labels, masked_lm_labels, one_target_labels
+from .checks import checked
+from .label_checks import classification_labels, many_target_labels, masked_lm_labels, one_target_labels
 from .losses import problem_type_of, token_loss
 
 

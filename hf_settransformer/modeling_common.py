@@ -165,8 +165,8 @@ class HfstPreTrainedModel(PreTrainedModel):
     built_from = ()
 
     def check_labels(self, inputs, b, n):
-        """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `checks.ClassLabels` to read, the
-        length its base model sees). A head checks its own (`checks.masked_lm_labels`, ...); a base model takes none."""
+        """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `label_checks.ClassLabels` to read, the
+        length its base model sees). A head checks its own (`label_checks.masked_lm_labels`, ...); a base model takes none."""
         return (), n
 
     @classmethod
