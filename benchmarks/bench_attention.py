@@ -8,10 +8,12 @@ logsigmoid(N(0, 1)) / 16, whose gradient is computed too, as in training). The c
 within each length, medians after warm-up; every linear one is first checked against the fp32 PyTorch op. A second
 table sweeps the chunk size of the chunked PyTorch kernel; the summary gives the targets' ratios (`summarize_gpu`).
 Peak memory is the most held above what was allocated before one forward+backward (`bench_common.peak_memory_bytes`).
+`--contenders` runs some of them (`contender_names`: the device's).
 
     python benchmarks/bench_attention.py                 # CPU: lengths 512 ... 16384
     python benchmarks/bench_attention.py --device cuda   # GPU: lengths 1024 ... 65536, bf16
-    python benchmarks/bench_attention.py --tiny          # seconds (the tests run this)
+    python benchmarks/bench_attention.py --tiny          # seconds
+    python benchmarks/bench_attention.py --tiny --contenders "linear elu"   # one of them (the tests run this)
 
 Writes `<output_dir>/bench_attention.json` and `.png`, naming the machine (the GPU on CUDA).
 """
@@ -24,11 +26,14 @@ import time
 import torch
 import torch.nn.functional as F
 from bench_common import (
+    add_contenders_flag,
     base_parser,
+    chosen_contenders,
     describe_error,
     describe_machine,
     log_axes,
     markdown_table,
+    not_run,
     optional_peer,
     peak_memory_bytes,
     pyplot,
@@ -48,7 +53,7 @@ FLA_GATED = "fla chunk_simple_gla causal elu, gated decay (unnormalised)"
 DECAYS = ("fixed", "gated")
 
 
-def parse_args():
+def parse_args(argv=None):
     p = base_parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="default: 512-16384 (CPU), 1k-64k (CUDA)")
     p.add_argument("--heads", type=int, default=8)
@@ -62,8 +67,9 @@ def parse_args():
     p.add_argument("--naive_max", type=int, default=8192, help="longest sequence the naive cumsum form runs on")
     p.add_argument("--causal_only", action="store_true", help="only the causal and decayed contenders")
     p.add_argument("--softmax_max", type=int, default=None, help="longest sequence softmax runs on (CPU: 16384)")
+    add_contenders_flag(p)
     p.set_defaults(repeats=3, warmup=1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.cuda = args.device.startswith("cuda")
     if args.lengths is None:
         args.lengths = [1024 * 2**i for i in range(7)] if args.cuda else [512, 1024, 2048, 4096, 8192, 16384]
@@ -77,6 +83,7 @@ def parse_args():
         from hf_settransformer import TransformerDecoderConfig
 
         args.chunk_size = TransformerDecoderConfig().linear_attention_chunk_size
+    args.contenders = chosen_contenders(p, args, contender_names(args))
     return args
 
 
@@ -107,6 +114,13 @@ def fast_transformers_causal(causal_dot_product):
 def contenders(args):
     """name -> fn(q, k, v) -> out, or None for a contender that cannot run here; and name -> why not."""
     return gpu_contenders(args) if args.cuda else cpu_contenders(args)
+
+
+def contender_names(args):
+    """The names of `contenders(args)`, in order, built without a GPU (the choices of `--contenders`)."""
+    if args.cuda:
+        return ["SDPA", "SDPA causal", *(spec[0] for spec in gpu_ours()), FLA, FLA_GATED]
+    return list(cpu_contenders(args)[0])
 
 
 def cpu_contenders(args):
@@ -231,14 +245,10 @@ def gpu_contenders(args):
         "SDPA causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     skipped = {}
-    for causal, decay in ((False, None), (True, None), *((True, decay) for decay in DECAYS)):
-        for feature_map in ("elu", "exp"):
-            for triton in (False, True):
-                name = (f"ours {'causal' if causal else 'linear'} {feature_map}{decay_words(decay)} "
-                        f"({'Triton' if triton else 'PyTorch'})")
-                table[name] = ours(causal, feature_map, triton, args.chunk_size, decay) if fused or not triton else None
-                if table[name] is None:
-                    skipped[name] = f"triton unavailable or not taken for {args.dtype} (HFST_DISABLE_TRITON?)"
+    for name, causal, feature_map, triton, decay in gpu_ours():
+        table[name] = ours(causal, feature_map, triton, args.chunk_size, decay) if fused or not triton else None
+        if table[name] is None:
+            skipped[name] = f"triton unavailable or not taken for {args.dtype} (HFST_DISABLE_TRITON?)"
     try:
         from fla.ops.linear_attn import chunk_linear_attn
     except ImportError as error:
@@ -254,6 +264,16 @@ def gpu_contenders(args):
     for name, why in skipped.items():
         print(f"skipping {name}: {why}")
     return table, skipped
+
+
+def gpu_ours():
+    """(name, causal, feature_map, triton, decay) of each of our GPU contenders, in the table's order."""
+    for causal, decay in ((False, None), (True, None), *((True, decay) for decay in DECAYS)):
+        for feature_map in ("elu", "exp"):
+            for triton in (False, True):
+                name = (f"ours {'causal' if causal else 'linear'} {feature_map}{decay_words(decay)} "
+                        f"({'Triton' if triton else 'PyTorch'})")
+                yield name, causal, feature_map, triton, decay
 
 
 def reference(name, chunk):
@@ -329,8 +349,8 @@ def forward_backward(fn, qkv, grad):
     return run
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     setup_device(args)
     machine = describe_machine(args.device)
     setup = (
@@ -339,6 +359,7 @@ def main():
     )
     print(setup)
     table, skipped = contenders(args)
+    table = {name: fn for name, fn in table.items() if name in args.contenders}
     if args.causal_only:  # only the causal and decayed contenders (and fla's, which are causal)
         table = {name: fn for name, fn in table.items() if "causal" in name or "decay" in name or name in (FLA, FLA_GATED)}
     active = {name: fn for name, fn in table.items() if fn is not None}
@@ -355,30 +376,13 @@ def main():
         here = {name: forward_backward(fn, qkv, grad) for name, fn in active.items() if runnable(name, n, args)}
         first_s, failed_here = probe(here, args.device)
         timing = time_alternating(here, args.device, args.repeats, args.warmup)
-        row = {"length": n}
-        for name in table:
-            if name in here:
-                peak = peak_memory_bytes(here[name], args.device)
-                row[name] = {"ms": 1e3 * timing[name]["median_s"], "peak_mib": peak / 2**20,
-                             "first_call_s": first_s[name]}
-            elif name in failed or name in failed_here:
-                row[name] = {"failed": failed.get(name) or failed_here[name]}
-            else:
-                row[name] = {"skipped": skipped.get(name, "longer than this contender's limit")}
-        rows.append(row)
+        peaks = {name: peak_memory_bytes(run, args.device) for name, run in here.items()}
+        rows.append(length_row(n, table, timing, peaks, first_s, {**failed, **failed_here}, skipped))
         write_json(args, "bench_attention", {**payload, "rows": rows})  # a run stopped later keeps these lengths
         print(f"measured n={n}" + "".join(f"; failed: {k}: {v}" for k, v in failed_here.items()), flush=True)
 
     print()
-    markdown_table(
-        ["n"] + list(table),
-        [
-            [r["length"]]
-            + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else
-               "failed" if "failed" in r[x] else "skipped" for x in table]
-            for r in rows
-        ],
-    )
+    markdown_table(["n"] + list(table), table_rows(rows, table))
 
     sweep = []
     if args.chunk_sweep:
@@ -414,20 +418,50 @@ def main():
         print(f"wrote {path}")
 
 
+def length_row(n, table, timing, peaks, first_s, failed, skipped):
+    """The record of length `n`: each contender's median ms, peak MiB (`peaks`: bytes) and first call's seconds, or
+    why it has none (`failed`: name -> error, `skipped`: name -> reason; else it was past its length limit)."""
+    row = {"length": n}
+    for name in table:
+        if name in timing:
+            row[name] = {"ms": 1e3 * timing[name]["median_s"], "peak_mib": peaks[name] / 2**20,
+                         "first_call_s": first_s[name]}
+        elif name in failed:
+            row[name] = {"failed": failed[name]}
+        else:
+            row[name] = {"skipped": skipped.get(name, "longer than this contender's limit")}
+    return row
+
+
+def table_rows(rows, table):
+    """The cells of the first table: a row per length, a column per contender."""
+    return [
+        [r["length"]]
+        + [f"{r[x]['ms']:.1f} ms, {r[x]['peak_mib']:.0f} MiB" if "ms" in r[x] else
+           "failed" if "failed" in r[x] else "skipped" for x in table]
+        for r in rows
+    ]
+
+
 def summarize(rows, table, args):
-    chunked = next(name for name in table if "chunked" in name)
-    ft = "causal linear elu (fast-transformers)"
+    """The CPU targets: fast-transformers' causal kernel against our chunked one at 8192 (time) and the chunked
+    one's memory from 8192 to 16384, and each decay's cost; a ratio whose contender did not run says so."""
+    chunked, ft = f"causal linear elu (chunked, c={args.chunk_size})", "causal linear elu (fast-transformers)"
     lines, summary = [], {}
     by_length = {r["length"]: r for r in rows}
     if 8192 in by_length:
         row = by_length[8192]
-        if "ms" in row[ft]:
+        if ft not in table or chunked not in table:
+            lines.append(f"fast-transformers / chunked time at 8192: {not_run(ft if ft not in table else chunked)}")
+        elif "ms" in row[ft] and "ms" in row[chunked]:
             ratio = row[ft]["ms"] / row[chunked]["ms"]
             summary["fast_transformers_over_chunked_at_8192"] = ratio
             lines.append(f"fast-transformers / chunked time at 8192 = {ratio:.2f}x (target >= 1, i.e. ours no slower)")
         else:
-            lines.append(f"fast-transformers at 8192: {row[ft]['skipped']}")
-    if 8192 in by_length and 16384 in by_length:
+            name = ft if "ms" not in row[ft] else chunked
+            why = row[name].get("skipped") or row[name]["failed"]
+            lines.append(f"{'fast-transformers' if name == ft else name} at 8192: {why}")
+    if chunked in table and all("peak_mib" in by_length.get(n, {}).get(chunked, {}) for n in (8192, 16384)):
         ratio = by_length[16384][chunked]["peak_mib"] / by_length[8192][chunked]["peak_mib"]
         summary["chunked_peak_memory_16384_over_8192"] = ratio
         lines.append(f"chunked causal linear peak memory 16384 / 8192 = {ratio:.2f}x (target <= 2.1x)")

@@ -31,6 +31,29 @@ def base_parser(doc):
     return p
 
 
+def add_contenders_flag(parser, names=None):
+    """`--contenders NAME [NAME ...]`: run only these of the benchmark's contenders (`names`, listed in the help where
+    they do not depend on other flags); `chosen_contenders` checks the names once they are known."""
+    listed = f": {'; '.join(names)}" if names else " (the names its table's columns and rows give them)"
+    parser.add_argument("--contenders", nargs="+", metavar="NAME", default=None,
+                        help=f"run only these contenders (default: every one){listed}")
+
+
+def chosen_contenders(parser, args, names):
+    """The contenders `--contenders` chose, in the benchmark's order (`names`), every one without the flag; argparse's
+    usage error, listing `names`, for a name not among them."""
+    unknown = [name for name in args.contenders or () if name not in names]
+    if unknown:
+        parser.error(f"argument --contenders: invalid choice: {unknown[0]!r} (choose from "
+                     f"{', '.join(map(repr, names))})")
+    return [name for name in names if args.contenders is None or name in args.contenders]
+
+
+def not_run(reference):
+    """The cell of a ratio whose reference contender `--contenders` left out."""
+    return f"{reference} not run"
+
+
 def setup_device(args):
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -4,10 +4,12 @@ Two `TransformerDecoderForCausalLM`s identical but for `attention_type` (softmax
 linear elu, chunked causal kernel) are measured at growing lengths, alternated, medians after warm-up (`tasks`: a
 no-grad forward, a training step, one cached decoding step after a context of n tokens). Everything but the attention
 is the same, so the crossover is where linear attention's cost, linear in n, falls below softmax's, quadratic in n:
-the first measured length from which linear stays faster, interpolated in log-log space (`crossover`).
+the first measured length from which linear stays faster, interpolated in log-log space (`crossover`). `--contenders`
+runs one of the two (no crossover then).
 
     python benchmarks/bench_crossover.py                 # lengths 128 ... 8192
-    python benchmarks/bench_crossover.py --tiny          # seconds (the tests run this)
+    python benchmarks/bench_crossover.py --tiny          # seconds
+    python benchmarks/bench_crossover.py --tiny --contenders linear   # one of them (the tests run this)
 
 Writes `<output_dir>/bench_crossover.json` and `.png`.
 """
@@ -16,10 +18,13 @@ import math
 
 import torch
 from bench_common import (
+    add_contenders_flag,
     base_parser,
+    chosen_contenders,
     describe_machine,
     log_axes,
     markdown_table,
+    not_run,
     pyplot,
     save_figure,
     setup_device,
@@ -30,9 +35,10 @@ from bench_common import (
 from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
 
 MODES = ("forward", "training step", "generation")
+CONTENDERS = ("softmax", "linear")  # the two models' attention_type
 
 
-def parse_args():
+def parse_args(argv=None):
     p = base_parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--hidden_size", type=int, default=512)
@@ -42,8 +48,10 @@ def parse_args():
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--feature_map", default="elu", choices=["elu", "exp"])
     p.add_argument("--prefill_chunk", type=int, default=2048)
+    add_contenders_flag(p, CONTENDERS)
     p.set_defaults(repeats=5, warmup=2)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.contenders = chosen_contenders(p, args, CONTENDERS)
     if args.tiny:
         args.lengths, args.hidden_size, args.num_hidden_layers, args.num_attention_heads = [16, 32, 64], 32, 1, 4
         args.vocab_size, args.repeats, args.warmup, args.prefill_chunk = 50, 2, 1, 32
@@ -115,11 +123,53 @@ def crossover(lengths, softmax_ms, linear_ms):
     return lengths[i], math.exp(x0 + (x1 - x0) * (-r0) / (r1 - r0))
 
 
-def main():
-    args = parse_args()
+def table(rows, names):
+    """The table's header and cells: per mode, a time column per contender and the softmax / linear ratio."""
+    header = ["n"]
+    for mode in MODES:
+        header += [f"{mode} {name} ms" for name in names] + ["softmax / linear"]
+    missing = next((name for name in CONTENDERS if name not in names), None)
+    cells = [
+        [r["length"]]
+        + [
+            cell
+            for mode in MODES
+            for cell in (
+                *(f"{r[mode][name]:.2f}" for name in names),
+                f"{r[mode]['softmax'] / r[mode]['linear']:.2f}x" if missing is None else not_run(missing),
+            )
+        ]
+        for r in rows
+    ]
+    return header, cells
+
+
+def summarize(lengths, rows, names):
+    """mode -> the crossover (`crossover`), and the lines that print it; without one of the two contenders, none:
+    "not_run" names it."""
+    missing = next((name for name in CONTENDERS if name not in names), None)
+    summary, lines = {}, []
+    for mode in MODES:
+        if missing is not None:
+            summary[mode] = {"first_faster_length": None, "interpolated_crossover": None, "not_run": missing}
+            lines.append(f"{mode}: no crossover ({not_run(missing)})")
+            continue
+        first, estimate = crossover(lengths, [r[mode]["softmax"] for r in rows], [r[mode]["linear"] for r in rows])
+        summary[mode] = {"first_faster_length": first, "interpolated_crossover": estimate}
+        if first is None:
+            lines.append(f"{mode}: linear is not faster at the longest length measured ({lengths[-1]})")
+        elif estimate is None:
+            lines.append(f"{mode}: linear faster at every length measured (from {first})")
+        else:
+            lines.append(f"{mode}: linear faster from n = {first} on (ratio crosses 1 near n = {estimate:.0f})")
+    return summary, lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
     setup_device(args)
-    models = {"softmax": build(args, "softmax"), "linear": build(args, "linear")}
-    params = sum(p.numel() for p in models["softmax"].parameters())
+    models = {name: build(args, name) for name in args.contenders}
+    params = sum(p.numel() for p in next(iter(models.values())).parameters())  # the same for both
     setup = (
         f"{describe_machine(args.device)} | decoder: hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
         f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, batch "
@@ -141,35 +191,10 @@ def main():
         print(f"measured n={n}", flush=True)
 
     print()
-    header = ["n"]
-    for mode in MODES:
-        header += [f"{mode} softmax ms", f"{mode} linear ms", "softmax / linear"]
-    markdown_table(
-        header,
-        [
-            [r["length"]]
-            + [
-                cell
-                for mode in MODES
-                for cell in (
-                    f"{r[mode]['softmax']:.2f}",
-                    f"{r[mode]['linear']:.2f}",
-                    f"{r[mode]['softmax'] / r[mode]['linear']:.2f}x",
-                )
-            ]
-            for r in rows
-        ],
-    )
-    summary = {}
-    for mode in MODES:
-        first, estimate = crossover(args.lengths, [r[mode]["softmax"] for r in rows], [r[mode]["linear"] for r in rows])
-        summary[mode] = {"first_faster_length": first, "interpolated_crossover": estimate}
-        if first is None:
-            print(f"{mode}: linear is not faster at the longest length measured ({args.lengths[-1]})")
-        elif estimate is None:
-            print(f"{mode}: linear faster at every length measured (from {first})")
-        else:
-            print(f"{mode}: linear faster from n = {first} on (ratio crosses 1 near n = {estimate:.0f})")
+    markdown_table(*table(rows, list(models)))
+    summary, lines = summarize(args.lengths, rows, list(models))
+    for line in lines:
+        print(line)
     path = write_json(args, "bench_crossover", {"setup": setup, "rows": rows, "crossover": summary})
     plt = pyplot()
     if plt is None:
@@ -178,6 +203,8 @@ def main():
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, mode in zip(axes, MODES):
         for name, style in (("softmax", "o-"), ("linear", "s--")):
+            if name not in models:
+                continue
             ax.plot(args.lengths, [r[mode][name] for r in rows], style, label=name)
         ax.set_title(mode)
         log_axes(ax, "sequence length (tokens)" if mode != "generation" else "context length (tokens)", "ms (median)")

@@ -5,11 +5,13 @@ steps a GPU can replay as CUDA graphs (transformers' static cache for softmax, t
 The decoders (identical but for `attention_type`) are prefilled in chunks of `--prefill_chunk` tokens, then the
 contenders' single-token steps are timed alternately, medians after `--warmup` (at batch 1: the per-token latency).
 Memory: the bytes the cache holds after the context, plus, on CUDA, the peak allocated during the timed steps.
+`--contenders` runs some of them; a softmax / linear ratio without one of the two says so.
 
     python benchmarks/bench_generation.py                                  # full run: contexts 128 ... 8192
     python benchmarks/bench_generation.py --contexts 2048 --batch_sizes 1 --dtype bfloat16 --cache static --compile \\
         --profile                                                       # the GPU targets, with a profile
-    python benchmarks/bench_generation.py --tiny                           # seconds: proves it works (the tests run this)
+    python benchmarks/bench_generation.py --tiny                           # seconds: proves it works
+    python benchmarks/bench_generation.py --tiny --contenders linear       # one of them (the tests run this)
 
 Writes `<output_dir>/bench_generation.json` and `.png`; `--profile`: `bench_generation_profile.txt` (`profile_steps`).
 """
@@ -20,7 +22,17 @@ import time
 from dataclasses import dataclass
 
 import torch
-from bench_common import describe_machine, log_axes, pyplot, save_figure, sync, write_json
+from bench_common import (
+    add_contenders_flag,
+    chosen_contenders,
+    describe_machine,
+    log_axes,
+    not_run,
+    pyplot,
+    save_figure,
+    sync,
+    write_json,
+)
 from transformers import StaticCache
 
 from hf_settransformer import TransformerDecoderConfig, TransformerDecoderForCausalLM
@@ -30,7 +42,7 @@ from hf_settransformer.cache import LinearAttentionCache
 TARGETS_MS = {"softmax": 10.0, "linear": 5.0, "softmax_static_compiled": 3.0, "linear_compiled": 3.0}
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--hidden_size", type=int, default=512)
@@ -56,12 +68,15 @@ def parse_args():
     p.add_argument("--profile_steps", type=int, default=5)
     p.add_argument("--output_dir", default="results")
     p.add_argument("--tiny", action="store_true", help="a seconds-long run with a tiny model (for tests)")
-    if p.parse_args().tiny:  # tiny defaults; options given explicitly still win
+    add_contenders_flag(p, list(KINDS))
+    if p.parse_args(argv).tiny:  # tiny defaults; options given explicitly still win
         p.set_defaults(
             contexts=[16, 64], hidden_size=32, num_hidden_layers=2, num_attention_heads=4, batch_sizes=[1, 2]
         )
         p.set_defaults(vocab_size=50, steps=6, warmup=2, prefill_chunk=32, profile_steps=2)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    args.contenders = chosen_contenders(p, args, contender_names(args))
+    return args
 
 
 @dataclass
@@ -90,19 +105,34 @@ class Contender:
             self.forward = torch.compile(self.model.forward, fullgraph=True, backend=args.compile_backend, **options)
 
 
+KINDS = {  # contender -> (attention_type of its model, its cache, compiled)
+    "softmax": ("softmax", "dynamic", False),
+    "linear": ("linear", "state", False),
+    "softmax_static": ("softmax", "static", False),
+    "softmax_static_compiled": ("softmax", "static", True),
+    "linear_compiled": ("linear", "static_state", True),
+}
+
+
+def contender_names(args):
+    """The contenders the flags give, in order (the choices of `--contenders`): see `contenders`."""
+    names = ["softmax", "linear"] + (["softmax_static"] if args.cache == "static" else [])
+    return names + (["softmax_static_compiled", "linear_compiled"] if args.compile else [])
+
+
 def contenders(args):
-    """name -> Contender. Always, in eager mode: `softmax`, a DynamicCache whose keys and values grow by one per step,
-    and `linear`, a LinearAttentionCache (one recurrent state per layer, the same size at every step). `--cache static`
-    adds `softmax_static`, transformers' StaticCache (buffers of the final length); `--compile` adds
-    `softmax_static_compiled`, that step under torch.compile (`--compile_mode`: CUDA graphs), and `linear_compiled`,
-    `LinearAttentionCache(static=True)` updated in place, compiled afresh per batch size and context (untimed)."""
-    models = {name: build(args, name) for name in ("softmax", "linear")}
-    chosen = {"softmax": Contender(models["softmax"], "dynamic"), "linear": Contender(models["linear"], "state")}
-    if args.cache == "static":
-        chosen["softmax_static"] = Contender(models["softmax"], "static")
-    if args.compile:
-        chosen["softmax_static_compiled"] = Contender(models["softmax"], "static", compiled=True)
-        chosen["linear_compiled"] = Contender(models["linear"], "static_state", compiled=True)
+    """name -> Contender of each `--contenders` chose. Always, in eager mode: `softmax`, a DynamicCache whose keys and
+    values grow by one per step, and `linear`, a LinearAttentionCache (one recurrent state per layer, the same size at
+    every step). `--cache static` adds `softmax_static`, transformers' StaticCache (buffers of the final length);
+    `--compile` adds `softmax_static_compiled`, that step under torch.compile (`--compile_mode`: CUDA graphs), and
+    `linear_compiled`, `LinearAttentionCache(static=True)` updated in place, compiled afresh per batch size and
+    context (untimed). Contenders of the same attention share one model."""
+    models, chosen = {}, {}
+    for name in args.contenders:
+        attention_type, cache, compiled = KINDS[name]
+        if attention_type not in models:
+            models[attention_type] = build(args, attention_type)
+        chosen[name] = Contender(models[attention_type], cache, compiled)
     return chosen
 
 
@@ -215,34 +245,65 @@ def plot(rows, names, args, title):
     return save_figure(fig, args, "bench_generation", title)
 
 
-def print_summary(rows, args):
-    summary = {}
+def table_header(names):
+    """The table's header and rule: a time column per contender, the softmax / linear ratio, a memory column for
+    softmax, linear and softmax_static where they run."""
+    columns = ["batch", "context", *(f"{n} ms/step" for n in names), "softmax / linear"]
+    columns += [label for name, label in (("softmax", "softmax cache MiB"), ("linear", "linear state MiB"),
+                                          ("softmax_static", "softmax_static cache MiB")) if name in names]
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+
+
+def softmax_over_linear(result):
+    """softmax's ms/step over linear's in `result` (name -> record), or the name of the one that did not run."""
+    if "softmax" in result and "linear" in result:
+        return result["softmax"]["ms_per_token"] / result["linear"]["ms_per_token"], None
+    return None, "softmax" if "softmax" not in result else "linear"
+
+
+def table_line(batch, context, result):
+    """The table's row of one batch size and context (`result`: name -> record, in the table's order)."""
+    ratio, missing = softmax_over_linear(result)
+    cells = [batch, context, *(f"{r['ms_per_token']:.2f}" for r in result.values()),
+             f"{ratio:.1f}x" if missing is None else not_run(missing)]
+    cells += [format(result[name]["cache_mib"], spec) for name, spec in (("softmax", ".2f"), ("linear", ".3f"),
+                                                                         ("softmax_static", ".2f")) if name in result]
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def summarize(rows, args):
+    """Per batch size: linear's ms/step at the longest context over the shortest and softmax over linear at the
+    longest (None where a contender they need did not run); the lines that print them, and the GPU targets' line."""
+    summary, lines = {}, []
     for batch in args.batch_sizes:
         sub = [r for r in rows if r["batch"] == batch]
         first, last = sub[0], sub[-1]
-        summary[f"batch {batch}"] = {
-            "linear_latency_ratio_longest_vs_shortest": last["linear"]["ms_per_token"]
-            / first["linear"]["ms_per_token"],
-            "softmax_over_linear_at_longest": last["softmax"]["ms_per_token"] / last["linear"]["ms_per_token"],
+        ratio, missing = softmax_over_linear(last)
+        value = summary[f"batch {batch}"] = {
+            "linear_latency_ratio_longest_vs_shortest": last["linear"]["ms_per_token"] / first["linear"]["ms_per_token"]
+            if "linear" in last
+            else None,
+            "softmax_over_linear_at_longest": ratio,
         }
-        value = summary[f"batch {batch}"]
-        print(
+        latency = value["linear_latency_ratio_longest_vs_shortest"]
+        lines.append(
             f"batch {batch}: linear ms/step at {args.contexts[-1]} / at {args.contexts[0]} = "
-            f"{value['linear_latency_ratio_longest_vs_shortest']:.2f}x (target <= 1.2x); softmax / linear at "
-            f"{args.contexts[-1]} = {value['softmax_over_linear_at_longest']:.1f}x (target >= 5x)"
+            + (f"{latency:.2f}x (target <= 1.2x)" if latency is not None else not_run("linear"))
+            + f"; softmax / linear at {args.contexts[-1]} = "
+            + (f"{ratio:.1f}x (target >= 5x)" if missing is None else not_run(missing))
         )
     at = [r for r in rows if r["batch"] == 1 and r["context"] == 2048]
     if at:  # the GPU targets are for batch 1 at context 2048 (hidden 512, 8 layers, bf16, a GPU)
         got = [f"{n} {at[0][n]['ms_per_token']:.2f} ms (target <= {t:g})" for n, t in TARGETS_MS.items() if n in at[0]]
-        print("batch 1, context 2048: " + "; ".join(got))
-    return summary
+        lines.append("batch 1, context 2048: " + "; ".join(got))
+    return summary, lines
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     chosen = contenders(args)
     names = list(chosen)
-    params = sum(p.numel() for p in chosen["softmax"].model.parameters())
+    params = sum(p.numel() for p in next(iter(chosen.values())).model.parameters())  # softmax's, where it runs
     title = (
         f"{describe_machine(args.device)} | hidden {args.hidden_size}, {args.num_hidden_layers} layers, "
         f"{args.num_attention_heads} heads, vocab {args.vocab_size}, {params / 1e6:.1f}M params, {args.dtype}, "
@@ -251,30 +312,17 @@ def main():
     )
     print(title)
     rows, profiles = [], [title] if args.profile else None
-    print(
-        "| batch | context | "
-        + " | ".join(f"{n} ms/step" for n in names)
-        + " | softmax / linear | softmax cache MiB | linear state MiB |"
-        + (" softmax_static cache MiB |" if "softmax_static" in names else "")
-        + "\n|"
-        + "---|" * (len(names) + 5 + ("softmax_static" in names))
-    )
+    print(table_header(names))
     for batch in args.batch_sizes:
         for context in args.contexts:
             profile = profiles if profiles is not None and context == args.contexts[-1] else None
             result = measure(args, chosen, batch, context, profile)
             rows.append({"batch": batch, "context": context, **result})
-            s, lin = result["softmax"], result["linear"]
-            static = f" {result['softmax_static']['cache_mib']:.2f} |" if "softmax_static" in result else ""
-            print(
-                f"| {batch} | {context} | "
-                + " | ".join(f"{result[n]['ms_per_token']:.2f}" for n in names)
-                + f" | {s['ms_per_token'] / lin['ms_per_token']:.1f}x | {s['cache_mib']:.2f} | {lin['cache_mib']:.3f} |"
-                + static,
-                flush=True,
-            )
+            print(table_line(batch, context, result), flush=True)
     print()
-    summary = print_summary(rows, args)
+    summary, lines = summarize(rows, args)
+    for line in lines:
+        print(line)
     path = write_json(args, "bench_generation", {"setup": title, "contenders": names, "rows": rows, "summary": summary})
     png = plot(rows, names, args, title)
     wrote = [str(path)] + ([str(png)] if png else [])

@@ -5,11 +5,13 @@ Every contender has the same latents (number and width), input width, latent sel
 cross-attention heads, feed-forward width, input length and learned output queries; dropout is 0, weights fp32; how
 each is matched and where they still differ: `build_hfst`, `build_transformers`, `build_perceiver_pytorch`. A step is
 a forward and a backward of `mean(decoder_output ** 2)`; contenders alternate, the first `--warmup` steps are dropped
-and medians reported: examples/s, the ratio to transformers', the peak memory of one step (untimed) and the parameters.
+and medians reported: examples/s, the ratio to transformers', the peak memory of one step (untimed) and the parameters
+(`records`). `--contenders` runs some of them; without transformers' model the ratios to it say so.
 
     python benchmarks/bench_perceiver.py                                 # default sizes: ~1.5 min on one free core
     python benchmarks/bench_perceiver.py --lengths 512 1024 4096 8192    # plus a sweep over input lengths
-    python benchmarks/bench_perceiver.py --tiny                          # seconds (the tests run this)
+    python benchmarks/bench_perceiver.py --tiny                          # seconds
+    python benchmarks/bench_perceiver.py --tiny --contenders "hfst PerceiverIOModel (softmax)"   # the tests run this
 
 Writes `<output_dir>/bench_perceiver.json` and `.png`.
 """
@@ -19,9 +21,12 @@ import textwrap
 
 import torch
 from bench_common import (
+    add_contenders_flag,
     base_parser,
+    chosen_contenders,
     describe_machine,
     markdown_table,
+    not_run,
     optional_peer,
     peak_memory_bytes,
     pyplot,
@@ -41,7 +46,7 @@ CONTENDERS = (OURS, "hfst PerceiverIOModel (linear elu)", BASELINE, "perceiver-p
 TARGET = 1.5
 
 
-def parse_args():
+def parse_args(argv=None):
     p = base_parser(__doc__)
     p.add_argument("--batch_size", type=int, default=4)
     p.add_argument("--input_length", type=int, default=2048, help="input elements per example")
@@ -56,7 +61,9 @@ def parse_args():
     p.add_argument("--num_output_queries", type=int, default=16, help="learned decoder queries")
     p.add_argument("--hidden_act", default="gelu")
     p.add_argument("--lengths", type=int, nargs="*", default=[], help="input lengths of an optional second table")
-    args = p.parse_args()
+    add_contenders_flag(p, CONTENDERS)
+    args = p.parse_args(argv)
+    args.contenders = chosen_contenders(p, args, CONTENDERS)
     if args.tiny:
         args.batch_size, args.input_length, args.input_size, args.num_latents, args.d_latents = 2, 64, 32, 8, 32
         args.num_self_attends_per_block, args.num_self_attention_heads, args.num_output_queries = 2, 4, 4
@@ -177,9 +184,10 @@ def build_perceiver_pytorch(args, module):
 
 
 def build_all(args):
-    """name -> (model, forward(x) -> decoder output) or a reason string when the contender is skipped."""
+    """name -> (model, forward(x) -> decoder output) or a reason string when the contender is skipped, for each
+    contender `--contenders` chose."""
     built = {}
-    for name in CONTENDERS:
+    for name in args.contenders:
         torch.manual_seed(0)
         if name == OURS:
             built[name] = build_hfst(args, "softmax")
@@ -215,6 +223,13 @@ def measure(args, built, length, with_memory):
     x = inputs(args, length)
     steps = {name: make_step(*entry, x) for name, entry in built.items() if not isinstance(entry, str)}
     timings = time_alternating(steps, args.device, args.repeats, args.warmup)
+    peaks = {name: peak_memory_bytes(step, args.device) for name, step in steps.items()} if with_memory else None
+    return records(built, timings, peaks, args.batch_size)
+
+
+def records(built, timings, peaks, batch_size):
+    """name -> the record of each contender of `build_all`: its median step, examples/s, peak MiB (`peaks`: bytes, or
+    None for none), its examples/s over transformers' ("vs_transformers", where that ran); or why it was skipped."""
     results = {}
     for name, entry in built.items():
         if isinstance(entry, str):
@@ -224,15 +239,61 @@ def measure(args, built, length, with_memory):
         results[name] = {
             "median_s": t["median_s"],
             "samples_s": t["samples_s"],
-            "examples_per_s": args.batch_size / t["median_s"],
+            "examples_per_s": batch_size / t["median_s"],
         }
-        if with_memory:
-            results[name]["peak_mib"] = peak_memory_bytes(steps[name], args.device) / 2**20
-    base = results[BASELINE].get("examples_per_s")
+        if peaks is not None:
+            results[name]["peak_mib"] = peaks[name] / 2**20
+    base = results.get(BASELINE, {}).get("examples_per_s")
     for r in results.values():
         if "examples_per_s" in r and base:
             r["vs_transformers"] = r["examples_per_s"] / base
     return results
+
+
+def ratio_cell(results, name):
+    """`name`'s examples/s over transformers' in a table: "transformers not run" (or "<name> not run") where
+    `--contenders` left either out."""
+    if BASELINE not in results:
+        return not_run("transformers")
+    if name not in results:
+        return not_run(name)
+    return f"{results[name]['vs_transformers']:.2f}x" if "vs_transformers" in results[name] else "-"
+
+
+def table_rows(results):
+    """The cells of the first table: a row per contender, a skipped one saying why."""
+    rows = []
+    for name, r in results.items():
+        if "skipped" in r:
+            rows.append([name, r["skipped"], "-", "-", "-", "-"])
+        else:
+            rows.append(
+                [
+                    name,
+                    f"{r['parameters'] / 1e6:.2f}M",
+                    f"{1e3 * r['median_s']:.0f}",
+                    f"{r['examples_per_s']:.2f}",
+                    ratio_cell(results, name),
+                    f"{r['peak_mib']:.1f}",
+                ]
+            )
+    return rows
+
+
+def summarize(results, sweep):
+    """Our softmax model over transformers' (None where either did not run; the median over the sweep's lengths too)
+    and the line that prints it."""
+    ratio = results.get(OURS, {}).get("vs_transformers")
+    over_lengths = [r[OURS]["vs_transformers"] for r in sweep if "vs_transformers" in r.get(OURS, {})]
+    summary = {
+        "ours_over_transformers": ratio,
+        "target": TARGET,
+        "median_ratio_over_lengths": statistics.median(over_lengths) if over_lengths else None,
+    }
+    if ratio is not None:
+        return summary, f"{OURS} / {BASELINE} = {ratio:.2f}x (target >= {TARGET}x)"
+    missing = [name for name in (OURS, BASELINE) if name not in results]
+    return summary, f"{OURS} / {BASELINE}: not measured ({', '.join(map(not_run, missing)) or 'skipped'})"
 
 
 def plot(args, built, results, sweep, title):
@@ -266,12 +327,12 @@ def plot(args, built, results, sweep, title):
     return save_figure(fig, args, NAME, textwrap.fill(title, 150))
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     setup_device(args)
     built = build_all(args)
     params = {n: None if isinstance(e, str) else sum(p.numel() for p in e[0].parameters()) for n, e in built.items()}
-    attn = built[OURS][0].config._attn_implementation
+    attn = next((e[0].config._attn_implementation for n, e in built.items() if n.startswith("hfst")), "-")
     setup = (
         f"{describe_machine(args.device)} | batch {args.batch_size}, input {args.input_length} x {args.input_size}, "
         f"{args.num_latents} latents x {args.d_latents}, {args.num_blocks} x {args.num_self_attends_per_block} "
@@ -282,7 +343,7 @@ def main():
     print(setup)
     for name, count in params.items():
         print(f"parameters of {name}: " + ("skipped (not installed)" if count is None else f"{count / 1e6:.2f}M"))
-    if params[BASELINE]:
+    if params.get(BASELINE) and params.get(OURS):
         print(f"parameters hfst / transformers = {params[OURS] / params[BASELINE]:.3f}")
     print(
         f"timing {sum(p is not None for p in params.values())} contenders, {args.warmup} + {args.repeats} steps "
@@ -293,23 +354,9 @@ def main():
     results = measure(args, built, args.input_length, with_memory=True)
     for name in results:
         results[name]["parameters"] = params[name]
-    rows = []
-    for name, r in results.items():
-        if "skipped" in r:
-            rows.append([name, r["skipped"], "-", "-", "-", "-"])
-        else:
-            rows.append(
-                [
-                    name,
-                    f"{r['parameters'] / 1e6:.2f}M",
-                    f"{1e3 * r['median_s']:.0f}",
-                    f"{r['examples_per_s']:.2f}",
-                    f"{r['vs_transformers']:.2f}x",
-                    f"{r['peak_mib']:.1f}",
-                ]
-            )
     print()
-    markdown_table(["contender", "parameters", "ms / step", "examples/s", "vs transformers", "peak MiB"], rows)
+    markdown_table(["contender", "parameters", "ms / step", "examples/s", "vs transformers", "peak MiB"],
+                   table_rows(results))
 
     sweep = []
     if args.lengths:
@@ -319,33 +366,13 @@ def main():
         for length in args.lengths:
             res = measure(args, built, length, with_memory=False)
             sweep.append({"length": length, **{n: res[n] for n in active}})
-            lines.append(
-                [length]
-                + [f"{res[n]['examples_per_s']:.2f}" for n in active]
-                + [f"{res[OURS]['vs_transformers']:.2f}x"]
-            )
+            lines.append([length] + [f"{res[n]['examples_per_s']:.2f}" for n in active] + [ratio_cell(res, OURS)])
         markdown_table(["input length"] + active + ["hfst softmax / transformers"], lines)
 
-    ratio = results[OURS]["vs_transformers"]
-    summary = f"{OURS} / {BASELINE} = {ratio:.2f}x (target >= {TARGET}x)"
+    summary, line = summarize(results, sweep)
     print()
-    print(summary)
-    path = write_json(
-        args,
-        NAME,
-        {
-            "setup": setup,
-            "results": results,
-            "sweep": sweep,
-            "summary": {
-                "ours_over_transformers": ratio,
-                "target": TARGET,
-                "median_ratio_over_lengths": statistics.median([r[OURS]["vs_transformers"] for r in sweep])
-                if sweep
-                else None,
-            },
-        },
-    )
+    print(line)
+    path = write_json(args, NAME, {"setup": setup, "results": results, "sweep": sweep, "summary": summary})
     png = plot(args, built, results, sweep, setup)
     print(f"wrote {path}" + (f" and {png}" if png else ""))
 

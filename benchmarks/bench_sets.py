@@ -5,9 +5,11 @@ heads for every contender) is timed; contenders alternate, the first `--warmup` 
 reported, all in one run. Memory is what the pass keeps for the backward (the bytes of every distinct tensor storage
 autograd saves, counted with `torch.autograd.graph.saved_tensors_hooks`), the part that grows with the set; on CUDA
 also the peak allocated during the pass. SAB is skipped above `--sab_max` elements (its n x n attention).
+`--contenders` runs some of them; the SAB / ISAB ratio without one of the two says so.
 
     python benchmarks/bench_sets.py                      # sizes 256 ... 16384
-    python benchmarks/bench_sets.py --tiny               # seconds (the tests run this)
+    python benchmarks/bench_sets.py --tiny               # seconds
+    python benchmarks/bench_sets.py --tiny --contenders SAB   # one of them (the tests run this)
 
 Writes `<output_dir>/bench_sets.json` and `.png`.
 """
@@ -17,7 +19,17 @@ import statistics
 import time
 
 import torch
-from bench_common import describe_machine, log_axes, pyplot, save_figure, sync, write_json
+from bench_common import (
+    add_contenders_flag,
+    chosen_contenders,
+    describe_machine,
+    log_axes,
+    not_run,
+    pyplot,
+    save_figure,
+    sync,
+    write_json,
+)
 
 from hf_settransformer import SetTransformerConfig, SetTransformerForSequenceClassification
 
@@ -28,7 +40,7 @@ CONTENDERS = {  # name -> config fields
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--batch_size", type=int, default=4)
@@ -49,7 +61,9 @@ def parse_args():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--output_dir", default="results")
     p.add_argument("--tiny", action="store_true")
-    args = p.parse_args()
+    add_contenders_flag(p, list(CONTENDERS))
+    args = p.parse_args(argv)
+    args.contenders = chosen_contenders(p, args, list(CONTENDERS))
     if args.tiny:
         args.sizes, args.hidden_size, args.batch_size, args.repeats, args.warmup = [32, 128], 32, 2, 2, 1
         args.sab_max = 128
@@ -101,9 +115,39 @@ def one_pass(model, x, labels, device):
     return seconds, sum(saved.values()), peak
 
 
-def main():
-    args = parse_args()
-    models = {name: build(args, fields) for name, fields in CONTENDERS.items()}
+def size_row(size, names, samples, memory):
+    """The record of one set size: each contender's median ms (`samples`: seconds) and memory (MiB), None for one
+    skipped at this size (no samples)."""
+    row = {"size": size}
+    for name in names:
+        row[name] = {"ms": 1e3 * statistics.median(samples[name]), **memory[name]} if name in samples else None
+    return row
+
+
+def table_header(names):
+    columns = ["set size", *(f"{name} ms" for name in names), "SAB / ISAB", *(f"{name} MiB" for name in names)]
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+
+
+def table_line(row, names):
+    """The table's row of one set size: "skipped" for a contender past its size limit, the SAB / ISAB ratio ("-"
+    where SAB was skipped, "<name> not run" where `--contenders` left one out)."""
+
+    def cell(name, key):
+        return "skipped" if row[name] is None else f"{row[name][key]:.1f}"
+
+    missing = next((name for name in ("SAB", "ISAB") if name not in names), None)
+    if missing is not None:
+        ratio = not_run(missing)
+    else:
+        ratio = f"{row['SAB']['ms'] / row['ISAB']['ms']:.1f}x" if row["SAB"] else "-"
+    cells = [row["size"], *(cell(name, "ms") for name in names), ratio, *(cell(name, "saved_mib") for name in names)]
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    models = {name: build(args, CONTENDERS[name]) for name in args.contenders}
     machine = describe_machine(args.device)
     setup = (
         f"{machine} | batch {args.batch_size}, hidden {args.hidden_size}, feed-forward "
@@ -111,8 +155,7 @@ def main():
         f"layers, {args.num_attention_heads} heads, m={args.num_inducing_points}, fp32, forward+backward"
     )
     print(setup)
-    print("| set size | SAB ms | ISAB ms | ISAB linear ms | SAB / ISAB | SAB MiB | ISAB MiB | ISAB linear MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(table_header(list(models)))
     rows = []
     for size in args.sizes:
         g = torch.Generator().manual_seed(size)
@@ -127,31 +170,17 @@ def main():
                 if r >= args.warmup:
                     samples[name].append(seconds)
                 memory[name] = {"saved_mib": saved / 2**20, "cuda_peak_mib": None if peak is None else peak / 2**20}
-        row = {"size": size}
-        for name in models:
-            if name in samples:
-                row[name] = {"ms": 1e3 * statistics.median(samples[name]), **memory[name]}
-            else:
-                row[name] = None
-        rows.append(row)
-
-        def cell(name, key, fmt):
-            return "skipped" if row[name] is None else format(row[name][key], fmt)
-
-        ratio = f"{row['SAB']['ms'] / row['ISAB']['ms']:.1f}x" if row["SAB"] else "-"
-        print(
-            f"| {size} | {cell('SAB', 'ms', '.1f')} | {cell('ISAB', 'ms', '.1f')} | {cell('ISAB linear', 'ms', '.1f')}"
-            f" | {ratio} | {cell('SAB', 'saved_mib', '.1f')} | {cell('ISAB', 'saved_mib', '.1f')} | "
-            f"{cell('ISAB linear', 'saved_mib', '.1f')} |",
-            flush=True,
-        )
+        rows.append(size_row(size, list(models), samples, memory))
+        print(table_line(rows[-1], list(models)), flush=True)
     path = write_json(args, "bench_sets", {"setup": setup, "rows": rows})
     plt = pyplot()
     if plt is None:
         print(f"wrote {path}")
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, style in zip(models, ("o-", "s-", "^--")):
+    styles = dict(zip(CONTENDERS, ("o-", "s-", "^--")))
+    for name in models:
+        style = styles[name]
         pts = [(r["size"], r[name]) for r in rows if r[name]]
         ax1.plot([p[0] for p in pts], [p[1]["ms"] for p in pts], style, label=name)
         ax2.plot([p[0] for p in pts], [p[1]["saved_mib"] for p in pts], style, label=name)

@@ -5,10 +5,12 @@ A step is `zero_grad`, a forward that returns the next-token loss, the backward 
 contender in its library's default training call and activation (`BUILDERS`), fp32 parameters, tied embeddings, no
 dropout, the same fixed random token ids. The contenders alternate step by step; the first `--warmup` steps are
 dropped and medians reported. MFU: the FLOPs of one forward+backward (`count_flops`) / the median step time / the
-FLOP/s of a large matmul in the same precision, measured in the same run.
+FLOP/s of a large matmul in the same precision, measured in the same run (`result_rows`). `--contenders` runs some of
+them; without GPT-2 the ratios to it say so.
 
     python benchmarks/bench_training.py                                # hidden 512, 8 layers, sequence 512, batch 4
-    python benchmarks/bench_training.py --tiny                         # seconds: proves it works (the tests run this)
+    python benchmarks/bench_training.py --tiny                         # seconds: proves it works
+    python benchmarks/bench_training.py --tiny --contenders "hfst decoder (softmax)"   # one of them (the tests run this)
     python benchmarks/bench_training.py --device cuda --dtype bfloat16 --seq_len 4096   # GPU step against GPT-2
 
 Writes `<output_dir>/bench_training.json` and `.png` (the plot needs matplotlib: `pip install -e ".[bench]"`).
@@ -17,10 +19,13 @@ Writes `<output_dir>/bench_training.json` and `.png` (the plot needs matplotlib:
 import torch
 import torch.nn.functional as F
 from bench_common import (
+    add_contenders_flag,
     base_parser,
+    chosen_contenders,
     describe_machine,
     markdown_table,
     matmul_flops_per_second,
+    not_run,
     optional_peer,
     pyplot,
     save_figure,
@@ -63,7 +68,7 @@ CPU_ATTENTION_FLOPS = {
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = base_parser(__doc__)
     p.add_argument("--hidden_size", type=int, default=512)
     p.add_argument("--num_hidden_layers", type=int, default=8)
@@ -77,7 +82,9 @@ def parse_args():
     p.add_argument("--lm_loss_chunk_size", type=int, default=128, help="positions per chunk of the chunked loss")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="bfloat16: each forward under torch.autocast(dtype=torch.bfloat16), parameters fp32")  # fmt: skip
-    args = p.parse_args()
+    add_contenders_flag(p, list(BUILDERS))
+    args = p.parse_args(argv)
+    args.contenders = chosen_contenders(p, args, list(BUILDERS))
     if args.tiny:
         args.hidden_size, args.num_hidden_layers, args.num_attention_heads, args.intermediate_size = 32, 2, 4, 64
         args.vocab_size, args.seq_len, args.batch_size, args.repeats, args.warmup = 100, 32, 2, 2, 1
@@ -227,44 +234,45 @@ def plot(rows, args, title):
     return save_figure(fig, args, "bench_training", title)
 
 
-def main():
-    args = parse_args()
-    setup_device(args)
-    machine = describe_machine(args.device)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g)
-    tokens = args.batch_size * args.seq_len
-
-    steps, built, rows = {}, {}, []
-    for name, builder in BUILDERS.items():
+def build_all(args, ids):
+    """name -> (step, {"parameters", "attention", "flops_per_step"}) of each contender `--contenders` chose, in
+    `BUILDERS`' order; None for a peer that is not installed."""
+    built = {}
+    for name in args.contenders:
         torch.manual_seed(0)
-        made = builder(args)
+        made = BUILDERS[name](args)
         if made is None:
-            rows.append({"contender": name, "status": SKIPPED, "tokens_per_second": None})
+            built[name] = None
             continue
         model, loss_fn, attention = made
         model = model.to(args.device, torch.float32).train()
         step, forward_backward = make_step(model, loss_fn, ids.clone().to(args.device), args.lr, args.dtype)
-        built[name] = {
+        counts = {
             "parameters": sum(p.numel() for p in model.parameters()),  # shared (tied) tensors counted once
             "attention": attention,
             "flops_per_step": count_flops(forward_backward),
         }
-        steps[name] = step
-        print(f"{name}: {built[name]['parameters']:,} parameters, attention {attention}", flush=True)
+        built[name] = step, counts
+        print(f"{name}: {counts['parameters']:,} parameters, attention {attention}", flush=True)
+    return built
 
-    timings = time_alternating(steps, args.device, args.repeats, args.warmup)
-    matmul = matmul_flops_per_second(args.device, size=args.matmul_size, dtype=getattr(torch, args.dtype))
-    for name in BUILDERS:
-        if name not in built:
+
+def result_rows(built, timings, tokens, matmul):
+    """The report's row of each contender of `build_all`: tokens/s, achieved FLOP/s and MFU of its median step (MFU
+    relative to `matmul` FLOP/s), its tokens/s over GPT-2's (None where GPT-2 did not run); a skipped peer's says
+    so."""
+    rows = []
+    for name, entry in built.items():
+        if entry is None:
+            rows.append({"contender": name, "status": SKIPPED, "tokens_per_second": None})
             continue
-        seconds = timings[name]["median_s"]
-        achieved = built[name]["flops_per_step"] / seconds
+        counts, seconds = entry[1], timings[name]["median_s"]
+        achieved = counts["flops_per_step"] / seconds
         rows.append(
             {
                 "contender": name,
                 "status": "ok",
-                **built[name],
+                **counts,
                 "ms_per_step": 1e3 * seconds,
                 "samples_s": timings[name]["samples_s"],
                 "tokens_per_second": tokens / seconds,
@@ -272,10 +280,71 @@ def main():
                 "mfu": achieved / matmul,
             }
         )
-    rows.sort(key=lambda r: list(BUILDERS).index(r["contender"]))
     gpt2 = next((r["tokens_per_second"] for r in rows if r["contender"] == GPT2), None)
     for row in rows:
         row["ratio_to_gpt2"] = row["tokens_per_second"] / gpt2 if gpt2 and row["tokens_per_second"] else None
+    return rows
+
+
+HEADER = ["contender", "parameters", "ms/step", "tokens/s", "vs GPT-2", "GFLOP/step", "achieved GFLOP/s", "MFU"]
+
+
+def table_rows(rows):
+    """The cells of the table (`HEADER`): "-" for a ratio to a GPT-2 that was skipped, "GPT-2 not run" where
+    `--contenders` left it out."""
+    gpt2_run = any(r["contender"] == GPT2 for r in rows)
+    table = []
+    for r in rows:
+        if r["status"] != "ok":
+            table.append([r["contender"], r["status"]] + ["-"] * (len(HEADER) - 2))
+            continue
+        ratio = f"{r['ratio_to_gpt2']:.2f}x" if r["ratio_to_gpt2"] else "-" if gpt2_run else not_run("GPT-2")
+        table.append(
+            [
+                r["contender"],
+                f"{r['parameters']:,}",
+                f"{r['ms_per_step']:.1f}",
+                f"{r['tokens_per_second']:,.0f}",
+                ratio,
+                f"{r['flops_per_step'] / 1e9:.2f}",
+                f"{r['achieved_flops_per_second'] / 1e9:.1f}",
+                f"{100 * r['mfu']:.1f}%",
+            ]
+        )
+    return table
+
+
+def summarize(rows):
+    """The targets' ratios to GPT-2 (None where either side did not run) and the lines that print them."""
+    ratios = {r["contender"]: r["ratio_to_gpt2"] for r in rows}
+    summary = {
+        "hfst_softmax_over_gpt2_tokens_per_second": ratios.get(HFST_SOFTMAX),
+        "target": 1.2,
+        "hfst_chunked_loss_over_gpt2_tokens_per_second": ratios.get(HFST_CHUNKED),
+    }
+    lines = [f"{name} / GPT-2 tokens/s = {ratios[name]:.2f}x (target >= 1.2x)" for name in (HFST_SOFTMAX, HFST_CHUNKED)
+             if ratios.get(name) is not None]
+    for name, key, target in [(HFST_LINEAR, "elu", 1.5), (HFST_LINEAR_EXP, "exp", 1.3)]:  # GPU targets, bf16 at 4096
+        ratio = ratios.get(name)
+        summary[f"hfst_linear_{key}_over_gpt2_tokens_per_second"] = ratio
+        if ratio is not None:
+            lines.append(f"{name} / GPT-2 tokens/s = {ratio:.2f}x (target >= {target}x on a GPU, bf16, 4096 tokens)")
+    return summary, lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup_device(args)
+    machine = describe_machine(args.device)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g)
+    tokens = args.batch_size * args.seq_len
+
+    built = build_all(args, ids)
+    steps = {name: entry[0] for name, entry in built.items() if entry is not None}
+    timings = time_alternating(steps, args.device, args.repeats, args.warmup)
+    matmul = matmul_flops_per_second(args.device, size=args.matmul_size, dtype=getattr(torch, args.dtype))
+    rows = result_rows(built, timings, tokens, matmul)
 
     setup = {
         "machine": machine,
@@ -299,41 +368,13 @@ def main():
     )
     print(title)
     print(f"matmul {args.matmul_size}x{args.matmul_size} {args.dtype}: {matmul / 1e9:.1f} GFLOP/s (MFU denominator)")
-    header = ["contender", "parameters", "ms/step", "tokens/s", "vs GPT-2", "GFLOP/step", "achieved GFLOP/s", "MFU"]
-    table = []
-    for r in rows:
-        if r["status"] != "ok":
-            table.append([r["contender"], r["status"]] + ["-"] * (len(header) - 2))
-            continue
-        ratio = f"{r['ratio_to_gpt2']:.2f}x" if r["ratio_to_gpt2"] else "-"
-        table.append(
-            [
-                r["contender"],
-                f"{r['parameters']:,}",
-                f"{r['ms_per_step']:.1f}",
-                f"{r['tokens_per_second']:,.0f}",
-                ratio,
-                f"{r['flops_per_step'] / 1e9:.2f}",
-                f"{r['achieved_flops_per_second'] / 1e9:.1f}",
-                f"{100 * r['mfu']:.1f}%",
-            ]
-        )
-    markdown_table(header, table)
+    markdown_table(HEADER, table_rows(rows))
     params = [r["parameters"] for r in rows if r["status"] == "ok"]
-    if max(params) > 1.1 * min(params):
+    if params and max(params) > 1.1 * min(params):
         print(f"warning: parameter counts differ by more than 10% ({min(params):,} ... {max(params):,})")
-    ours = next(r for r in rows if r["contender"] == HFST_SOFTMAX)
-    summary = {"hfst_softmax_over_gpt2_tokens_per_second": ours["ratio_to_gpt2"], "target": 1.2}
-    chunked = next(r for r in rows if r["contender"] == HFST_CHUNKED)
-    summary["hfst_chunked_loss_over_gpt2_tokens_per_second"] = chunked["ratio_to_gpt2"]
-    if ours["ratio_to_gpt2"] is not None:
-        print(f"{HFST_SOFTMAX} / GPT-2 tokens/s = {ours['ratio_to_gpt2']:.2f}x (target >= 1.2x)")
-        print(f"{HFST_CHUNKED} / GPT-2 tokens/s = {chunked['ratio_to_gpt2']:.2f}x (target >= 1.2x)")
-    for name, key, target in [(HFST_LINEAR, "elu", 1.5), (HFST_LINEAR_EXP, "exp", 1.3)]:  # GPU targets, bf16 at 4096
-        ratio = next(r for r in rows if r["contender"] == name)["ratio_to_gpt2"]
-        summary[f"hfst_linear_{key}_over_gpt2_tokens_per_second"] = ratio
-        if ratio is not None:
-            print(f"{name} / GPT-2 tokens/s = {ratio:.2f}x (target >= {target}x on a GPU, bf16, 4096 tokens)")
+    summary, lines = summarize(rows)
+    for line in lines:
+        print(line)
     payload = {"setup": setup, "matmul_flops_per_second": matmul, "rows": rows, "summary": summary}
     json_path = write_json(args, "bench_training", payload)
     png = plot(rows, args, title)

@@ -1,43 +1,50 @@
 """Every check of a model's inputs and config, in one place; the models compute and trust what they are given.
 
 The outermost model call of a forward (not a head's call of its base model) runs `check_forward` once (`checked`):
-shapes and types, then one read back from the device for the values (ids, positions, a 0/1 mask and the labels,
-`check_input_values`); a mask of ones only is dropped there, so the kernels take their unmasked paths. Under
-`torch.compile` nothing is checked (no graph break, no host sync). Each refusal names the input and the fix.
+the config against the values the model was built from (`check_built_config`), shapes and types, then one read back
+from the device for the values (ids, positions, a 0/1 mask and the labels, `check_input_values`); a mask of ones only
+is dropped there, so the kernels take their unmasked paths. Under `torch.compile` and `torch.export` everything but
+that read runs, traced as plain Python (no graph break, no host sync): a refusal there is raised while tracing
+(`fullgraph=True` wraps it in dynamo's "Observed exception" error, which quotes it). Each refusal names the input and
+the fix.
 
 Also here: a model's config at construction (`check_model_config`), generate()'s arguments
-(`check_generation_config`), and a vocabulary resize (`check_resize`)."""
+(`check_generation_config`), and a vocabulary resize (`check_resize`). The labels each head takes: `label_checks.py`."""
 
 import difflib
 import functools
 import inspect
 import threading
-from typing import NamedTuple
 
 import torch
 
 from .attention import attention_kernel
 from .cache_checks import check_cache, check_no_cache
 from .decay import decay_applies
-from .losses import problem_type_of
 
 _call = threading.local()  # whether a checked forward is running in this thread
 
 
 def checked(forward):
     """A model's `forward` decorator: the outermost call binds its inputs by name, runs `check_forward` and passes on
-    the checked inputs; a call inside it (a head's base model) and a compiled trace run the forward alone."""
-    signature = inspect.signature(forward)
-    var_keyword = next((n for n, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD), None)
+    the checked inputs; a call inside it (a head's base model) runs the forward alone. Compiled or exported, the
+    checks that read no tensor value run (`check_forward(read_values=False)`), traced."""
+    parameters = list(inspect.signature(forward).parameters.values())[1:]  # after self
+    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
-        if getattr(_call, "inside", False) or torch.compiler.is_compiling():
+        if getattr(_call, "inside", False):
             return forward(self, *args, **kwargs)
-        inputs = signature.bind(self, *args, **kwargs).arguments
-        inputs.pop(next(iter(signature.parameters)))  # self
-        inputs.update(inputs.pop(var_keyword, {}))
-        inputs = check_forward(self, inputs)
+        # bound by hand, not by `inspect.Signature.bind`, which a compiled forward could not trace
+        if len(args) > len(positional):
+            raise TypeError(f"{forward.__qualname__}() takes {len(positional)} positional inputs, got {len(args)}.")
+        inputs = dict(zip(positional, args))
+        for name in kwargs:
+            if name in inputs:
+                raise TypeError(f"{forward.__qualname__}() got multiple values for `{name}`.")
+        inputs.update(kwargs)
+        inputs = check_forward(self, inputs, read_values=not torch.compiler.is_compiling())
         _call.inside = True
         try:
             return forward(self, **inputs)
@@ -47,11 +54,15 @@ def checked(forward):
     return wrapper
 
 
-def check_forward(model, inputs):
+def check_forward(model, inputs, read_values=True):
     """Every check of one forward of `model` on `inputs` (a dict by name) -> the inputs, `attention_mask` dropped
-    where every element is real."""
+    where every element is real. `read_values=False` (compiled, exported): none of the checks that read tensor values
+    (`check_input_values`, `logits_to_keep` indices) nor the config's cross-field rules (`config.validate()`, which a
+    trace cannot follow; the fields a model was built from are compared still)."""
     config = model.config
-    config.validate()  # the rules across fields: an assignment is checked alone (configuration_base)
+    if read_values:
+        config.validate()  # the rules across fields: an assignment is checked alone (configuration_base)
+    check_built_config(model)
     check_keyword_names(type(model), inputs)
     check_no_cache(model, inputs.get("past_key_values"))
     check_implementation(attention_kernel(config), config)
@@ -68,12 +79,19 @@ def check_forward(model, inputs):
         check_targets_fit_latents(config, n - prefix)
     check_decay_applies(model, prefix)
     check_cross_attention(config, inputs, b)
-    check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device)
+    check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device, read_values)
     position_ids = inputs.get("position_ids")
     if position_ids is not None and "position_ids" in forward_names(type(model.base_model)):
         check_position_ids(position_ids, b, n_base)
     learned = config.position_embedding_type == "learned"
     max_positions = config.max_position_embeddings if learned else None
+    if not read_values:
+        if position_ids is None and config.position_embedding_type != "none":
+            check_position_count(past_length + n_base if slots is None else slots, max_positions)
+        assert_input_values(
+            inputs.get("input_ids"), mask, config.vocab_size, position_ids if learned else None, max_positions, labels
+        )
+        return inputs
     all_real = check_input_values(
         inputs.get("input_ids"), mask, config.vocab_size, position_ids if learned else None, max_positions, labels
     )
@@ -82,6 +100,25 @@ def check_forward(model, inputs):
     if all_real and mask is not None:
         inputs["attention_mask"] = None
     return inputs
+
+
+def check_built_config(model):
+    """The config fields `model`'s modules were built from (`HfstPreTrainedModel.built_config`) unchanged: a module made
+    for one value runs on as built whatever the config says later, and a save would write the new value beside weights
+    made for the old one (the reloaded model would differ). Plain comparisons, which a compiled forward traces."""
+    config = model.config
+    for name, built in model.built_config.items():
+        value = getattr(config, name)
+        if value != built:
+            model_name = type(model).__name__
+            resize = " (a new vocabulary: `model.resize_token_embeddings(n)`)" if name == "vocab_size" else ""
+            raise ValueError(
+                f"`config.{name}` is {value!r}, but this {model_name} was built with {name}={built!r} and runs as "
+                f"built (a model is made from its config once); a save would write {name}={value!r} beside weights "
+                f"made for {built!r}. Set it back, or build a new model from the changed config "
+                f"(`{model_name}(config)`, or `from_pretrained(path, {name}={value!r})` where the weights fit it)"
+                f"{resize}."
+            )
 
 
 # ------------------------------------------------------------------------------------------------ inputs by kind
@@ -209,7 +246,7 @@ def check_cross_attention(config, inputs, b):
     check_attention_mask(inputs.get("encoder_attention_mask"), b, states.shape[1], name="encoder_attention_mask")
 
 
-def check_logits_to_keep(value, n, device):
+def check_logits_to_keep(value, n, device, read_values=True):
     """As Llama: an int k >= 0 keeps the last k positions (0: all), a 1-D integer tensor the positions it lists."""
     if value is None or type(value) is int and value >= 0:
         return
@@ -220,7 +257,7 @@ def check_logits_to_keep(value, n, device):
         )
     if value.device.type != "cpu" and value.device != device:
         raise ValueError(f"`logits_to_keep` must be on the CPU or the model's device ({device}), got {value.device}.")
-    if value.numel() and not (-n <= int(value.min()) and int(value.max()) < n):
+    if read_values and value.numel() and not (-n <= int(value.min()) and int(value.max()) < n):
         raise ValueError(f"`logits_to_keep` indices must lie in [-{n}, {n - 1}] (the input's positions), got {value}.")
 
 
@@ -245,131 +282,6 @@ def check_implementation(kernel, config):
             f"attention_type={config.attention_type!r} computes no softmax: use attn_implementation in "
             f"{list(kernel.implementations)} (or leave it unset) with this attention type."
         )
-
-
-# ------------------------------------------------------------------------------------------------ labels by head
-# A head's `check_labels` is one of these (heads.py): (model, inputs, b, n) -> (the `ClassLabels` to read, the length
-# its base model sees).
-
-class ClassLabels(NamedTuple):
-    """Labels read with the inputs: ids in [0, bound), or -100 (ignored); "token" ones against the vocabulary."""
-
-    labels: torch.Tensor
-    bound: int
-    kind: str = "class"
-
-
-_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
-
-
-def check_token_labels(config, *labels):
-    """Token `labels`: torch.long (cross-entropy's "expected target dtype to be Long" otherwise) -> the `ClassLabels`
-    to read, in [0, vocab_size) or -100."""
-    given = tuple(x for x in labels if x is not None)
-    for x in given:
-        if not torch.is_tensor(x) or x.dtype != torch.long:
-            kind = x.dtype if torch.is_tensor(x) else type(x).__name__
-            hint = " (use labels.long())" if torch.is_tensor(x) and x.dtype in _INTEGER_DTYPES else ""
-            raise ValueError(
-                f"`labels` must be token ids (torch.long, -100 where nothing is predicted), got {kind}{hint}."
-            )
-    return tuple(ClassLabels(x, config.vocab_size, "token") for x in given)
-
-
-def masked_lm_labels(model, inputs, b, n):
-    labels = inputs.get("labels")
-    read = check_token_labels(model.config, labels)
-    if labels is not None and tuple(labels.shape) != (b, n):
-        raise ValueError(f"`labels` must have the inputs' shape {(b, n)} (-100 where nothing is predicted), got "
-                         f"{tuple(labels.shape)}.")
-    return read, n
-
-
-def causal_lm_labels(model, inputs, b, n):
-    return check_token_labels(model.config, inputs.get("labels"), inputs.get("shift_labels")), n
-
-
-def many_target_labels(model, inputs, b, n):
-    """Causal-LM labels shaped like the inputs; the targets of the window follow `prefix_length`."""
-    name = type(model).__name__
-    if inputs.get("input_ids") is None and inputs.get("inputs_embeds") is None:
-        raise ValueError(f"{name} needs `input_ids` or `inputs_embeds`.")
-    labels = inputs.get("shift_labels")
-    labels = inputs.get("labels") if labels is None else labels
-    read = check_token_labels(model.config, labels)
-    if labels is not None and tuple(labels.shape) != (b, n):
-        raise ValueError(
-            f"`labels` of {name} (next_token_mode='many') are causal-LM labels shaped like the inputs, ({b}, {n}); "
-            f"got {tuple(labels.shape)}. For one target per window use next_token_mode='window'."
-        )
-    length = min(n, model.config.context_length)
-    prefix = inputs.get("prefix_length")
-    if prefix is not None:
-        check_prefix_length(prefix, length, what="the window has {length} tokens")
-    num_targets = min(model.config.target_length, length) if prefix is None else length - prefix
-    check_targets_fit_latents(model.config, num_targets)
-    return read, length
-
-
-def one_target_labels(model, inputs, b, n):
-    """The window head: the one token after each window, (b,), or causal-LM labels shaped like `input_ids`."""
-    if inputs.get("prefix_length") is not None:
-        raise ValueError(
-            "`prefix_length` applies to next_token_mode='many' (where the targets of a window begin); "
-            "next_token_mode='window' predicts the one token after the window from all of it."
-        )
-    labels, shift_labels, input_ids = inputs.get("labels"), inputs.get("shift_labels"), inputs.get("input_ids")
-    read = check_token_labels(model.config, labels if shift_labels is None else shift_labels)
-    if shift_labels is not None:
-        target = shift_labels[..., -1]
-    elif labels is not None and labels.dim() == 2 and input_ids is not None and labels.shape == input_ids.shape:
-        target, n = labels[:, -1], n - 1
-        if n == 0:
-            raise ValueError(f"`input_ids` holds sequences of length 0, shape {(b, 0)}: pass at least one element.")
-    else:
-        target = labels
-    if target is not None and (target.dim() != 1 or target.shape[0] != b):
-        raise ValueError(
-            "`labels` of a next-token prediction head hold the one token that follows each window: shape (batch,) "
-            f"= ({b},), or causal-LM labels shaped like `input_ids`; got {tuple(target.shape)}."
-        )
-    return read, min(n, model.config.context_length)
-
-
-def classification_labels(model, inputs, b, n):
-    """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as it
-    does): class indices (b,) for single-label (read against `num_labels`), (b, num_labels) 0/1 values for multi-label,
-    numbers for regression. transformers would read float class ids as multi-label targets, fail on the shapes."""
-    labels, config = inputs.get("labels"), model.config
-    if labels is None:
-        return (), n
-    if not torch.is_tensor(labels):
-        raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
-    num_labels = config.num_labels
-    problem, integer = problem_type_of(labels, num_labels, config)
-    got = f"got {labels.dtype} of shape {tuple(labels.shape)}"
-    if problem == "single_label_classification":
-        if not integer or labels.shape not in ((b,), (b, 1)):
-            raise ValueError(
-                f"`labels` for single-label classification must be class indices, integers of shape ({b},), "
-                f"{got}. Use labels.long() for float class ids; for multi-label classification pass ({b}, "
-                f"{num_labels}) 0/1 labels with problem_type='multi_label_classification'; for regression set "
-                "num_labels=1 or problem_type='regression'."
-            )
-        return (ClassLabels(labels, num_labels),), n
-    if labels.dtype == torch.bool or labels.is_complex():
-        if labels.dtype != torch.bool or problem != "multi_label_classification":
-            raise ValueError(f"`labels` for {problem} must be real numbers, {got}.")
-    if problem == "multi_label_classification":
-        if labels.shape != (b, num_labels):
-            hint = " (class indices? use labels.long())" if labels.shape == (b,) else ""
-            raise ValueError(
-                f"`labels` for multi-label classification must be 0/1 values of shape ({b}, {num_labels}), "
-                f"{got}{hint}. For single-label classification pass integer class indices of shape ({b},)."
-            )
-    elif labels.numel() != b * num_labels:
-        raise ValueError(f"`labels` for regression must hold {num_labels} value(s) per example ({b} examples), {got}.")
-    return (), n
 
 
 # ------------------------------------------------------------------------------------------------ the one read
@@ -397,7 +309,7 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     if labels:
         labels_bad, values = values[0], values[1:]
         if labels_bad:
-            _refuse_labels(labels)
+            refuse_labels(labels)
     if position_ids is not None and position_ids.numel():
         (first, last), values = values[:2], values[2:]
         if first < 0:
@@ -421,12 +333,37 @@ def check_input_values(input_ids=None, attention_mask=None, vocab_size=None, pos
     return bool(all_real)
 
 
+def assert_input_values(input_ids=None, attention_mask=None, vocab_size=None, position_ids=None, max_positions=None,
+                        labels=()):
+    """`check_input_values`' refusals in a compiled or exported forward, where nothing is read back: on the CPU, as
+    assertions inside the graph (`torch._assert_async`, which raises a RuntimeError with the message and no value),
+    so that an id out of range says which input and range instead of torch's "index out of range in self", and a mask
+    of 0.5 is refused rather than read as 1. On an accelerator they are left out: there an assertion is a device-side
+    assert (the process's device context is lost), and compiled graphs may not keep it."""
+    ranges = [(x.labels, 0, x.bound, f"`labels` hold {x.kind} ids outside [0, {x.bound - 1}] (and not -100, the "
+                                     "ignored label)") for x in labels]
+    if input_ids is not None:
+        ranges.append((input_ids, 0, vocab_size, f"`input_ids` hold ids outside the vocabulary [0, {vocab_size - 1}]"))
+    if position_ids is not None:
+        ranges.append((position_ids, 0, max_positions, f"`position_ids` must lie in [0, {max_positions - 1}] "
+                                                       "(`max_position_embeddings`)"))
+    for x, low, high, message in ranges:
+        if x.device.type == "cpu" and x.numel():
+            inside = (x >= low) & (x < high)
+            if message.startswith("`labels`"):
+                inside |= x == -100
+            torch._assert_async(inside.all(), message + ".")
+    if attention_mask is not None and attention_mask.device.type == "cpu" and attention_mask.numel():
+        binary = ((attention_mask == 0) | (attention_mask == 1)).all()
+        torch._assert_async(binary, "`attention_mask` must hold only 0 (padding) and 1 (real element).")
+
+
 def labels_outside(labels, bound):
     """Bool tensor shaped like `labels`: True for ids outside [0, bound) that are not -100 (ignored)."""
     return ((labels < 0) & (labels != -100)) | (labels >= bound)
 
 
-def _refuse_labels(labels):
+def refuse_labels(labels):
     """The error path only (a second read is fine): name the first labels with ids out of their range."""
     for x, bound, kind in labels:
         bad = x[labels_outside(x, bound)]
@@ -468,9 +405,16 @@ def check_keyword_names(cls, kwargs):
     for key in kwargs:
         if key in names or key in PASSED_THROUGH:
             continue
-        near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+        near = near_input_name(key, names)
         if near:
-            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near[0]}`?).")
+            raise ValueError(f"`{key}` is not an input of {cls.__name__}.forward (did you mean `{near}`?).")
+
+
+@torch.compiler.assume_constant_result  # a compiled forward calls it while tracing (difflib cannot be traced)
+def near_input_name(key, names):
+    """The input name (of `names` or `PASSED_THROUGH`) one typo away from `key`, or None."""
+    near = difflib.get_close_matches(key, sorted(names | PASSED_THROUGH), n=1, cutoff=0.85)
+    return near[0] if near else None
 
 
 # ------------------------------------------------------------------------------------------------ config, generate()

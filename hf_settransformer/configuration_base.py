@@ -44,6 +44,21 @@ TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 # transformers' flags that are no field of most configs but are given to any (the Trainer's `use_cache`,
 # EncoderDecoderModel's `is_decoder`; `output_attentions` is a property): a string such as "no" would read as true
 GENERIC_FLAGS = ("use_cache", "is_decoder", "add_cross_attention", "output_attentions")
+# the fields of the family configs that a model reads at each call, or only while initialising weights: they may change
+# after a model is built (its next forward honours them, and a save writes what it ran with). transformers' own fields
+# (`output_hidden_states`, `return_dict`, `id2label`, `problem_type`, ...) are read at each call too. Every other field
+# shapes the modules a model builds, and is fixed then (`built_fields`, `checks.check_built_config`).
+CALL_TIME_FIELDS = frozenset({
+    "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id", "use_cache", "is_decoder",
+    "lm_loss_chunk_size", "context_length", "target_length", "num_blocks",
+})
+
+
+def built_fields(config):
+    """The fields of `config` that a model's modules are built from: its family's own fields, but those read at each
+    call (`CALL_TIME_FIELDS`)."""
+    return [field.name for field in dataclasses.fields(config)
+            if field.name not in PreTrainedConfig.__dataclass_fields__ and field.name not in CALL_TIME_FIELDS]
 
 
 def kernel_config_fields():

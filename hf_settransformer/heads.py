@@ -13,7 +13,8 @@ from transformers.utils import can_return_tuple
 
 from .attention import AttentionMask
 from .blocks import PMA, masked_mean
-from .checks import checked, classification_labels, many_target_labels, masked_lm_labels, one_target_labels
+from .checks import checked
+from .label_checks import classification_labels, many_target_labels, masked_lm_labels, one_target_labels
 from .losses import problem_type_of, token_loss
 
 
@@ -175,6 +176,7 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
     # the toolkit's OBJECTIVES.
     objective = "sequence_classification"
     check_labels = classification_labels
+    built_from = ("num_labels",)  # the classifier's outputs (`id2label` may rename them)
 
     def __init__(self, config):
         super().__init__(config)
@@ -222,8 +224,8 @@ class ForSequenceClassificationMixin(PooledHeadMixin):
 
 class NextTokenMode(NamedTuple):
     """The next-token head in one `config.next_token_mode`: the toolkit's OBJECTIVES row it is trained and scored by,
-    its forward (a method's name), its labels' check (`checks`), whether it attends in causal order and whether it
-    pools each target with its own PMA query."""
+    its forward (the name of a private method, which `forward` calls once the inputs are checked), its labels' check
+    (`checks`), whether it attends in causal order and whether it pools each target with its own PMA query."""
 
     objective: str
     forward: str
@@ -239,7 +241,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
     requires). `config.next_token_mode` picks the forward at construction; both modes have the same modules, so one
     class serves the checkpoints of either (transformers maps a config class to one causal-LM class).
 
-    - "many" (`forward_many_targets`): one pass over a window predicts the next token at each of its last
+    - "many" (`_forward_many_targets`): one pass over a window predicts the next token at each of its last
       `target_length` positions. The positions before them are a prefix that the base model reads bidirectionally
       (`prefix_length`: encoder, Set Transformer, whose inducing points summarise the prefix) or through a causal
       cross-attention (Perceiver IO, as Perceiver AR); a target position sees the prefix and the positions up to
@@ -247,15 +249,15 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
       (a shared seed alone gives every target the same query, which cannot single out the most recent tokens).
       `logits` (b, n, vocab): the targets' predictions, zeros (a uniform distribution) at the prefix positions.
       `labels` are causal-LM labels shaped like the inputs, shifted inside; the loss counts the targets only.
-    - "window" (`forward_one_target`, the design document's literal model): the window, pooled (PMA or mean,
+    - "window" (`_forward_one_target`, the design document's literal model): the window, pooled (PMA or mean,
       `config.pooling`), predicts the token after it: `logits` (b, 1, vocab). `labels` (b,) hold that token, or are
       causal-LM labels shaped like `input_ids`, read as "predict each row's last token from the tokens before it"."""
 
     accepts_loss_kwargs = False  # mean loss: the Trainer scales it for gradient accumulation
     modes = {
-        "many": NextTokenMode("many_target_windows", "forward_many_targets", many_target_labels,
+        "many": NextTokenMode("many_target_windows", "_forward_many_targets", many_target_labels,
                               attends_causally=True, pools_each_target=True),
-        "window": NextTokenMode("one_target_window", "forward_one_target", one_target_labels,
+        "window": NextTokenMode("one_target_window", "_forward_one_target", one_target_labels,
                                 attends_causally=False, pools_each_target=False),
     }
     own_prefix_length = True  # where the targets begin in the window ("many"; refused by "window")
@@ -312,7 +314,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         return predict(input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states,
                        **kwargs)
 
-    def forward_many_targets(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
+    def _forward_many_targets(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
                              output_hidden_states, shift_labels=None, prefix_length=None, **kwargs):
         if shift_labels is not None:
             labels = shift_labels
@@ -340,7 +342,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         loss, logits = self.target_loss_and_logits(states, None if labels is None else labels[:, -num_targets:], full_length)
         return CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def forward_one_target(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
+    def _forward_one_target(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
                            output_hidden_states, shift_labels=None, prefix_length=None, **kwargs):
         if shift_labels is not None:
             labels = shift_labels[:, -1]  # the target of the window's last position: the token after it
@@ -385,10 +387,31 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         logits[:, length - states.shape[1] :] = target_logits
         return loss, logits
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        # generate() would feed only the newest token once it believes a cache exists: feed the whole window.
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None,
+                                      is_first_iteration=False, **kwargs):
+        """generate() would feed only the newest token once it believes a cache exists: feed the whole window. With
+        `inputs_embeds` (the prompt as vectors; transformers' decoders read them at the first step only, then keep them
+        in their cache), every step reads those vectors followed by the tokens generated so far (generate()'s
+        `input_ids`, which start empty), embedded as `input_ids` are (`get_input_embeddings`): this head keeps no
+        cache."""
+        if kwargs.get("position_ids") is not None:
+            raise ValueError(
+                f"generate() of {type(self).__name__} takes no `position_ids`: each step reads the last "
+                f"`context_length` ({self.config.context_length}) tokens, whose positions it counts from the attention "
+                "mask (left padding is skipped). Generate without them."
+            )
         window = self.config.context_length
-        inputs = {"input_ids": input_ids[:, -window:]}
+        if inputs_embeds is None:
+            inputs = {"input_ids": input_ids[:, -window:]}
+        else:
+            if is_first_iteration and input_ids.shape[1]:
+                raise ValueError(
+                    f"generate() of {type(self).__name__} takes the prompt as `input_ids` or as `inputs_embeds`, not "
+                    f"both (got {input_ids.shape[1]} ids and {inputs_embeds.shape[1]} vectors): it reads its whole "
+                    "window at every step, and which of the two is the prompt would be a guess."
+                )
+            generated = self.get_input_embeddings()(input_ids).to(inputs_embeds.dtype)  # (b, steps so far, hidden)
+            inputs = {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, -window:]}
         if attention_mask is not None:
             inputs["attention_mask"] = attention_mask[:, -window:]
         return inputs

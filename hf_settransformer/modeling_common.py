@@ -2,6 +2,7 @@
 cache refusal, generation argument checks), the output dataclasses of the set models, and output recording
 (`record_outputs`). Input checks are in `checks.py`, heads in `heads.py`, losses in `losses.py`."""
 
+import copy
 import functools
 import inspect
 import math
@@ -20,7 +21,8 @@ from transformers.utils.output_capturing import capture_outputs
 from .attention import AttentionMask, attention_kernel
 from .blocks import outermost_block_names
 from .cache_checks import check_assisted_generation
-from .checks import check_generation_config, check_model_config, check_resize
+from .checks import check_built_config, check_generation_config, check_model_config, check_resize, forward_names
+from .configuration_base import built_fields
 from .decay import GatedDecay
 from .families import family_for_model_type
 from .layers import AdaptiveProjection, FeatureProjection, LearnedVectors, ScaleNorm, position_ids_from_mask
@@ -159,10 +161,12 @@ class HfstPreTrainedModel(PreTrainedModel):
     predicts_tokens = False  # needs `vocab_size`
     predicts_every_position = False  # one output per input position (Perceiver IO: no learned output queries)
     pools_each_target = False  # one PMA query per target: needs `pooling="pma"`
+    # config fields besides the family's own (`configuration_base.built_fields`) that the class's modules are built from
+    built_from = ()
 
     def check_labels(self, inputs, b, n):
-        """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `checks.ClassLabels` to read, the
-        length its base model sees). A head checks its own (`checks.masked_lm_labels`, ...); a base model takes none."""
+        """A forward's `labels` (in `inputs`, by name), for (b, n) inputs -> (the `label_checks.ClassLabels` to read, the
+        length its base model sees). A head checks its own (`label_checks.masked_lm_labels`, ...); a base model takes none."""
         return (), n
 
     @classmethod
@@ -174,6 +178,11 @@ class HfstPreTrainedModel(PreTrainedModel):
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         check_model_config(self)
+        # the values the modules are built from, compared with the config at every checked forward and at save
+        # (`checks.check_built_config`): a later change would be ignored by the modules and written by a save
+        self.built_config = {name: copy.deepcopy(getattr(config, name)) for name in built_fields(config) + [
+            *self.built_from]}
+        forward_names(type(self))  # cached now: a compiled forward's checks read it without `inspect`
         if not config.vocab_size and config.input_size:
             # continuous inputs: generic code (Trainer, pipelines) reads the input's name here, as for audio models
             self.main_input_name = "input_features"
@@ -211,7 +220,9 @@ class HfstPreTrainedModel(PreTrainedModel):
         the family (`families.FAMILIES`; transformers writes only the saved class, and only for registered ones). The
         code copied is this package's also for a model that a wrapper subclassed (FSDP2's `fully_shard` makes
         `FSDP<Name>`, defined in torch), and a `state_dict` gathered from shards (FSDP's full state dict, ZeRO-3)
-        stores tied weights once, as the model's own would."""
+        stores tied weights once, as the model's own would. A config changed since the model was built is refused
+        (`checks.check_built_config`) before anything is written."""
+        check_built_config(self)
         family = family_for_model_type(self.config.model_type)
         own_class = defining_class(type(self))
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **family.auto_map}
@@ -300,7 +311,11 @@ class HfstPreTrainedModel(PreTrainedModel):
         adaptive = self.config.adaptive_input_cutoffs or self.config.adaptive_softmax_cutoffs
         if adaptive:  # the same size: nothing to resize (transformers would rebuild the layer as an nn.Embedding)
             return self.get_input_embeddings()
-        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, *args, **kwargs)
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, *args, **kwargs)
+        for module in self.modules():  # the model and its base model now run with the new vocabulary
+            if isinstance(module, HfstPreTrainedModel):
+                module.built_config["vocab_size"] = self.config.vocab_size
+        return embeddings
 
     def get_input_embeddings(self):
         # continuous inputs: the feature projection is the input embedding (a vision model's patch embedding), which

@@ -23,7 +23,8 @@ from .attention import AttentionMask, attention_kernel
 from .blocks import MAB
 from .cache import DecoderCache, static_cache_length
 from .cache_checks import check_static_cache
-from .checks import causal_lm_labels, checked
+from .checks import checked
+from .label_checks import causal_lm_labels
 from .configuration_decoder import TransformerDecoderConfig
 from .heads import LMHeadMixin
 from .layers import InputEmbeddings, make_norm

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_settransformer.toolkit.cards import refresh_model_card
+from hf_settransformer.toolkit.cards import read_results, refresh_model_card
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASED = ["wikitext2-90min-v2", "wikitext2-90min-decay"]  # the results folders of the released checkpoints
@@ -61,10 +61,17 @@ def write_cards(results_dirs, output_dir, quiet=False):
 
 def main(argv=None):
     (args,) = HfArgumentParser(Arguments).parse_args_into_dataclasses(argv)
-    try:
-        runs(args.results_dirs, quiet=True)
+    try:  # a folder without runs, or a run whose all_results.json is damaged: named, no traceback
+        make_or_compare(args)
     except ValueError as error:
-        raise SystemExit(str(error)) from None
+        raise SystemExit(f"[make_model_cards] {error}") from None
+
+
+def make_or_compare(args):
+    """main's work: writes the cards, or with --check compares them. Every run's all_results.json is read first: a
+    ValueError names a folder without runs or a damaged file before any card is written."""
+    for run in runs(args.results_dirs, quiet=True):
+        read_results(run)
     if not args.check:
         written = write_cards(args.results_dirs, args.output_dir)
         print(f"[make_model_cards] wrote {len(written)} cards to {args.output_dir}")

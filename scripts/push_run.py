@@ -6,8 +6,10 @@ have at the end of training: the model card is written again for the repository'
     python scripts/push_run.py RUN_DIR REPO_ID --private --token hf_...     (or HF_TOKEN / `hf auth login`)
 
 A folder that is not a finished run is refused naming what it lacks, and so is one that a live run holds (its lock,
-`.hfst_run.lock`): the upload would take a half-written state. The card gives what the run measured: one trained
-without --do_predict has no test perplexity in it.
+`.hfst_run.lock`): the upload would take a half-written state. So is one whose model would not load as its config.json
+claims (weights cut short, of another shape or dtype, a shard or a modeling file missing, a tokenizer that does not
+load): nothing is uploaded. Only the model's files go up; the rest of the folder (checkpoints, pickles, notes) is left
+out and named. The card gives what the run measured: one trained without --do_predict has no test perplexity in it.
 """
 
 import argparse
@@ -62,20 +64,21 @@ def main(argv=None):
         from hf_settransformer.toolkit.cli import unknown_flags_message
 
         p.error(unknown_flags_message(p, unknown))
-    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
-        raise SystemExit(f"repo_id {args.repo_id!r}: expected namespace/name, e.g. you/wikitext2-decoder.")
     from huggingface_hub.errors import StrictDataclassError
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:  # everything is checked before the card is rewritten: a refused push leaves the folder as it was
         validate_repo_id(args.repo_id)
+        if args.repo_id.count("/") != 1:
+            raise HFValidationError("it has no namespace (a user or organisation)")
     except HFValidationError as err:
-        raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: {err}") from None
+        raise SystemExit(f"repo_id {args.repo_id!r} is not a valid Hub repository id: expected namespace/name, e.g. "
+                         f"you/wikitext2-decoder ({err})") from None
     check_finished_run(args.run_dir)
 
     # torch and transformers: after the cheap checks
     from hf_settransformer.toolkit import log_to_stdout, refresh_model_card
-    from hf_settransformer.toolkit.hub import HubUnreachableError, push_folder_to_hub, reach_hub
+    from hf_settransformer.toolkit.hub import HubUnreachableError, publishable_files, push_folder_to_hub, reach_hub
     from hf_settransformer.toolkit.run_folder import OutputDirLock, OutputDirLockedError, write_text_atomically
 
     logger = log_to_stdout()  # its lines and the toolkit's (what a push leaves out, say) on stdout
@@ -83,6 +86,7 @@ def main(argv=None):
     card = args.run_dir / "README.md"
     try:
         with OutputDirLock(args.run_dir, " ".join(sys.argv)), tempfile.TemporaryDirectory() as scratch:
+            publishable_files(args.run_dir)  # its model loads as config.json claims: before the Hub or the card
             # the card is made aside and the Hub reached first: a refused push leaves the folder as it was
             fresh = refresh_model_card(args.run_dir, repo_id=args.repo_id, card_path=Path(scratch) / "README.md")
             api = reach_hub(args.repo_id, token=args.token, private=args.private)
@@ -99,7 +103,8 @@ def main(argv=None):
                     kept.write_bytes(before)
                     os.replace(kept, card)
                 raise
-    except (OutputDirLockedError, ValueError, StrictDataclassError) as err:  # a live run holds it; no card from it
+    # a live run holds it, no card from it, or a model that does not load (UnpublishableFolderError, a ValueError)
+    except (OutputDirLockedError, ValueError, StrictDataclassError) as err:
         raise SystemExit(f"Not publishing {args.run_dir}: {err}") from None
     except HubUnreachableError as err:
         raise SystemExit(f"Not published, and {args.run_dir} is as it was: {err}. Check the network, HF_HUB_OFFLINE, "

@@ -14,6 +14,7 @@ presets and their checks are `hf_settransformer.toolkit.lm_arguments`. It writes
 Several processes or GPUs (`accelerate launch`), resuming, publishing and every default: docs/training.md.
 """
 
+import hashlib
 import json
 import sys
 import time
@@ -49,9 +50,6 @@ from hf_settransformer.toolkit.checkpoint_files import (
     check_checkpoint_matches,
     check_loaded_weights,
     check_model_weights,
-    check_run_settings,
-    file_digest,
-    run_settings,
 )
 from hf_settransformer.toolkit.cli import (
     check_data_file,
@@ -59,7 +57,7 @@ from hf_settransformer.toolkit.cli import (
     check_tokenizer_folder,
     load_pretrained,
 )
-from hf_settransformer.toolkit.hub import HubUnreachableError
+from hf_settransformer.toolkit.hub import HubUnreachableError, UnpublishableFolderError
 from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
 from hf_settransformer.toolkit.machine import run_environment
@@ -71,12 +69,14 @@ from hf_settransformer.toolkit.measure import (
     tokens_per_step,
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
+from hf_settransformer.toolkit.resume_settings import check_run_settings, file_digest, run_settings
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
     lock_output_dir,
     record_run_settings,
+    stops_say_where_to_resume,
     write_text_atomically,
 )
 
@@ -96,10 +96,16 @@ def data_files(data_args):
 
 def check_inputs(model_args, data_args, training_args):
     """Refuses, naming the flag, what the run would read and cannot: a data file that is missing, a folder or not
-    text; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
+    text, or not given for --do_eval / --do_predict; a --model_name_or_path whose config does not load; a --tokenizer_name or --resume_from_checkpoint that is no
     folder (nor Hub id). Called before the output folder is made, so that such a run leaves nothing behind."""
-    for split, path in data_files(data_args).items():
+    files = data_files(data_args)
+    for split, path in files.items():
         check_data_file(f"--{split}_file", path)
+    if files:  # the splits are the files given: an evaluation without its file is refused before any is read
+        if "validation" not in files and "do_eval" in getattr(model_args, "flags_given", ()):
+            raise SystemExit("--do_eval needs a validation split: pass --validation_file (or a dataset with one).")
+        if "test" not in files and training_args.do_predict:
+            raise SystemExit("--do_predict needs a test split: pass --test_file (or a dataset with one).")
     if model_args.model_name_or_path:  # its config: a folder or Hub repo that holds a model (the weights load later)
         load_pretrained("--model_name_or_path", model_args.model_name_or_path, AutoConfig.from_pretrained,
                         trust_remote_code=model_args.trust_remote_code)
@@ -126,20 +132,29 @@ def read_paths(model_args, data_args, training_args, argv):
     return paths
 
 
-def settings_of_run(model_args, data_args, training_args):
+def settings_of_run(model_args, data_args, training_args, tokenizer):
     """What defines this run besides its model (the checkpoint's config.json) and its length: the training settings
-    (`run_settings`), the data (the training text by content, or the dataset's name), the example shape, the
-    objective's flags and the precision. Recorded in every checkpoint; a resume must keep them (`check_run_settings`)."""
+    (`run_settings`), the data (the training text by content, or the dataset's name), the tokenizer's vocabulary, the
+    example shape, the objective's flags and the precision it resolved to. Recorded in every checkpoint; a resume must
+    keep them (`check_run_settings`)."""
     train = data_files(data_args).get("train")
     data = ({"train_file_sha256": file_digest(train)} if train else
             {"dataset_name": data_args.dataset_name, "dataset_config_name": data_args.dataset_config_name})
+    # which word each id stands for (a tokenizer of the same size but other ids fits the checkpoint's config)
+    vocabulary = json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]))
+    data["vocabulary_sha256"] = hashlib.sha256(vocabulary.encode()).hexdigest()
     clock = data_args.budget_clock  # the clock the time is counted on: "auto" is the CPU's on a CPU, else the wall's
     if clock == "auto":
         clock = "cpu" if training_args.device.type == "cpu" else "wall"
     return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
         "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens")},
         budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
-        precision=model_args.precision)
+        precision=resolved_precision(training_args))
+
+
+def resolved_precision(training_args):
+    """What the run computes in: "bf16", "fp16" or "fp32" (--precision auto is one of them on each machine)."""
+    return "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
 
 
 def load_splits(data_args):
@@ -374,6 +389,8 @@ def write_outputs(trainer, model_args, data_args, results, command, push_request
         except HubUnreachableError as err:
             raise SystemExit(f"[train_lm] the run is saved in {out}, but not pushed: {err}. Push it later with "
                              f"`python scripts/push_run.py {out} {repo_id}`.") from None
+        except UnpublishableFolderError as err:  # what it wrote would not load: nothing was uploaded
+            raise SystemExit(f"[train_lm] the run is saved in {out}, but not pushed: {err}") from None
         logger.info(f"[train_lm] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
 
 
@@ -404,7 +421,7 @@ def run(model_args, data_args, training_args, command):
     if resume:  # its files whole (a damaged one is named, with the checkpoint before it), of this run's model
         check_checkpoint_files(resume)
         check_checkpoint_matches(resume, model)
-    settings = settings_of_run(model_args, data_args, training_args)
+    settings = settings_of_run(model_args, data_args, training_args, tokenizer)
     if resume:  # and of this run's settings: the optimizer, schedule and data position come from the checkpoint
         check_run_settings(resume, settings, script="train_lm")
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
@@ -467,8 +484,9 @@ def main(argv=None):
     # main ends however it ends, so that main can run again in one process (a notebook, a test) after an error; the
     # release removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, command, script="train_lm")
-    try:
-        return run(model_args, data_args, training_args, command)
+    try:  # a full disk or Ctrl-C at any point (the final model, results, card): one line naming what to resume
+        with stops_say_where_to_resume(training_args.output_dir, script="train_lm"):
+            return run(model_args, data_args, training_args, command)
     finally:
         lock.release()
 

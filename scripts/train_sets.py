@@ -15,7 +15,6 @@ shapes, classification). Each runs with `--attention_type softmax|linear` and `-
 """
 
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,8 +40,6 @@ from hf_settransformer.toolkit.checkpoint_files import (
     check_checkpoint_matches,
     check_loaded_weights,
     check_model_weights,
-    check_run_settings,
-    run_settings,
 )
 from hf_settransformer.toolkit.cli import (
     explicit_flags,
@@ -52,7 +49,9 @@ from hf_settransformer.toolkit.cli import (
     read_flags_file,
     typed_flag_values,
 )
+from hf_settransformer.toolkit.hub import HubUnreachableError, UnpublishableFolderError, push_folder_to_hub
 from hf_settransformer.toolkit.objectives import set_objective, set_objectives
+from hf_settransformer.toolkit.resume_settings import check_run_settings, run_settings
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
@@ -60,6 +59,7 @@ from hf_settransformer.toolkit.run_folder import (
     lock_output_dir,
     record_run_settings,
     save_model_atomically,
+    stops_say_where_to_resume,
     train_unless_finished,
     write_text_atomically,
 )
@@ -233,12 +233,19 @@ def check_arguments(args):
 # index range is drawn from a generator seeded with seed * 1,000,003 + i, which must stay below 2**64
 MAX_SET_SIZE = 10_000_000
 MAX_SETS = 2**60
+# --value_scale: the model sees max_regression's numbers (in [0, 100)) divided by it, up to 100 / value_scale
+VALUE_SCALE_RANGE = (1e-2, 1e4)
 
 
 def check_set_flags(args):
     """Refuses a numeric flag outside its range, naming the flag and the range."""
-    if not (math.isfinite(args.value_scale) and args.value_scale > 0):
-        raise SystemExit(f"--value_scale must be a positive finite number, got {args.value_scale}.")
+    low, high = VALUE_SCALE_RANGE
+    if not low <= args.value_scale <= high:  # NaN too
+        raise SystemExit(
+            f"--value_scale must be between {low:g} and {high:,g}, got {args.value_scale}: max_regression's numbers "
+            "(below 100) reach the model divided by it, so outside that range they are too large or too small for it "
+            "to learn from (at 1e-300 they overflow and the MAE is NaN)."
+        )
     for name in ("eval_sets", "train_sets"):
         if not 1 <= getattr(args, name) <= MAX_SETS:
             raise SystemExit(f"--{name} must be a positive integer up to 2**60, got {getattr(args, name)}.")
@@ -330,6 +337,9 @@ def main(argv=None):
     args.flags_given = frozenset(given)  # a flag the task cannot use is refused if given
     log_to_stdout(main_process=training_args.process_index == 0)  # this script's and the toolkit's lines: stdout
     check_arguments(args)
+    if training_args.push_to_hub and args.model != "set_transformer":
+        raise SystemExit(f"--push_to_hub publishes a Set Transformer: --model {args.model} is a plain torch module "
+                         "without a config.json, which would not load from the Hub.")
     # read before anything is made: a model or checkpoint that does not load leaves no output folder behind
     check_resume_checkpoint(training_args)
     # the model continued must not lie in the folder the run writes (an --overwrite_output_dir would delete it)
@@ -340,8 +350,9 @@ def main(argv=None):
     # held while main runs, released however it ends (main can run again in one process after an error); the release
     # removes the lock file, and the folder if the run made it and wrote nothing into it
     lock = lock_output_dir(training_args, " ".join(argv), script="train_sets")
-    try:
-        return run(args, training_args, model)
+    try:  # a full disk or Ctrl-C at any point (the final model, results): one line naming what to resume
+        with stops_say_where_to_resume(training_args.output_dir, script="train_sets"):
+            return run(args, training_args, model)
     finally:
         lock.release()
 
@@ -374,6 +385,9 @@ def run(args, training_args, model=None):
         check_run_settings(resume, settings, script="train_sets")
     timed, _, callbacks = timed_callbacks(resume)
     record_run_settings(callbacks, settings)
+    # The Trainer's own push uploads at every save, training_args.bin (a pickle), the run's lock and a model folder
+    # being moved into place included: push_folder_to_hub uploads the final model's files alone, at the end.
+    push_requested, training_args.push_to_hub = training_args.push_to_hub, False
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -414,6 +428,14 @@ def run(args, training_args, model=None):
     if trainer.is_world_process_zero():
         write_text_atomically(Path(training_args.output_dir) / "all_results.json", json.dumps(results, indent=2))
         logger.info("[train_sets] " + json.dumps(results, indent=1))
+        if push_requested:
+            out, repo_id = Path(training_args.output_dir), training_args.hub_model_id
+            trainer.create_model_card(model_name=repo_id)  # README.md, as the Trainer's push wrote it
+            try:
+                info = push_folder_to_hub(out, repo_id, training_args.hub_token, training_args.hub_private_repo)
+            except (HubUnreachableError, UnpublishableFolderError) as err:
+                raise SystemExit(f"[train_sets] the run is saved in {out}, but not pushed: {err}") from None
+            logger.info(f"[train_sets] pushed to {repo_id}: {getattr(info, 'commit_url', info)}")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # several processes: leave the process group before exiting
     return results

@@ -3,9 +3,10 @@
 One module a concern: the table of training objectives (`objectives`), language-modelling data and evaluation
 (`language_modeling`), the paper's set tasks (`set_tasks`, `data`), the scripts' command line (`cli`) and log lines
 (`logs`), the output folder, its lock and what is written into it (`run_folder`), what is read back from a checkpoint
-or saved model (`checkpoint_files`), the value every process takes from the main one (`processes`), time budgets
-(`budget`), measurements (`measure`), the machine a run runs on (`machine`), Hub uploads (`hub`), model cards (`cards`)
-and train_lm.py's flags and presets (`lm_arguments`). This package exports what a script of your own needs;
+or saved model (`checkpoint_files`), what a resume keeps of its run (`resume_settings`), the value every process
+takes from the main one (`processes`), time budgets (`budget`), measurements (`measure`), the machine a run runs on
+(`machine`), Hub uploads (`hub`), model cards (`cards`) and train_lm.py's flags and presets (`lm_arguments`). This
+package exports what a script of your own needs;
 everything else is imported from its module.
 
 Nothing here travels with a checkpoint: the modeling files in `hf_settransformer/` never import this package. It needs

@@ -51,6 +51,44 @@ _FIELD_APPLIES = {
 }
 
 
+# all_results.json's keys that a card reads -> (the JSON types their value must have, in words); None or absent: not
+# measured, where the card allows it (`RESULTS_NEEDED` lists those it does not)
+_NUMBER, _INTEGER, _TEXT = ((int, float), "a number"), ((int,), "an integer"), ((str,), "a string")
+RESULT_TYPES = {
+    **dict.fromkeys(("validation_perplexity", "test_perplexity", "validation_accuracy", "test_accuracy",
+                     "train_tokens_per_wall_second", "train_tokens_per_cpu_second", "wall_time_seconds",
+                     "train_cpu_minutes", "model_flops_per_token", "train_model_flops_per_wall_second", "mfu",
+                     "mlm_probability"), _NUMBER),
+    **dict.fromkeys(("parameters", "train_tokens", "train_steps", "selected_step", "resumed_from_step",
+                     "threads_per_process"), _INTEGER),
+    **dict.fromkeys(("family", "objective", "command", "eval_protocol", "cpu_model", "gpu_name", "precision", "device",
+                     "selected_by", "mfu_note", "model_flops_formula", "transformers_version", "torch_version"), _TEXT),
+    **dict.fromkeys(("hyperparameters", "config", "data_files"), ((dict,), "a JSON object")),
+}
+RESULTS_NEEDED = ("family", "parameters", "wall_time_seconds", "eval_protocol", "cpu_model", "threads_per_process",
+                  "precision", "device")
+
+
+def read_results(run_dir, needed=RESULTS_NEEDED):
+    """`run_dir`/all_results.json, a dict whose keys a card reads hold what the card needs (`RESULT_TYPES`) and has
+    the keys of `needed`; else a ValueError naming the file and each wrong key (a file cut short, a perplexity stored
+    as a string), not a formatting error from inside the card."""
+    path = Path(run_dir) / "all_results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): cut short or damaged; no model card from it.") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} holds a JSON {type(results).__name__}, not an object: no model card from it.")
+    wrong = [f"{key} is {value!r}, not {what}" for key, ((kinds, what)) in RESULT_TYPES.items()
+             if (value := results.get(key)) is not None and (isinstance(value, bool) or not isinstance(value, kinds))]
+    wrong += [f"no {key}" for key in needed if results.get(key) is None]
+    if wrong:
+        raise ValueError(f"{path}: {'; '.join(wrong)}: not a run's results as train_lm.py writes them; no model card "
+                         "from it.")
+    return results
+
+
 def write_model_card(output_dir, template, **fields):
     """Fills the `${name}` fields of the Markdown `template` (a path) with `fields` (`string.Template`; fields not
     given stay as written) and writes it to `output_dir/README.md` atomically, where `save_pretrained` and the Hub
@@ -324,9 +362,10 @@ def refresh_model_card(run_dir, repo_id=None, card_path=None):
     results/wikitext2-90min-v2/ keeps them) is read from all_results.json alone: its `config` key holds config.json's
     fields. What the run did not measure (no --do_predict, say) is left out of the card. The command and the sequence
     length are the ones all_results.json records; a run that did not record them (made before train_lm.py did) is
-    refused with a ValueError. Returns the card's path."""
+    refused with a ValueError, and so is an all_results.json that is damaged (`read_results`). Returns the card's
+    path."""
     run_dir = Path(run_dir)
-    results = json.loads((run_dir / "all_results.json").read_text())
+    results = read_results(run_dir, needed=())  # the keys the card needs: once the folder is known to be a run
     length = results.get("hyperparameters", {}).get("sequence_length")
     unrecorded = [name for name, value in (("command", results.get("command")),
                                            ("hyperparameters.sequence_length", length)) if value is None]
@@ -346,6 +385,7 @@ def refresh_model_card(run_dir, repo_id=None, card_path=None):
         # never call a class by a name read from a file without checking it is one of ours
         raise ValueError(f"{run_dir}/config.json names the architecture {name!r}, which is not an hf_settransformer "
                          "model class.")
+    read_results(run_dir)
     with torch.device("meta"):  # the card reads the config and the class; no weights needed
         model = model_class(config)
     args_file = run_dir / "training_args.json"

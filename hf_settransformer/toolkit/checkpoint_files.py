@@ -5,7 +5,6 @@ garbage optimizer.pt, a missing trainer_state.json), so a damaged folder ends th
 with it and what to do, instead of a traceback from inside safetensors or torch.load, or, worse, a run that silently
 starts over. Nothing here writes: the output folder and what is written into it are `run_folder`'s."""
 
-import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -155,8 +154,19 @@ def check_checkpoint_files(folder):
         if not _is_whole_archive(folder / name):
             raise damaged_checkpoint(folder, f"{name} is damaged (not a whole torch.save archive: truncated or "
                                              "overwritten)")
+        foreign = _unsafe_globals(folder / name)
+        if foreign is None:
+            raise damaged_checkpoint(folder, f"{name} is damaged (its pickle cannot be read)")
+        if foreign:
+            raise damaged_checkpoint(folder, f"{name} is a pickle that would call {', '.join(foreign)}, which "
+                                             "no checkpoint file does (refused, not run)")
     if "scheduler.pt" in names and "optimizer.pt" not in names:
         raise damaged_checkpoint(folder, "optimizer.pt is missing (its scheduler.pt is there)")
+    if "optimizer.pt" not in names:
+        # the Trainer would resume with a new optimizer and restart the schedule's warm-up, without a word
+        raise damaged_checkpoint(folder, "optimizer.pt and scheduler.pt are missing (saved with --save_only_model, "
+                                         "or removed): the run's optimizer and schedule cannot be resumed. Its "
+                                         "model can be trained further with --model_name_or_path")
     if WEIGHTS not in names:
         if names & {"model.safetensors.index.json", "pytorch_model.bin"}:
             return None
@@ -165,6 +175,20 @@ def check_checkpoint_files(folder):
         return read_safetensors_shapes(folder / WEIGHTS)
     except (OSError, ValueError) as err:
         raise damaged_checkpoint(folder, f"{WEIGHTS} is damaged: {err}") from None
+
+
+def _unsafe_globals(path):
+    """The functions and classes a torch.save file's pickle names that `torch.load(weights_only=True)` refuses
+    (NumPy's arrays of an RNG state allowed, as the Trainer allows them), read without unpickling; None for a pickle
+    that cannot be read so."""
+    import torch
+    from transformers.trainer import safe_globals
+
+    try:
+        with safe_globals():
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # not a pickle torch can read: the Trainer's torch.load would fail on it too
+        return None
 
 
 def _is_whole_archive(path):
@@ -177,14 +201,25 @@ def _is_whole_archive(path):
 
 
 def check_model_weights(flag, folder):
-    """Before `from_pretrained(folder)`: a local model folder holds weights and a whole safetensors file (SystemExit
-    naming `flag`, the file and what is wrong). Returns {name: shape}, or None where there is nothing to check here (a
+    """Before `from_pretrained(folder)`: a local model folder holds weights, a whole safetensors file or a
+    pytorch_model.bin of plain tensors (SystemExit naming `flag`, the file and what is wrong). Returns {name: shape}, or None where there is nothing to check here (a
     Hub id, sharded or .bin weights)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         return None
     weights = folder / WEIGHTS
     if not weights.is_file():
+        pickled = folder / "pytorch_model.bin"
+        if pickled.is_file() and not (folder / "model.safetensors.index.json").is_file():
+            # transformers torch.loads it with weights_only=True: a foreign pickle fails there, naming no file
+            foreign = _unsafe_globals(pickled) if _is_whole_archive(pickled) else None
+            if foreign is None:
+                raise SystemExit(f"{flag} {folder}: pytorch_model.bin is damaged (not a whole torch.save archive). "
+                                 "Pass another saved model.")
+            if foreign:
+                raise SystemExit(f"{flag} {folder}: pytorch_model.bin is a pickle that would call "
+                                 f"{', '.join(foreign)}, which no weights file does (refused, not run). Pass another "
+                                 "saved model.")
         if any((folder / name).is_file() for name in ("model.safetensors.index.json", "pytorch_model.bin")):
             return None
         raise SystemExit(f"{flag} {folder}: holds no weights ({WEIGHTS} is missing): pass the folder of a saved "
@@ -265,70 +300,4 @@ def check_checkpoint_matches(folder, model):
             f"--resume_from_checkpoint {folder}: the checkpoint is another model than the flags describe: "
             f"{'; '.join(differ)}. Resume with the flags that made it (its config.json), or train this model in a "
             "fresh --output_dir."
-        )
-
-
-# TrainingArguments that shape every step of a run: its optimizer and schedule, the examples of a step, its random
-# streams. A resume keeps them (`check_run_settings`). Left out, free to change on resume: how long the run is
-# (max_steps, num_train_epochs), when it logs, evaluates and saves, where and how it reports, the dataloader workers,
-# the evaluation batch, compilation, and the number of processes (as the Trainer allows: a preempted job may come back
-# on other machines; the batch of a step then changes with it).
-TRAINING_SETTINGS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-                     "optim", "optim_args", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
-                     "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "data_seed",
-                     "label_smoothing_factor")
-
-
-def _as_json(value):
-    """`value` as JSON gives it back: an enum as its value, a tuple as a list, anything else JSON lacks as its text."""
-    value = getattr(value, "value", value)
-    return json.loads(json.dumps(value, default=str, sort_keys=True))
-
-
-def run_settings(training_args, **settings):
-    """The settings that define a run, as JSON values: TRAINING_SETTINGS from `training_args`, and the script's own
-    `settings` (data flags, objective, a set model's name). The scripts record them in every checkpoint's completion
-    marker (`CompleteCheckpointCallback.run_settings`) and compare them on resume (`check_run_settings`)."""
-    recorded = {name: _as_json(getattr(training_args, name)) for name in TRAINING_SETTINGS
-                if hasattr(training_args, name)}
-    recorded.update({name: _as_json(value) for name, value in settings.items()})
-    return recorded
-
-
-def file_digest(path):
-    """SHA-256 of a file's bytes (a data file's identity: the same text under another path is the same data)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def check_run_settings(folder, settings, script="train"):
-    """Refuses (SystemExit naming each one) a resume whose `settings` (`run_settings` of this command) differ from
-    those the checkpoint's run recorded: the optimizer, scheduler and data position come from the checkpoint, the
-    results would record the new flags, and the run would be neither.
-
-    The rule: what shapes each step is kept (TRAINING_SETTINGS, the data, the objective, a set model's name); what
-    only says how long the run is or how it is watched may change. A longer `--max_steps` (or a larger time or token
-    budget, which sets it) is how transformers continues a run: the schedule then follows the new length from the
-    resumed step, and all_results.json records the steps trained; a time budget of other minutes is planned again
-    (`max_steps_for_budget`), its clock is kept. Logging, evaluation and save frequency, reporting, dataloader
-    workers, the evaluation data and batch, compilation may change too.
-
-    A setting only one side records (a checkpoint of an older version) is not compared; a checkpoint that records none
-    (made before they were recorded) resumes with a warning that nothing could be compared."""
-    theirs = (read_marker(folder) or {}).get("run_settings")
-    if not isinstance(theirs, dict):
-        logger.warning(f"[{script}] {folder} records no run settings (made before they were recorded): its learning "
-                       "rate, batch, schedule, seed and data cannot be compared with this command's; resuming with "
-                       "the flags as given")
-        return
-    differ = [f"{name}: the checkpoint's run has {theirs[name]!r}, the flags say {settings[name]!r}"
-              for name in sorted(set(theirs) & set(settings)) if theirs[name] != settings[name]]
-    if differ:
-        raise SystemExit(
-            f"[{script}] --resume_from_checkpoint {folder}: this command is not the run the checkpoint belongs to: "
-            f"{'; '.join(differ)}. Resume with the flags that started the run (its optimizer, schedule and data "
-            "position are the checkpoint's), or start a new run with these settings in another --output_dir."
         )

@@ -42,6 +42,16 @@ TRAINING_VALUE_RANGES = {
     "eval_accumulation_steps": (lambda v: v is None or v >= 1, "a positive integer"),
     # set_seed seeds numpy too, whose seeds are 32-bit: anything else fails there with numpy's own ValueError
     "seed": (lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
+    # refused by torch's optimizer, sampler or dataloader only once training starts, with their own tracebacks (a
+    # zero accumulation divides by zero)
+    "learning_rate": (lambda v: _finite(v) and v >= 0, "a finite number, not negative (0 keeps the weights as they "
+                      "are)"),
+    "per_device_train_batch_size": (lambda v: v >= 1, "a positive integer"),
+    "per_device_eval_batch_size": (lambda v: v >= 1, "a positive integer"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, "a positive integer"),
+    "dataloader_num_workers": (lambda v: v >= 0, "a non-negative integer (0: batches made in the main process)"),
+    "neftune_noise_alpha": (lambda v: v is None or (_finite(v) and v > 0),
+                            "a positive finite number; omit it for no noise"),
 }
 
 
@@ -56,6 +66,14 @@ def check_training_values(args):
     epochs = args.num_train_epochs
     if args.max_steps == -1 and not (_finite(epochs) and epochs > 0):  # with --max_steps it is not read
         raise ValueError(f"--num_train_epochs must be a positive number (or pass --max_steps), got {epochs}.")
+    if args.push_to_hub or args.hub_model_id is not None:  # a push needs the full name: the card loads it by it
+        from .hub import check_repo_id
+
+        check_repo_id(args.hub_model_id, "--hub_model_id", namespace=args.push_to_hub)
+        strategy = getattr(args.hub_strategy, "value", args.hub_strategy)
+        if args.push_to_hub and strategy in ("checkpoint", "all_checkpoints"):  # the scripts push the final model's files, once
+            raise ValueError(f"--hub_strategy {strategy}: a push uploads the final model at the end of the run, never "
+                             "a checkpoint (its optimizer and RNG states are pickles); leave the flag out.")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 from ..families import FAMILIES
 from ..decay import DECAYS, decay_applies
 from ..feature_maps import FEATURE_MAPS
+from .hub import without_secrets
 from .machine import fast_bf16_available, gpu_training_defaults
 from .objectives import MLM_PROBABILITY, auto_class_for_flag, lm_objectives
 from .cli import (  # explicit_flags: imported from here before it moved
@@ -302,7 +303,7 @@ def parse_arguments(argv=None):
         def parse(extra):
             return parser.parse_dict({**values, **extra})
     else:
-        command = "python scripts/train_lm.py " + " ".join(argv)
+        command = "python scripts/train_lm.py " + " ".join(without_secrets(argv))  # published in the card
         if processes > 1:
             command = f"accelerate launch --multi_gpu --num_processes {processes} " + command[7:]
         explicit = explicit_flags(parser, argv)
@@ -367,7 +368,8 @@ def wants_bf16(model_args, training_args):
 
 
 def check_arguments(model_args, data_args, training_args):
-    """Refuses flags that cannot work together, naming them; fills --block_size and --context_length from the preset."""
+    """Refuses flags that cannot work together and --config_overrides keys the config lacks, naming them, before any
+    data is read; fills --block_size and --context_length from the preset."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and training_args.world_size != launched:
         raise SystemExit(
@@ -411,6 +413,8 @@ def check_arguments(model_args, data_args, training_args):
         )
     if not 0 < data_args.mlm_probability < 1:
         raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
+    if model_args.config_overrides and not model_args.model_name_or_path:  # its keys, before any data is read
+        parse_overrides(model_args.config_overrides, new_config_class(model_args.family))
     preset = PRESETS[model_args.preset]
     data_args.block_size = data_args.block_size or preset["context"]
     data_args.context_length = data_args.context_length or preset["context"]
@@ -545,6 +549,11 @@ def parse_overrides(text, config_class):
     return overrides
 
 
+def new_config_class(family):
+    """The config class of a new model of `family` (a name of FAMILIES)."""
+    return AutoConfig.for_model(FAMILIES[family].model_type).__class__
+
+
 def new_config(model_args, data_args, vocab_size, eos_id):
     """The config of a new --family model: the preset's sizes, the data's lengths, then --config_overrides."""
     preset = dict(PRESETS[model_args.preset])
@@ -567,7 +576,7 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     )
     # a tiny vocabulary (tests) keeps the full softmax and embedding
     fields.update({name: cutoffs for name, cutoffs in adaptive.items() if cutoffs[-1] < vocab_size})
-    config_class = AutoConfig.for_model(FAMILIES[model_args.family].model_type).__class__
+    config_class = new_config_class(model_args.family)
     # a causal LM reads its whole input (blocks of --block_size); the families with window heads, windows
     length = data_args.context_length if config_class.windowed_heads else data_args.block_size
     fields["max_position_embeddings"] = max(length, 1024)

@@ -192,15 +192,24 @@ def check_inputs_outside(output_dir, inputs, script="train"):
     """Refuses (SystemExit) an `--output_dir` that is, or holds, a path the run reads (`inputs`, {flag: path}: the
     model, tokenizer, data files, a flags file): the run writes its model, tokenizer and results there, and
     --overwrite_output_dir removes the earlier run's, so continuing a model in its own folder would destroy the model
-    it is about to load. Paths are compared resolved (symbolic links, relative paths, trailing slashes); paths that
-    do not exist (Hub ids) read nothing from the folder. Call it before anything in the folder is changed."""
+    it is about to load; nor one inside a folder the run reads, nor one that is or lies inside a checkpoint or another
+    run's output folder (`check_not_inside_a_run`). Paths are compared resolved (symbolic links, relative paths,
+    trailing slashes); paths that do not exist (Hub ids) read nothing from the folder. Call it before anything in the
+    folder is changed."""
     out = Path(output_dir).expanduser().resolve()
     if out.is_file():  # refused as such by lock_output_dir
         return
+    shown = f"{output_dir}" + (f" (through a symbolic link: it is {out})"
+                               if out != Path(os.path.abspath(Path(output_dir).expanduser())) else "")
     for flag, value in inputs.items():
         if not value or not Path(value).expanduser().exists():
             continue
         path = Path(value).expanduser().resolve()
+        if path.is_dir() and path in out.parents:  # a folder the run reads (a dataset's reads all its files)
+            raise SystemExit(
+                f"[{script}] --output_dir {shown} is inside {flag} {value}, a folder this run reads: the run would "
+                "write its model, checkpoints and results among the files it reads. Pass an --output_dir outside it."
+            )
         if path != out and out not in path.parents:
             continue
         where = "is" if path == out else "holds"
@@ -209,6 +218,49 @@ def check_inputs_outside(output_dir, inputs, script="train"):
             "there would replace it (--overwrite_output_dir would first delete it). To train further from a saved "
             "model, pass another --output_dir (e.g. a new folder beside it); to continue an interrupted run in its "
             "own folder, pass --resume_from_checkpoint true with the flags that started it (no --model_name_or_path)."
+        )
+    check_not_inside_a_run(output_dir, script)
+
+
+def _is_checkpoint(folder):
+    """Whether `folder` is a checkpoint of a run: named as one and written by the Trainer, or marked complete."""
+    named = _is_checkpoint_name(folder.name) and (folder / "trainer_state.json").is_file()
+    return named or (folder / COMPLETE_MARKER).is_file()
+
+
+def _holds_a_run(folder):
+    """Whether `folder` is the output folder of a run (live, partial or finished)."""
+    names = (LOCK_FILE, *(name for name in RUN_FILES if name != "model.safetensors"))
+    if any((folder / name).exists() for name in names):
+        return True
+    return any(_is_checkpoint_name(p.name) and p.is_dir() for p in folder.glob("*checkpoint-*"))
+
+
+def check_not_inside_a_run(output_dir, script="train"):
+    """Refuses (SystemExit) an `--output_dir` that is a checkpoint of a run, or lies inside one or inside another
+    run's output folder, symbolic links resolved: the run would write a whole run among that run's files, which its
+    resume, rotation of checkpoints, --overwrite_output_dir or push would then take for its own (or delete). Reads
+    only: call it before the folder is made."""
+    given = Path(output_dir).expanduser()
+    out = given.resolve()
+    through = f" (through a symbolic link: it is {out})" if out != Path(os.path.abspath(given)) else ""
+    if out.is_dir() and _is_checkpoint(out):
+        raise SystemExit(
+            f"[{script}] --output_dir {output_dir}{through} is a checkpoint of a run, not a run's output folder: "
+            "training there would write over the checkpoint. Pass a new folder (to continue from the checkpoint, "
+            "--model_name_or_path it, or --resume_from_checkpoint it with its run's --output_dir)."
+        )
+    for parent in out.parents:
+        if _is_checkpoint(parent):
+            what = "a checkpoint of a run"
+        elif _holds_a_run(parent):
+            what = "the output folder of another run"
+        else:
+            continue
+        raise SystemExit(
+            f"[{script}] --output_dir {output_dir}{through} is inside {parent}, {what}: a run written there would "
+            "be mixed with that run's files (its resume, checkpoint rotation, --overwrite_output_dir and push take "
+            "what is in its folder for its own). Pass an --output_dir outside it."
         )
 
 
@@ -360,7 +412,8 @@ class CompleteCheckpointCallback(TrainerCallback):
     """Marks a checkpoint complete once the Trainer has written all of it (atomic rename), so that a run killed while
     saving never resumes from a half-written folder. The marker also carries the training time and validation curve
     so far (`timer`, a TimedEvalCallback), which a resumed run continues from, and the settings that define the run
-    (`run_settings`, set by `record_run_settings`), which a resume compares with its flags (`check_run_settings`)."""
+    (`run_settings`, set by `record_run_settings`), which a resume compares with its flags
+    (`resume_settings.check_run_settings`)."""
 
     def __init__(self, timer, settings=None):
         self.timer, self.run_settings = timer, settings
@@ -497,17 +550,33 @@ def newest_complete_checkpoint(output_dir):
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed")
+# torch.save's writer: "unexpected pos 704 vs 598" is a write cut short (the bytes written are fewer than it gave)
+WRITE_FAILED_TEXTS = ("iostream error", "file write failed", "PytorchStreamWriter failed", "unexpected pos")
+# free space below which a write that failed without saying why failed for space
+LOW_SPACE_BYTES = 64 * 2**20
 
 
-def disk_full_words(err):
-    """"the disk is full" for a write refused for space, "the disk is probably full" for torch.save's writer failing
-    without saying why, None for any other error."""
+def disk_full_words(err, folder=None):
+    """"the disk is full" for a write refused for space, or for torch.save's writer failing without saying why while
+    `folder`'s disk has (almost) no space left; "a write failed: the disk is probably full" for that failure with space
+    left (a quota, say); None for any other error."""
     if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
         return "the disk is full"
     if isinstance(err, (OSError, RuntimeError)) and any(text in str(err) for text in WRITE_FAILED_TEXTS):
+        try:
+            free = shutil.disk_usage(folder).free if folder is not None else None
+        except OSError:
+            free = None
+        if free is not None and free < LOW_SPACE_BYTES:
+            return "the disk is full"
         return "a write failed: the disk is probably full"
     return None
+
+
+def incomplete_checkpoints(output_dir):
+    """The `checkpoint-<step>` folders of `output_dir` without a completion marker (being written, or cut short)."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return sorted((p for p in folders if read_marker(p) is None), key=checkpoint_step)
 
 
 def where_to_resume(output_dir):
@@ -531,16 +600,19 @@ def stops_say_where_to_resume(output_dir, script="train"):
         print(f"[{script}] interrupted (Ctrl-C): {where_to_resume(output_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (OSError, RuntimeError) as err:
-        words = disk_full_words(err)
+        words = disk_full_words(err, output_dir)
         if words is None:
             raise
         try:
             free = f"{shutil.disk_usage(output_dir).free / 2**20:,.0f} MiB free now"
         except OSError:
             free = "free space unknown"
+        cut = incomplete_checkpoints(output_dir)
+        cut = (f" {', '.join(str(p) for p in cut)} {'is' if len(cut) == 1 else 'are'} incomplete (no "
+               f"{COMPLETE_MARKER}): never resumed from, and set aside when the run resumes." if cut else "")
         raise SystemExit(
             f"[{script}] {words}: writing in {output_dir} failed ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else err}; {free}). Free some space, then "
+            f"{str(err).splitlines()[0] if str(err) else err}; {free}).{cut} Free some space, then "
             f"{where_to_resume(output_dir)}"
         ) from None
 

@@ -23,6 +23,7 @@ from tests.helpers import (
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoModel, AutoModelForCausalLM, StaticCache
 
+import hf_settransformer as hfst
 from hf_settransformer.attention import AttentionMask, linear_kernel
 from hf_settransformer.cache import LinearAttentionCache, RecurrentStateLayer
 from hf_settransformer.linear_ops import causal_linear_attention, linear_attention_step
@@ -231,3 +232,96 @@ def test_compiled_linear_attention_step_equals_eager_and_writes_the_state_in_pla
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
             else:
                 torch.testing.assert_close(got.kv, want.kv, atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ checks when compiled
+
+def classifier(**fields):
+    return make_model(hfst.TransformerEncoderForSequenceClassification, tiny_config("encoder", **fields))
+
+
+def compiled_refusal(model, kwargs, error, words, fullgraph=False):
+    """Compiled (dynamo's eager backend) and exported, `model(**kwargs)` raises `error` with `words`; fullgraph=True
+    raises dynamo's "Observed exception", which quotes the refusal."""
+    torch._dynamo.reset()
+    with pytest.raises(error, match=words):
+        torch.compile(model, backend="eager")(**kwargs)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=words):
+        torch.compile(model, backend="eager", fullgraph=True)(**kwargs)
+
+
+def test_a_compiled_classifier_with_a_decay_is_refused_as_in_eager():
+    """A gated decay needs causal attention, and a classifier has none: eager refuses it, and so does a compiled
+    forward (it ran undecayed before)."""
+    model = classifier(attention_type="linear", linear_attention_decay="gated")
+    ids = torch.randint(0, VOCAB, (2, 6))
+    compiled_refusal(model, {"input_ids": ids}, ValueError, "linear_attention_decay='gated'")
+
+
+def test_a_config_changed_after_build_is_refused_when_compiled():
+    model = classifier(attention_type="linear")
+    ids = torch.randint(0, VOCAB, (2, 6))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    compiled(input_ids=ids)
+    model.config.linear_attention_decay = "fixed"
+    compiled_refusal(model, {"input_ids": ids}, ValueError, "was built with linear_attention_decay='none'")
+    model.config.linear_attention_decay = "none"
+    compiled(input_ids=ids)  # the guard on the config field recompiles, and the checks pass again
+
+
+def test_a_compiled_forward_passes_an_unknown_keyword_and_refuses_a_typo_as_eager_does():
+    """The keyword check (`checks.check_keyword_names`) in one graph: a name far from every input passes, one a typo
+    away (`attention_masks=`) is refused."""
+    model = classifier()
+    ids = torch.randint(0, VOCAB, (2, 6))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(input_ids=ids, my_own_flag=1).logits, model(input_ids=ids).logits)
+    compiled_refusal(model, {"input_ids": ids, "attention_masks": torch.ones(2, 6)}, ValueError,
+                     "did you mean `attention_mask`")
+
+
+@pytest.mark.parametrize("case", ["mask shape", "ids dtype", "labels shape"])
+def test_shape_and_dtype_checks_run_when_compiled(case):
+    model = classifier()
+    ids = torch.randint(0, VOCAB, (2, 6))
+    kwargs, words = {
+        "mask shape": ({"input_ids": ids, "attention_mask": torch.ones(2, 5)}, "attention_mask` must have shape"),
+        "ids dtype": ({"input_ids": ids.to(torch.int16)}, "torch.long"),
+        "labels shape": ({"input_ids": ids, "labels": torch.zeros(2, 2, dtype=torch.long)}, "class indices"),
+    }[case]
+    compiled_refusal(model, kwargs, ValueError, words)
+
+
+@pytest.mark.parametrize("case", ["mask of 0.5", "id out of range", "label out of range", "token label out of range"])
+def test_value_checks_are_assertions_in_a_compiled_or_exported_graph_on_the_cpu(case):
+    """Values a compiled forward cannot read back (no host sync) are asserted inside the graph on the CPU: a mask of
+    0.5 is refused (it was read as 1), an id or a label out of range names the input and its range (it was torch's
+    "IndexError: index out of range in self"). The same in a fullgraph training step and in an exported program."""
+    ids = torch.randint(0, VOCAB, (2, 6))
+    good = {"input_ids": ids, "attention_mask": torch.ones(2, 6), "labels": torch.tensor([0, 1])}
+    model, bad, words = {
+        "mask of 0.5": (classifier(), {"attention_mask": torch.full((2, 6), 0.5)}, "`attention_mask` must hold only 0"),
+        "id out of range": (classifier(), {"input_ids": ids + VOCAB},
+                            rf"`input_ids` hold ids outside the vocabulary \[0, {VOCAB - 1}\]"),
+        "label out of range": (classifier(), {"labels": torch.tensor([0, 3])}, r"`labels` hold class ids outside \[0, 2\]"),
+        "token label out of range": (decoder("softmax", "elu"), {"labels": ids + VOCAB},
+                                     rf"`labels` hold token ids outside \[0, {VOCAB - 1}\]"),
+    }[case]
+    if isinstance(model, hfst.TransformerDecoderForCausalLM):
+        good.update(labels=ids, use_cache=False)
+    bad = {**good, **bad}
+    with pytest.raises(ValueError):
+        model(**bad)  # eager: read back and refused with the values
+    compiled_refusal(model, bad, RuntimeError, words)
+    torch._dynamo.reset()
+    model.train()
+    loss = torch.compile(lambda inputs: model(**inputs).loss, backend="aot_eager", fullgraph=True)
+    loss(good).backward()
+    with pytest.raises(RuntimeError, match=words):
+        loss(bad).backward()
+    exported = torch.export.export(model.eval(), args=(), kwargs=good).module()
+    exported(**good)
+    with pytest.raises(RuntimeError, match=words):
+        exported(**bad)

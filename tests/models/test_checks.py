@@ -7,9 +7,11 @@ import torch
 from tests.helpers import (
     ATTENTIONS,
     HEAD_FAMILIES,
+    MODEL_CLASSES,
     VOCAB,
     batch_of_tokens,
     family_classes,
+    main_output,
     make_model,
     many_target_head,
     tiny_config,
@@ -399,7 +401,7 @@ def test_the_outermost_call_checks_once_and_drops_a_mask_of_ones(family, monkeyp
     model = many_target_head(family)
     checked, seen = [], []
     check_forward = checks.check_forward
-    monkeypatch.setattr(checks, "check_forward", lambda m, inputs: checked.append(m) or check_forward(m, inputs))
+    monkeypatch.setattr(checks, "check_forward", lambda m, inputs, **options: checked.append(m) or check_forward(m, inputs, **options))
     model.model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]),
                                           with_kwargs=True)
     ids = batch_of_tokens(2, 12)
@@ -459,3 +461,105 @@ def test_legal_logits_to_keep_gives_llamas_positions():
         assert torch.allclose(model(input_ids=ids, logits_to_keep=9).logits, full, atol=1e-6)
         kept = model(input_ids=ids, logits_to_keep=torch.tensor([0, -1, 3], dtype=torch.int32)).logits
         assert torch.allclose(kept, full[:, [0, 5, 3]], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ config after build
+
+BUILT_CHANGES = {  # a field a model is built from -> another value, valid alone and with the tiny configs' others
+    "vocab_size": VOCAB + 1, "input_size": 3, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 40,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.2,
+    "max_position_embeddings": 65, "position_embedding_type": "learned", "scale_embedding": False,
+    "norm_type": "layernorm", "norm_eps": 1e-6, "attention_type": "softmax", "feature_map": "exp",
+    "linear_attention_chunk_size": 8, "linear_attention_decay": "fixed", "adaptive_softmax_cutoffs": [4, 16],
+    "adaptive_softmax_div_value": 2.0, "adaptive_input_cutoffs": [4, 16], "adaptive_input_div_value": 2.0,
+    "tie_word_embeddings": False, "num_hidden_layers": 3, "add_cross_attention": True, "pooling": "mean",
+    "next_token_mode": "window", "num_inducing_points": 4, "num_seeds": 2, "num_decoder_layers": 2, "num_latents": 6,
+    "num_self_attends_per_block": 3, "num_cross_attention_heads": 1, "output_query_type": "learned",
+    "num_output_queries": 2, "num_labels": 4,
+}
+CALL_TIME_CHANGES = {  # a field read at each call -> another value: honoured by the forward and written by a save
+    "initializer_range": 0.05, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 3, "use_cache": False,
+    "is_decoder": False, "lm_loss_chunk_size": 4, "context_length": 6, "target_length": 3, "num_blocks": 1,
+    "problem_type": "single_label_classification", "id2label": {0: "a", 1: "b", 2: "c"},
+}
+BUILT_MODELS = [*((family, cls) for family, cls in MODEL_CLASSES),
+                ("set_transformer", hfst.SetTransformerForMixtureOfGaussians)]
+
+
+def built_model(family, cls, **fields):
+    """A tiny linear-attention `cls` (its kernel's fields are read; tied weights off: the adaptive layers can then be
+    switched on) and its inputs."""
+    if cls is hfst.SetTransformerForMixtureOfGaussians:
+        fields = {"vocab_size": None, "input_size": 2, "num_seeds": 3, **fields}
+    config = tiny_config(family, "linear", tie_word_embeddings=False, **fields)
+    model = make_model(cls, config)
+    if model.main_input_name == "input_features":
+        return model, {"input_features": torch.randn(2, 6, config.input_size)}
+    return model, {"input_ids": batch_of_tokens(2, 6)}
+
+
+@pytest.mark.parametrize("family,cls", BUILT_MODELS, ids=lambda x: getattr(x, "__name__", x))
+def test_a_field_the_model_was_built_from_is_refused_when_changed_after(family, cls, tmp_path):
+    """`config.linear_attention_decay = "fixed"` on a built undecayed model (and every field its modules are made
+    from, for every model class) is refused at the forward and at save, naming the field and both values; nothing is
+    written. The same value again runs."""
+    from hf_settransformer.configuration_base import built_fields
+
+    model, inputs = built_model(family, cls)
+    fields = [*built_fields(model.config), *model.built_from]
+    assert set(model.built_config) == set(fields) and set(fields) <= set(BUILT_CHANGES)
+    for name in fields:
+        built, value = getattr(model.config, name), BUILT_CHANGES[name]
+        value = not built if value == built and isinstance(built, bool) else value
+        if family == "set_transformer" and name == "position_embedding_type":
+            continue  # a set has no order: "none" is its only value
+        if name.endswith("_cutoffs") and model.config.vocab_size is None:
+            continue  # no vocabulary to cut: refused by the config itself (test_config.py)
+        setattr(model.config, name, value)
+        for use in (lambda: model(**inputs), lambda: model.save_pretrained(tmp_path)):
+            with pytest.raises(ValueError, match=f"`config.{name}` is {value!r}, but this {cls.__name__} was built with "
+                                                 f"{name}={built!r}".replace("[", r"\[")):
+                use()
+        setattr(model.config, name, built)
+        assert not any(tmp_path.iterdir()), name
+    model(**inputs)
+
+
+@pytest.mark.parametrize("family,cls", BUILT_MODELS, ids=lambda x: getattr(x, "__name__", x))
+def test_a_field_read_at_each_call_may_change_after_build_and_a_save_keeps_what_ran(family, cls, tmp_path):
+    """The fields left changeable (`configuration_base.CALL_TIME_FIELDS`, and transformers' `problem_type` and
+    `id2label`) are honoured: the changed model's output is the output of its saved and reloaded copy."""
+    from hf_settransformer.configuration_base import CALL_TIME_FIELDS
+
+    assert CALL_TIME_FIELDS <= set(CALL_TIME_CHANGES)
+    model, inputs = built_model(family, cls)
+    for name, value in CALL_TIME_CHANGES.items():
+        if name not in model.config.__dataclass_fields__:
+            continue
+        setattr(model.config, name, value)
+        with torch.no_grad():
+            expected = main_output(model(**inputs)) if cls is not hfst.SetTransformerForMixtureOfGaussians else (
+                model(**inputs).log_likelihood)
+        model.save_pretrained(tmp_path / name)
+        reloaded = cls.from_pretrained(tmp_path / name).eval()
+        assert getattr(reloaded.config, name) == value
+        with torch.no_grad():
+            got = main_output(reloaded(**inputs)) if cls is not hfst.SetTransformerForMixtureOfGaussians else (
+                reloaded(**inputs).log_likelihood)
+        torch.testing.assert_close(got, expected, msg=name)
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES + ["decoder"])
+def test_a_resized_vocabulary_is_the_one_the_model_and_its_base_model_run_and_save(family, tmp_path):
+    """`resize_token_embeddings` changes `vocab_size` legitimately: the head and its base model run on the new ids,
+    and the saved copy gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family)
+    model = make_model(family_classes(config)[AutoModelForCausalLM], config)
+    model.resize_token_embeddings(VOCAB + 5)
+    ids = torch.tensor([[VOCAB + 4, 1, 2, 3]])
+    model.model(input_ids=ids)
+    expected = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(type(model).from_pretrained(tmp_path).eval()(input_ids=ids).logits, expected)

@@ -5,7 +5,17 @@ themselves (`hf_settransformer/cache.py`) are in test_cache.py; compiled decodin
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.helpers import ATTENTION_IDS, ATTENTIONS, VOCAB, check_cached_steps, decoder, left_padded_batch, tiny_config
+from tests.helpers import (
+    ATTENTION_IDS,
+    ATTENTIONS,
+    HEAD_FAMILIES,
+    VOCAB,
+    check_cached_steps,
+    decoder,
+    left_padded_batch,
+    many_target_head,
+    tiny_config,
+)
 from transformers import StaticCache
 
 import hf_settransformer as hfst
@@ -153,3 +163,41 @@ def test_assisted_generation_runs_with_softmax_and_names_the_limit_of_a_recurren
     kwargs = options if isinstance(options, dict) else {"assistant_model": windowed}
     with pytest.raises(ValueError, match="TransformerEncoderForNextTokenPrediction keeps none"):
         windowed.generate(ids, max_new_tokens=3, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["many", "window"])
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_a_window_head_generates_from_inputs_embeds_as_from_the_ids(family, mode):
+    """generate(inputs_embeds=embed(ids)) on a next-token head (no cache: it reads its whole window at each step, the
+    prompt's vectors then the new tokens) gives the new tokens generate(ids) gives: greedy, with a mask, with beams
+    past the window (context 12, prompt 5, 10 new tokens)."""
+    model = many_target_head(family, next_token_mode=mode)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    vectors = model.get_input_embeddings()(ids).detach()
+    for options in ({}, {"attention_mask": torch.ones_like(ids)}, {"num_beams": 2}):
+        expected = model.generate(ids, max_new_tokens=10, do_sample=False, **options)
+        got = model.generate(inputs_embeds=vectors, max_new_tokens=10, do_sample=False, **options)
+        assert torch.equal(got, expected[:, 5:]), options
+
+
+def test_a_window_head_refuses_generate_arguments_it_would_drop():
+    """A prompt given both as ids and as vectors (the vectors were dropped), and `position_ids` (dropped: the window's
+    positions come from its mask)."""
+    model = many_target_head("encoder")
+    ids = torch.randint(1, VOCAB, (2, 5))
+    with pytest.raises(ValueError, match="`input_ids` or as `inputs_embeds`, not both"):
+        model.generate(ids, inputs_embeds=model.get_input_embeddings()(ids), max_new_tokens=2)
+    with pytest.raises(ValueError, match="takes no `position_ids`"):
+        model.generate(ids, position_ids=torch.arange(5)[None].expand(2, -1) + 3, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_the_decoder_generates_from_inputs_embeds_as_from_the_ids(attention_type, feature_map):
+    """transformers' own route (the vectors at the first step, then the cache), with and without a cache."""
+    model = decoder(attention_type, feature_map)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    vectors = model.get_input_embeddings()(ids).detach()
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    for use_cache in (True, False):
+        got = model.generate(inputs_embeds=vectors, max_new_tokens=6, do_sample=False, use_cache=use_cache)
+        assert torch.equal(got, expected[:, 5:])

@@ -208,9 +208,10 @@ def test_next_token_heads_take_shift_labels(family, mode):
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
-def test_next_token_class_runs_the_head_its_mode_names(family):
+def test_next_token_class_runs_the_head_its_mode_names(family, tmp_path):
     """`...ForNextTokenPrediction` runs the many-target or the one-target forward as `config.next_token_mode` said
-    at construction, and declares that objective; both modes have the same parameters."""
+    at construction, and declares that objective; both modes have the same parameters. A mode set after construction
+    is refused at the forward and at save."""
     model = many_target_head(family)
     ids = batch_of_tokens(2, 12)
     assert model.objective == "many_target_windows" and model(input_ids=ids).logits.shape == (2, 12, VOCAB)
@@ -218,5 +219,17 @@ def test_next_token_class_runs_the_head_its_mode_names(family):
     window = many_target_head(family, next_token_mode="window")
     assert window.objective == "one_target_window" and window(input_ids=ids).logits.shape == (2, 1, VOCAB)
     assert [name for name, _ in window.named_parameters()] == names
-    model.config.next_token_mode = "window"  # after construction: the model keeps its mode
-    assert model.objective == "many_target_windows" and model(input_ids=ids).logits.shape == (2, 12, VOCAB)
+    model.config.next_token_mode = "window"  # after construction: refused, not run in the mode it was built in
+    assert model.objective == "many_target_windows"
+    for use in (lambda: model(input_ids=ids), lambda: model.save_pretrained(tmp_path)):
+        with pytest.raises(ValueError, match="built with next_token_mode='many'"):
+            use()
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_a_next_token_head_has_one_public_forward_and_it_is_checked(family):
+    """The per-mode forwards are private: called directly, they would run without the checks of `forward`."""
+    cls = type(many_target_head(family))
+    assert [name for name in dir(cls) if name.startswith("forward")] == ["forward"]
+    assert getattr(cls.forward, "__wrapped__", None) is not None  # checks.checked

@@ -5,6 +5,7 @@ during the final save are tested with the training utilities (test_training.py).
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,8 +87,8 @@ FLAG_CASES = [
     (["--validation_file", "{latin1}"], ["--validation_file", "latin1.txt is not UTF-8", "0xe9", "line 2"]),
     (["--train_file", "{texts}"], ["--train_file", "is a folder; pass a text file"]),
     (["--resume_from_checkpoint", "{missing}"], ["--resume_from_checkpoint", "missing.txt: no such folder"]),
-    (["--learning_rate", "nan"], ["--learning_rate must be a positive finite number, got nan"]),
-    (["--learning_rate", "-1"], ["--learning_rate must be a positive finite number, got -1.0"]),
+    (["--learning_rate", "nan"], ["--learning_rate must be a finite number, not negative", "got nan"]),
+    (["--learning_rate", "-1"], ["--learning_rate must be a finite number, not negative", "got -1.0"]),
     (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
     (["--context_length", "32"], ["--context_length cannot apply to --family decoder"]),
     (["--next_token_mode", "window"], ["--next_token_mode window cannot apply to --family decoder"]),
@@ -194,8 +195,8 @@ def test_train_sets_refused_for_a_missing_model_leaves_no_folder(tmp_path):
 @pytest.mark.parametrize(
     "extra,words",
     [
-        (["--value_scale", "0"], ["--value_scale must be a positive finite number"]),
-        (["--value_scale", "nan"], ["--value_scale must be a positive finite number"]),
+        (["--value_scale", "0"], ["--value_scale must be between 0.01 and 10,000, got 0.0"]),
+        (["--value_scale", "nan"], ["--value_scale must be between 0.01 and 10,000, got nan"]),
         (["--eval_sets", "0"], ["--eval_sets must be a positive integer"]),
         (["--min_size", "5", "--max_size", "2"], ["--min_size (5) must not exceed --max_size (2)"]),
         (["--model", "deepsets_max", "--attention_type", "linear"], ["deepsets_max", "--attention_type cannot apply"]),
@@ -266,17 +267,26 @@ def test_a_missing_model_offline_says_the_hub_is_not_reachable(tmp_path, texts, 
             assert word in str(err.value.code), str(err.value.code)
 
 
-DISK_FULL = {"ENOSPC": (OSError(28, "No space left on device", "optimizer.pt"), "the disk is full"),
-             "torch writer": (RuntimeError("basic_ios::clear: iostream error"), "the disk is probably full")}
+CUT_SHORT = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # torch.save's
+DISK_FULL = {"ENOSPC": (OSError(28, "No space left on device", "optimizer.pt"), "the disk is full", None),
+             "torch writer": (RuntimeError("basic_ios::clear: iostream error"), "the disk is probably full", None),
+             "torch writer cut short, no space left": (CUT_SHORT, "the disk is full", 0),
+             "torch writer cut short, space left": (CUT_SHORT, "the disk is probably full", None)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("error", list(DISK_FULL))
 def test_a_full_disk_while_saving_says_so_and_the_previous_checkpoint_resumes(tmp_path, texts, train_lm, monkeypatch,
                                                                             capsys, error):
+    """A full disk while a checkpoint is saved ends the run in one line: what failed, where, that the checkpoint being
+    written is incomplete (it has no marker, so it is never resumed from), and the one to resume from. torch.save's
+    "unexpected pos" (a write cut short) was not taken for a full disk."""
     out = tmp_path / "run"
     real_save = torch.save
-    raised, words = DISK_FULL[error]
+    raised, words, free = DISK_FULL[error]
+    if free is not None:  # what the disk has left once the write failed
+        real_usage = shutil.disk_usage
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=free))
 
     def save(obj, f, *args, **kwargs):
         if str(f).endswith("optimizer.pt") and "checkpoint-4" in str(f):
@@ -288,13 +298,34 @@ def test_a_full_disk_while_saving_says_so_and_the_previous_checkpoint_resumes(tm
         train_lm.main(tiny_run_args(texts, out, "--max_steps", "6", "--save_steps", "2"))
     message = str(err.value.code)
     for word in (words, str(raised).splitlines()[0], f"resume from {out / 'checkpoint-2'} (step 2, complete)",
-                 "--resume_from_checkpoint true"):
+                 "--resume_from_checkpoint true", f"{out / 'checkpoint-4'} is incomplete", f"writing in {out}"):
         assert word in message, message
-    monkeypatch.setattr(torch, "save", real_save)
+    assert not (out / "checkpoint-4" / "hfst_checkpoint_complete.json").exists()
+    monkeypatch.undo()
     results = train_lm.main(tiny_run_args(texts, out, "--max_steps", "6", "--save_steps", "2",
                                           "--resume_from_checkpoint", "true"))
     assert results["resumed_from_step"] == 2 and results["train_steps"] == 6
     assert "checkpoint-4 was never completely written" in capsys.readouterr().out
+
+
+def test_train_sets_a_full_disk_while_saving_the_final_model_says_so(tmp_path, monkeypatch):
+    """The final model's save was outside the full-disk handling of train_sets.py: a traceback."""
+    train_sets = load_script("train_sets")
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if ".tmp-final-model" in str(f):
+            raise OSError(28, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as err:
+        train_sets.main(["--output_dir", str(out), "--max_steps", "2", "--save_steps", "1", "--report_to", "none",
+                         "--eval_sets", "8", "--hidden_size", "16", "--disable_tqdm", "true"])
+    message = str(err.value.code)
+    for words in ("[train_sets] the disk is full: writing in", f"resume from {out / 'checkpoint-2'} (step 2, complete)"):
+        assert words in message, message
 
 
 def test_ctrl_c_before_any_checkpoint_says_none_exists_and_exits_130(tmp_path, texts, train_lm, monkeypatch, capsys):

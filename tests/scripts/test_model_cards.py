@@ -77,3 +77,29 @@ def test_a_results_folder_without_its_config_is_refused_naming_what_it_lacks(tmp
     (tmp_path / "all_results.json").write_text(json.dumps(results))
     with pytest.raises(ValueError, match="does not record the run's config"):
         toolkit.refresh_model_card(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a perplexity as a string"])
+def test_check_names_a_damaged_all_results_json_and_its_key(tmp_path, damage):
+    """`make_model_cards.py --check` on a results folder with a damaged run: the file and the key, no traceback, and
+    without --check no card written (each run is read before any card is)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    for run in ("decoder-softmax", "encoder-softmax"):
+        shutil.copytree(GRID / run, results / run)
+    path = results / "encoder-softmax" / "all_results.json"
+    text = path.read_text()
+    path.write_text(text[:300] if damage == "cut short" else
+                    re.sub(r'"test_perplexity": ([0-9.]+)', r'"test_perplexity": "\1"', text))
+    for check in (["--check"], []):
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_model_cards.py"), *check,
+                                 "--results_dirs", str(results), "--output_dir", str(tmp_path / "cards")],
+                                cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert f"[make_model_cards] {path}" in result.stderr
+        assert ("is not valid JSON" if damage == "cut short" else "test_perplexity is '") in result.stderr
+        assert not (tmp_path / "cards").exists() or not list((tmp_path / "cards").iterdir())

@@ -102,6 +102,50 @@ def test_a_dataset_folder_or_flags_file_in_the_output_folder_is_refused(tmp_path
     assert digests(run) == before
 
 
+OUTPUT_INSIDE = {
+    "another run's checkpoint through a link": ("{link}/sub", [], "is inside {run}/checkpoint-2, a checkpoint of a run"),
+    "a checkpoint through a link": ("{link}", [], "is a checkpoint of a run"),
+    "another run's folder": ("{run}/sub", [], "is inside {run}, the output folder of another run"),
+    "this run's checkpoint": ("{run}/checkpoint-1/sub", ["--resume_from_checkpoint", "true"],
+                              "a checkpoint of a run"),
+    "the model's folder": ("{run}/sub", ["--model_name_or_path", "{run}"],
+                           "is inside --model_name_or_path {run}, a folder this run reads"),
+    "the tokenizer's folder": ("{tokenizer}/sub", ["--tokenizer_name", "{tokenizer}"],
+                               "is inside --tokenizer_name {tokenizer}, a folder this run reads"),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_INSIDE))
+def test_an_output_dir_inside_a_checkpoint_a_run_or_an_input_folder_is_refused(tmp_path, texts, train_lm, lm_run,  # noqa: F811
+                                                                              case):
+    """`--output_dir link/sub`, where link is another run's checkpoint-2, wrote a whole run into that checkpoint;
+    so did an --output_dir inside another run's folder or inside a folder the run reads. Refused, symbolic links
+    resolved, before anything is made."""
+    run = copy_of(lm_run, tmp_path)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(run / name, tokenizer / name)
+    (tmp_path / "link").symlink_to(run / "checkpoint-2")
+    before = digests(tmp_path)
+    out, extra, words = OUTPUT_INSIDE[case]
+    names = dict(run=run, link=tmp_path / "link", tokenizer=tokenizer)
+    extra = [x.format(**names) for x in extra]
+    message = refused(train_lm.main, tiny_run_args(texts, out.format(**names), "--max_steps", "1", *extra))
+    assert words.format(**names) in message, message
+    assert "an --output_dir outside it" in message or "Pass a new folder" in message, message
+    assert digests(tmp_path) == before and not (run / "sub").exists()
+
+
+def test_train_sets_refuses_an_output_dir_inside_a_checkpoint(tmp_path, train_sets, sets_run):
+    run = copy_of(sets_run, tmp_path)
+    (tmp_path / "link").symlink_to(run / "checkpoint-2")
+    before = digests(run)
+    message = refused(train_sets.main, ["--output_dir", str(tmp_path / "link" / "sub"), *SETS])
+    assert f"is inside {run / 'checkpoint-2'}, a checkpoint of a run" in message and "symbolic link" in message
+    assert digests(run) == before
+
+
 def test_resuming_another_head_of_the_same_config_is_refused():
     """The same config and weight shapes under another head (an encoder's masked-LM checkpoint resumed as its causal
     LM) would resume silently: the checkpoint's architectures name its head."""
@@ -269,8 +313,31 @@ def drop_a_tensor(path):
     save_file(tensors, path)
 
 
+class Malicious:
+    """Pickled as a call of os.system: what a hostile checkpoint file holds (written here, never loaded)."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def plant_pickle(path):
+    """Replaces the torch.save file `path` with a whole archive whose pickle would call os.system to make a file
+    `ran-<name>` beside it: it must never exist."""
+    import torch
+
+    torch.save(Malicious(f"touch {path.with_name('ran-' + path.name)}"), path)
+
+
 DAMAGES = {
     "no trainer_state.json": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+    **{f"foreign pickle in {name}": (lambda c, name=name: plant_pickle(c / name),
+                                     f"{name} is a pickle that would call posix.system")
+       for name in ("rng_state.pth", "optimizer.pt", "scheduler.pt", "training_args.bin")},
+    "no optimizer (--save_only_model)": (lambda c: [(c / n).unlink() for n in ("optimizer.pt", "scheduler.pt")],
+                                         "optimizer.pt and scheduler.pt are missing"),
     "truncated weights": (lambda c: os.truncate(c / "model.safetensors", (c / "model.safetensors").stat().st_size // 2),
                           "model.safetensors is damaged"),
     "garbage optimizer.pt": (lambda c: (c / "optimizer.pt").write_bytes(b"garbage" * 100), "optimizer.pt is damaged"),
@@ -292,6 +359,7 @@ def test_a_damaged_checkpoint_is_named_with_the_earlier_one(tmp_path, texts, tra
     shutil.rmtree(run / "checkpoint-2")
     message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
     assert words in message and "--overwrite_output_dir" in message, message
+    assert not list(tmp_path.rglob("ran-*"))  # no planted pickle ran
 
 
 def test_train_sets_names_a_damaged_checkpoint(tmp_path, train_sets, sets_run):
@@ -313,7 +381,20 @@ def test_train_sets_continuing_a_model_with_damaged_results_still_saves_its_run(
     assert "all_results.json is unreadable" in caplog.text
 
 
+def pickled_weights(folder, plant=False):
+    """The model of `folder` as a pytorch_model.bin instead of its model.safetensors; with `plant`, one whose pickle
+    would call os.system."""
+    (folder / "model.safetensors").unlink()
+    if plant:
+        plant_pickle(folder / "pytorch_model.bin")
+    else:
+        (folder / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut short")
+
+
 MODEL_DAMAGES = {
+    "foreign pickle as pytorch_model.bin": (lambda c: pickled_weights(c, plant=True),
+                                            "pytorch_model.bin is a pickle that would call posix.system"),
+    "damaged pytorch_model.bin": (pickled_weights, "pytorch_model.bin is damaged"),
     "truncated weights": (DAMAGES["truncated weights"][0], "model.safetensors is damaged"),
     "no weights": (DAMAGES["no weights"][0], "holds no weights (model.safetensors is missing)"),
     "missing tensors": (DAMAGES["missing tensors"][0], "model.safetensors lacks"),
@@ -333,6 +414,7 @@ def test_a_damaged_model_to_continue_is_named(tmp_path, texts, train_lm, train_s
     message = refused(train_sets.main, ["--output_dir", str(tmp_path / "out2"), "--model_name_or_path", str(model),
                                         *SETS])
     assert f"--model_name_or_path {model}" in message and words in message, message
+    assert not list(tmp_path.rglob("ran-*"))  # no planted pickle ran
 
 
 # ------------------------------------------------------------------------------- 6. a folder that cannot be written
@@ -393,6 +475,13 @@ LM_OTHER_SETTINGS = {
     "budget_clock": (["--budget_clock", "wall", "--max_train_minutes", "5"],
                      "budget_clock: the checkpoint's run has 'cpu', the flags say 'wall'"),
     "train_file": (["--train_file", "{other}"], "train_file_sha256:"),
+    "neftune_noise_alpha": (["--neftune_noise_alpha", "5"], "neftune_noise_alpha: the checkpoint's run has None"),
+    "dataloader_drop_last": (["--dataloader_drop_last", "true"], "dataloader_drop_last: the checkpoint's run has "
+                                                                 "False, the flags say True"),
+    "train_sampling_strategy": (["--train_sampling_strategy", "sequential"], "train_sampling_strategy:"),
+    "accelerator_config": (["--accelerator_config", '{"split_batches": true}'], "accelerator_config:"),
+    "precision": (["--precision", "fp32"], "precision: the checkpoint's run has 'bf16', the flags say 'fp32'"),
+    "tokenizer": (["--tokenizer_name", "{tokenizer}"], "vocabulary_sha256:"),
 }
 
 
@@ -403,11 +492,16 @@ def test_resuming_with_other_training_settings_is_refused_by_name(tmp_path, text
     run = copy_of(lm_run, tmp_path)
     other = tmp_path / "other.txt"  # the same words, each line twice: another text with the same vocabulary
     other.write_text("".join(line + line for line in (texts / "train.txt").read_text().splitlines(keepends=True)))
+    # a tokenizer of the same words (the same size: the checkpoint's config fits) with other ids
+    from hf_settransformer.toolkit import build_word_tokenizer
+
+    lines = (texts / "train.txt").read_text().splitlines()
+    build_word_tokenizer(lines + [" ".join(["w39"] * 1000)]).save_pretrained(tmp_path / "tokenizer")
     before = digests(run)
     extra, words = LM_OTHER_SETTINGS[case]
     length = [] if "--max_train_minutes" in extra else ["--max_steps", "3"]  # a time budget sets the steps itself
     args = tiny_run_args(texts, run, *length, "--resume_from_checkpoint", "true")
-    args += [word.replace("{other}", str(other)) for word in extra]
+    args += [word.replace("{other}", str(other)).replace("{tokenizer}", str(tmp_path / "tokenizer")) for word in extra]
     message = refused(train_lm.main, args)
     assert words in message and "checkpoint-2" in message and "flags that started the run" in message, message
     assert digests(run) == before
@@ -429,20 +523,67 @@ def test_resuming_longer_or_with_other_logging_keeps_the_run(tmp_path, texts, tr
     assert settings["learning_rate"] > 0 and len(settings["train_file_sha256"]) == 64
 
 
-def test_a_checkpoint_without_run_settings_still_resumes_with_a_warning(tmp_path, texts, train_lm, lm_run,  # noqa: F811
-                                                                       monkeypatch):
-    """Checkpoints made before the settings were recorded: nothing to compare, so the resume goes on and says so."""
-    from hf_settransformer.toolkit import checkpoint_files
+def test_a_checkpoint_without_run_settings_resumes_with_a_warning_that_says_what_was_compared(  # noqa: F811
+        tmp_path, texts, train_lm, lm_run, monkeypatch):
+    """A marker without its run settings (an older version's, or edited): the training arguments are still compared
+    with the checkpoint's training_args.bin, so --learning_rate 0.003 on a 0.002 run is refused; the same flags resume
+    with a warning that says what could and could not be compared (it said the checkpoint was "made before they were
+    recorded", which it cannot know)."""
+    from hf_settransformer.toolkit import resume_settings
 
     run = copy_of(lm_run, tmp_path)
     for marker in run.glob("checkpoint-*/hfst_checkpoint_complete.json"):
         marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "run_settings"}))
+    before = digests(run)
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                                   "--learning_rate", "0.003"))
+    assert "learning_rate: the checkpoint's run has 0.002 (its training_args.bin), the flags say 0.003" in message
+    assert digests(run) == before
     warnings = []
-    monkeypatch.setattr(checkpoint_files.logger, "warning", warnings.append)
-    train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
-                                "--learning_rate", "0.003"))
+    monkeypatch.setattr(resume_settings.logger, "warning", warnings.append)
+    train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
     assert json.loads((run / "all_results.json").read_text())["resumed_from_step"] == 2
-    assert any("records no run settings" in line and "checkpoint-2" in line for line in warnings), warnings
+    (warning,) = warnings
+    assert "checkpoint-2" in warning and "records no run settings" in warning, warning
+    assert "compared with its training_args.bin" in warning and "made before" not in warning, warning
+
+
+def test_a_marker_edited_to_match_other_flags_is_not_believed(tmp_path, texts, train_lm, lm_run):  # noqa: F811
+    """Run settings changed by hand to the new flags' values: the checkpoint's training_args.bin (what the Trainer ran
+    with) still tells, and the message names both."""
+    run = copy_of(lm_run, tmp_path)
+    marker = run / "checkpoint-2" / "hfst_checkpoint_complete.json"
+    content = json.loads(marker.read_text())
+    content["run_settings"].update(learning_rate=0.003, dataloader_drop_last=True)
+    marker.write_text(json.dumps(content))
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                                   "--learning_rate", "0.003", "--dataloader_drop_last", "true"))
+    for words in ("learning_rate: the checkpoint's run has 0.002 (its training_args.bin; its "
+                  "hfst_checkpoint_complete.json says 0.003), the flags say 0.003",
+                  "dataloader_drop_last: the checkpoint's run has False (its training_args.bin; its "
+                  "hfst_checkpoint_complete.json says True), the flags say True"):
+        assert words in message, message
+
+
+def test_precision_auto_is_compared_as_what_it_resolved_to(tmp_path, texts, train_lm, monkeypatch):  # noqa: F811
+    """A run recorded as --precision auto that ran in fp32 (a CPU without a fast bf16 path) resumes with --precision
+    fp32 (it was refused: "auto" is not "fp32"); a resume that would compute in bf16 is refused."""
+    from hf_settransformer.toolkit import lm_arguments
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(lm_arguments, "fast_bf16_available", lambda use_cpu=False: False)
+    train_lm.main(tiny_run_args(texts, run, "--max_steps", "2", "--save_steps", "1"))
+    marker = run / "checkpoint-2" / "hfst_checkpoint_complete.json"
+    content = json.loads(marker.read_text())
+    assert content["run_settings"]["precision"] == "fp32"
+    content["run_settings"]["precision"] = "auto"  # as earlier versions recorded it
+    marker.write_text(json.dumps(content))
+    monkeypatch.setattr(lm_arguments, "fast_bf16_available", lambda use_cpu=False: True)
+    message = refused(train_lm.main, tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true"))
+    assert "bf16: the checkpoint's run has False, the flags say True" in message, message
+    results = train_lm.main(tiny_run_args(texts, run, "--max_steps", "3", "--resume_from_checkpoint", "true",
+                                          "--precision", "fp32"))
+    assert results["resumed_from_step"] == 2 and results["precision"] == "fp32"
 
 
 @pytest.fixture(scope="module")
@@ -460,6 +601,7 @@ SETS_OTHER_SETTINGS = {
                                                                   "say 5"),
     "max_values": (["--model", "deepsets_max", "--max_values", "integer"], "max_values:"),
     "learning_rate": (["--model", "deepsets_max", "--learning_rate", "0.5"], "learning_rate:"),
+    "dataloader_drop_last": (["--model", "deepsets_max", "--dataloader_drop_last", "true"], "dataloader_drop_last:"),
 }
 
 

@@ -283,6 +283,17 @@ SETS_EXTREMES = [
     (["--num_hidden_layers", str(10**9)], ["--num_hidden_layers 1000000000", "GiB to train"]),
     (["--seed", str(2**32)], ["--seed must be an integer in [0, 2**32)"]),
     (["--seed", "-1"], ["--seed must be an integer in [0, 2**32)"]),
+    # ended in "mae": NaN (1e-300), or a MAE of 1e297 (1e300)
+    *[(["--value_scale", value], ["--value_scale must be between 0.01 and 10,000, got", "MAE is NaN"])
+      for value in ("1e-300", "1e300", "0.001", "nan", "-1")],
+    # tracebacks from torch's optimizer, sampler or dataloader, or a division by zero, once training started
+    (["--learning_rate", "nan"], ["--learning_rate must be a finite number, not negative", "got nan"]),
+    (["--learning_rate", "-1"], ["--learning_rate must be a finite number, not negative", "got -1.0"]),
+    (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
+    (["--per_device_eval_batch_size", "0"], ["--per_device_eval_batch_size must be a positive integer, got 0"]),
+    (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps must be a positive integer, got 0"]),
+    (["--dataloader_num_workers", "-1"], ["--dataloader_num_workers must be a non-negative integer"]),
+    (["--neftune_noise_alpha", "-1"], ["--neftune_noise_alpha must be a positive finite number"]),
 ]
 
 
@@ -346,3 +357,26 @@ def test_train_sets_reads_a_json_file_of_flags_typed(tmp_path, train_sets):
     path.write_text(json.dumps({"output_dir": str(tmp_path / "out2"), "eval_sets": 2.5}))
     with pytest.raises(SystemExit, match="'eval_sets' must be an integer, got 2.5"):
         train_sets.main([str(path)])
+
+
+BEFORE_THE_DATA = [
+    (["--config_overrides", "hiden_size=8"], "--config_overrides: TransformerDecoderConfig has no field 'hiden_size' "
+                                             "(did you mean 'hidden_size'?)"),
+    (["--family", "encoder", "--config_overrides", "poling=mean"], "has no field 'poling' (did you mean 'pooling'?)"),
+    (["--config_overrides", "hidden_size"], '--config_overrides: expected "key=value"'),
+    (["--do_eval"], "--do_eval needs a validation split"),
+    (["--do_predict"], "--do_predict needs a test split"),
+]
+
+
+@pytest.mark.parametrize("flags,words", BEFORE_THE_DATA, ids=[" ".join(c[0]) for c in BEFORE_THE_DATA])
+def test_checks_that_need_no_data_are_made_before_the_data_is_read(tmp_path, texts, train_lm, monkeypatch, flags,
+                                                                   words):
+    """A misspelt --config_overrides key was refused only once the data was read and tokenized (minutes on a large
+    file), and so was an evaluation whose split file was not given."""
+
+    def read(data_args):
+        raise AssertionError("the data was read before the flags were checked")
+
+    monkeypatch.setattr(train_lm, "load_splits", read)
+    assert words in lm_refusal(train_lm, tmp_path, texts, *flags)

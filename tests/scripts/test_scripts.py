@@ -34,45 +34,6 @@ def run_script(script, *args, timeout=300):
     return result.stdout
 
 
-def run_tiny(script, tmp_path):
-    stdout = run_script(script, "--tiny", "--output_dir", tmp_path)
-    return stdout, json.loads((tmp_path / script.replace(".py", ".json")).read_text())
-
-
-@pytest.mark.slow
-def test_bench_generation_tiny(tmp_path):
-    stdout, report = run_tiny("bench_generation.py", tmp_path)
-    assert "| batch | context | softmax ms/step | linear ms/step |" in stdout
-    assert {(r["batch"], r["context"]) for r in report["rows"]} == {(1, 16), (1, 64), (2, 16), (2, 64)}
-    for row in report["rows"]:
-        for name in ("softmax", "linear"):
-            assert row[name]["ms_per_token"] > 0 and row[name]["cache_mib"] > 0
-    by_context = {r["context"]: r for r in report["rows"] if r["batch"] == 1}
-    # the softmax cache grows with the context, the linear state does not
-    assert by_context[64]["softmax"]["cache_mib"] == 4 * by_context[16]["softmax"]["cache_mib"]
-    assert by_context[64]["linear"]["cache_mib"] == by_context[16]["linear"]["cache_mib"]
-    assert set(report["summary"]) == {"batch 1", "batch 2"}
-
-
-@pytest.mark.slow
-def test_bench_generation_static_cache_compiled_steps_and_profile(tmp_path):
-    """--cache static and --compile add their contenders to the same table (compiled by dynamo's eager backend here:
-    no code generation on the test machine); --profile writes a profiler table per contender."""
-    flags = ["--cache", "static", "--compile", "--compile_backend", "eager", "--profile", "--batch_sizes", "1"]
-    stdout = run_script("bench_generation.py", "--tiny", "--contexts", "16", *flags, "--output_dir", tmp_path)
-    names = ["softmax", "linear", "softmax_static", "softmax_static_compiled", "linear_compiled"]
-    assert "| batch | context | " + " | ".join(f"{n} ms/step" for n in names) in stdout
-    report = json.loads((tmp_path / "bench_generation.json").read_text())
-    assert report["contenders"] == names and len(report["rows"]) == 1
-    row = report["rows"][0]
-    assert all(row[n]["ms_per_token"] > 0 for n in names)
-    assert row["softmax_static"]["cache_mib"] > row["softmax"]["cache_mib"]  # buffers for every step to come
-    assert row["linear_compiled"]["cache_mib"] == row["linear"]["cache_mib"]
-    profile = (tmp_path / "bench_generation_profile.txt").read_text()
-    assert all(f"## {n}, batch 1, context 16: 2 steps" in profile for n in names)
-    assert "decode_step" in profile
-
-
 @pytest.mark.slow
 def test_lm_results_table_and_plot(tmp_path):
     run = tmp_path / "runs" / "decoder-softmax"
@@ -246,40 +207,311 @@ def test_set_results_table(tmp_path):
     assert not (tmp_path / "kept" / "lm").exists()
 
 
+# ------------------------------------------------------------------------------------------------ the benchmarks
+# Each benchmark's test runs one small contender of the package end to end; what a run of every contender would show
+# (the contenders, what each builds and counts, the arithmetic of the tables and summaries) is checked in this process,
+# with tiny models and made-up timings.
+
+TRAINING_CONTENDERS = {  # name in the report -> the package it needs
+    "hfst decoder (softmax)": "hf_settransformer",
+    "hfst decoder (softmax, chunked loss)": "hf_settransformer",
+    "hfst decoder (softmax, gelu_new)": "hf_settransformer",
+    "hfst decoder (linear elu)": "hf_settransformer",
+    "hfst decoder (linear exp)": "hf_settransformer",
+    "transformers GPT2LMHeadModel": "transformers",
+    "x-transformers decoder": "x_transformers",
+}
+PERCEIVER_CONTENDERS = {  # contender -> the package it needs
+    "hfst PerceiverIOModel (softmax)": "hf_settransformer",
+    "hfst PerceiverIOModel (linear elu)": "hf_settransformer",
+    "transformers PerceiverModel": "transformers",
+    "perceiver-pytorch PerceiverIO": "perceiver_pytorch",
+}
+FAST_TRANSFORMERS = "causal linear elu (fast-transformers)"
+ATTENTION_CPU_CONTENDERS = [  # chunk 64: the decoder config's default
+    "softmax (SDPA)", "softmax causal (SDPA)", "linear elu", "linear exp", "causal linear elu (chunked, c=64)",
+    "causal linear elu, fixed decay (chunked)", "causal linear elu, gated decay (chunked)", "causal linear exp (chunked)",
+    "causal linear exp, fixed decay (chunked)", "causal linear exp, gated decay (chunked)",
+    "causal linear elu (naive cumsum)", FAST_TRANSFORMERS,
+]
+GENERATION_CONTENDERS = ["softmax", "linear", "softmax_static", "softmax_static_compiled", "linear_compiled"]
+CONTENDERS_OF = {  # benchmark -> the contenders of its `--tiny` run on a CPU, in its order
+    "bench_training": list(TRAINING_CONTENDERS),
+    "bench_perceiver": list(PERCEIVER_CONTENDERS),
+    "bench_attention": ATTENTION_CPU_CONTENDERS,
+    "bench_generation": GENERATION_CONTENDERS[:2],
+    "bench_crossover": ["softmax", "linear"],
+    "bench_sets": ["SAB", "ISAB", "ISAB linear"],
+}
+
+
+def installed(package):
+    return importlib.util.find_spec(package) is not None
+
+
+def report_of(tmp_path, script):
+    return json.loads((tmp_path / script.replace(".py", ".json")).read_text())
+
+
+def table_line(stdout, first_cell):
+    """The line of a printed Markdown table whose first cell is `first_cell`."""
+    return next(line for line in stdout.splitlines() if line.startswith(f"| {first_cell} |"))
+
+
+@pytest.mark.parametrize("benchmark", list(CONTENDERS_OF))
+def test_each_benchmark_runs_every_contender_unless_told_and_refuses_one_it_lacks(benchmark, capsys):
+    """`--contenders` chooses some, run in the benchmark's order; without it every one runs; a name the benchmark
+    lacks is refused, listing its names."""
+    bench = import_from("benchmarks", benchmark)
+    names = CONTENDERS_OF[benchmark]
+    assert bench.parse_args(["--tiny", "--device", "cpu"]).contenders == names
+    assert bench.parse_args(["--tiny", "--device", "cpu", "--contenders", names[-1], names[0]]).contenders == [
+        names[0], names[-1]]
+    with pytest.raises(SystemExit) as refused:
+        bench.parse_args(["--tiny", "--device", "cpu", "--contenders", names[0], "nope"])
+    assert refused.value.code == 2
+    assert (f"argument --contenders: invalid choice: 'nope' (choose from {', '.join(map(repr, names))})"
+            in capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------------ bench_training.py
+
+SOFTMAX_DECODER, GPT2 = "hfst decoder (softmax)", "transformers GPT2LMHeadModel"
+
+
+def training_ids(args):
+    return torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
+
+
 @pytest.mark.slow
-def test_bench_sets_tiny(tmp_path):
-    stdout, report = run_tiny("bench_sets.py", tmp_path)
-    rows = {r["size"]: r for r in report["rows"]}
-    assert set(rows) == {32, 128}
-    assert "hidden 32, feed-forward 32," in report["setup"]  # the set models' width: rFF as wide as the hidden size
-    for row in rows.values():
-        for name in ("SAB", "ISAB", "ISAB linear"):
-            assert row[name]["ms"] > 0 and row[name]["saved_mib"] > 0
-    # what SAB keeps for backward grows faster with the set than what ISAB keeps
-    sab = rows[128]["SAB"]["saved_mib"] / rows[32]["SAB"]["saved_mib"]
-    isab = rows[128]["ISAB"]["saved_mib"] / rows[32]["ISAB"]["saved_mib"]
-    assert sab > isab
-    assert (tmp_path / "bench_sets.png").exists()
+def test_bench_training_tiny(tmp_path):
+    """One contender end to end (our softmax decoder, without GPT-2): its table row and record, the plot."""
+    stdout = run_script("bench_training.py", "--tiny", "--contenders", SOFTMAX_DECODER, "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_training.py")
+    assert "| contender | parameters | ms/step | tokens/s | vs GPT-2 | GFLOP/step | achieved GFLOP/s | MFU |" in stdout
+    assert "| GPT-2 not run |" in table_line(stdout, SOFTMAX_DECODER)
+    [row] = report["rows"]
+    assert row["contender"] == SOFTMAX_DECODER and row["status"] == "ok" and row["ratio_to_gpt2"] is None
+    assert row["tokens_per_second"] > 0 and row["mfu"] > 0 and row["flops_per_step"] > 0
+    assert report["matmul_flops_per_second"] > 0
+    assert report["summary"]["hfst_softmax_over_gpt2_tokens_per_second"] is None
+    assert (tmp_path / "bench_training.png").exists()
+
+
+def test_bench_training_builds_its_contenders_alike_and_counts_their_flops():
+    """What `--tiny` builds of each contender (untimed): a model of each installed package, GPT-2's parameters within
+    10% of ours, and the FLOPs of a step: the same with GPT-2's activation (its elementwise work is not counted) and
+    with the chunked loss (the output layer's three matmuls, in pieces)."""
+    bench = import_from("benchmarks", "bench_training")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    built = bench.build_all(args, training_ids(args))
+    assert list(built) == list(TRAINING_CONTENDERS)
+    for name, package in TRAINING_CONTENDERS.items():
+        assert (built[name] is None) == (not installed(package)), name
+    counts = {name: entry[1] for name, entry in built.items() if entry is not None}
+    assert all(c["parameters"] > 0 and c["flops_per_step"] > 0 for c in counts.values())
+    ours, gpt2 = counts[SOFTMAX_DECODER]["parameters"], counts[GPT2]["parameters"]
+    assert abs(ours - gpt2) <= 0.1 * gpt2
+    flops = counts[SOFTMAX_DECODER]["flops_per_step"]
+    assert counts["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == flops
+    assert counts["hfst decoder (softmax, chunked loss)"]["flops_per_step"] == flops
+
+
+def test_bench_training_records_a_peer_that_is_not_installed_as_skipped(monkeypatch):
+    bench = import_from("benchmarks", "bench_training")
+    monkeypatch.setattr(bench, "optional_peer", lambda module: None)
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--contenders", GPT2, "x-transformers decoder"])
+    built = bench.build_all(args, training_ids(args))
+    assert built == {GPT2: None, "x-transformers decoder": None}
+    rows = bench.result_rows(built, {}, 64, 1e9)
+    assert rows == [{"contender": name, "status": "skipped (not installed)", "tokens_per_second": None,
+                     "ratio_to_gpt2": None} for name in built]
+    assert bench.table_rows(rows)[0] == [GPT2, "skipped (not installed)"] + ["-"] * 6
+    assert bench.summarize(rows)[1] == []
+
+
+def test_bench_training_mfu_ratios_and_summary_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_training")
+    counts = {"parameters": 1_000, "attention": "sdpa", "flops_per_step": 4e9}
+    names = [SOFTMAX_DECODER, "hfst decoder (linear elu)", GPT2]
+    built = {name: (None, counts) for name in names}
+    timings = {name: {"median_s": s, "samples_s": [s, 2 * s]} for name, s in zip(names, (0.5, 0.25, 1.0))}
+    rows = bench.result_rows(built, timings, tokens=1_000, matmul=1e10)
+    # 1,000 tokens in 0.5 s; 4 GFLOP in 0.5 s = 8 GFLOP/s, 80% of the matmul's 10; twice GPT-2's 1,000 tokens/s
+    assert rows[0] == {"contender": SOFTMAX_DECODER, "status": "ok", **counts, "ms_per_step": 500.0,
+                       "samples_s": [0.5, 1.0], "tokens_per_second": 2000.0, "achieved_flops_per_second": 8e9,
+                       "mfu": pytest.approx(0.8), "ratio_to_gpt2": 2.0}
+    assert [r["ratio_to_gpt2"] for r in rows] == [2.0, 4.0, 1.0]
+    assert bench.table_rows(rows)[0] == [SOFTMAX_DECODER, "1,000", "500.0", "2,000", "2.00x", "4.00", "8.0", "80.0%"]
+    summary, lines = bench.summarize(rows)
+    assert summary == {"hfst_softmax_over_gpt2_tokens_per_second": 2.0, "target": 1.2,
+                       "hfst_chunked_loss_over_gpt2_tokens_per_second": None,
+                       "hfst_linear_elu_over_gpt2_tokens_per_second": 4.0,
+                       "hfst_linear_exp_over_gpt2_tokens_per_second": None}
+    assert lines == ["hfst decoder (softmax) / GPT-2 tokens/s = 2.00x (target >= 1.2x)",
+                     "hfst decoder (linear elu) / GPT-2 tokens/s = 4.00x (target >= 1.5x on a GPU, bf16, 4096 tokens)"]
+    # without GPT-2: no ratios, and the table says why
+    alone = bench.result_rows({SOFTMAX_DECODER: built[SOFTMAX_DECODER]}, timings, 1_000, 1e10)
+    assert alone[0]["ratio_to_gpt2"] is None and bench.table_rows(alone)[0][4] == "GPT-2 not run"
+    assert bench.summarize(alone)[1] == []
+
+
+# ------------------------------------------------------------------------------------------------ bench_perceiver.py
+
+SOFTMAX_PERCEIVER, TRANSFORMERS_PERCEIVER = "hfst PerceiverIOModel (softmax)", "transformers PerceiverModel"
+
+
+@pytest.mark.slow
+def test_bench_perceiver_tiny(tmp_path):
+    """One contender end to end (our softmax model, without transformers'): its table row and record, the sweep over
+    input lengths, the plot."""
+    stdout = run_script("bench_perceiver.py", "--tiny", "--contenders", SOFTMAX_PERCEIVER, "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_perceiver.py")
+    assert "| contender | parameters | ms / step | examples/s | vs transformers | peak MiB |" in stdout
+    assert "| transformers not run |" in table_line(stdout, SOFTMAX_PERCEIVER)
+    assert f"{SOFTMAX_PERCEIVER} / {TRANSFORMERS_PERCEIVER}: not measured ({TRANSFORMERS_PERCEIVER} not run)" in stdout
+    [(name, row)] = report["results"].items()
+    assert name == SOFTMAX_PERCEIVER and "vs_transformers" not in row
+    assert row["examples_per_s"] > 0 and row["median_s"] > 0 and row["parameters"] > 0 and row["peak_mib"] >= 0
+    assert [r["length"] for r in report["sweep"]] == [32, 128]
+    assert all(r[SOFTMAX_PERCEIVER]["examples_per_s"] > 0 for r in report["sweep"])
+    assert (tmp_path / "bench_perceiver.png").stat().st_size > 1000
+
+
+def test_bench_perceiver_builds_its_contenders_alike_and_steps_each():
+    """What `--tiny` builds of each contender (untimed): a model of each installed package, each decoding the same
+    queries at the same width and taking a step; ours within 15% of transformers' parameters."""
+    bench = import_from("benchmarks", "bench_perceiver")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    built = bench.build_all(args)
+    assert list(built) == list(PERCEIVER_CONTENDERS)
+    x = bench.inputs(args, args.input_length)
+    parameters = {}
+    for name, package in PERCEIVER_CONTENDERS.items():
+        if not installed(package):
+            assert built[name] == "skipped (not installed)"
+            continue
+        model, forward = built[name]
+        assert forward(x).shape == (args.batch_size, args.num_output_queries, args.d_latents), name
+        bench.make_step(model, forward, x)()
+        parameters[name] = sum(p.numel() for p in model.parameters())
+    assert abs(parameters[SOFTMAX_PERCEIVER] / parameters[TRANSFORMERS_PERCEIVER] - 1) <= 0.15, parameters
+
+
+def test_bench_perceiver_records_a_peer_that_is_not_installed_as_skipped(monkeypatch):
+    bench = import_from("benchmarks", "bench_perceiver")
+    monkeypatch.setattr(bench, "optional_peer", lambda module: None)
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--contenders", "perceiver-pytorch PerceiverIO"])
+    built = bench.build_all(args)
+    assert built == {"perceiver-pytorch PerceiverIO": "skipped (not installed)"}
+    results = bench.records(built, {}, {}, args.batch_size)
+    assert results == {"perceiver-pytorch PerceiverIO": {"skipped": "skipped (not installed)"}}
+    assert bench.table_rows(results) == [["perceiver-pytorch PerceiverIO", "skipped (not installed)"] + ["-"] * 4]
+
+
+def test_bench_perceiver_examples_per_second_and_ratios_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_perceiver")
+    built = {SOFTMAX_PERCEIVER: ("model", "forward"), TRANSFORMERS_PERCEIVER: ("model", "forward"),
+             "perceiver-pytorch PerceiverIO": "skipped (not installed)"}
+    timings = {SOFTMAX_PERCEIVER: {"median_s": 0.25, "samples_s": [0.25]},
+               TRANSFORMERS_PERCEIVER: {"median_s": 0.5, "samples_s": [0.5]}}
+    results = bench.records(built, timings, {SOFTMAX_PERCEIVER: 2**20, TRANSFORMERS_PERCEIVER: 3 * 2**20}, 2)
+    assert results[SOFTMAX_PERCEIVER] == {"median_s": 0.25, "samples_s": [0.25], "examples_per_s": 8.0,
+                                          "peak_mib": 1.0, "vs_transformers": 2.0}
+    assert results[TRANSFORMERS_PERCEIVER]["vs_transformers"] == 1.0
+    assert results["perceiver-pytorch PerceiverIO"] == {"skipped": "skipped (not installed)"}
+    for record in results.values():
+        record["parameters"] = 1_000_000
+    assert bench.table_rows(results)[0] == [SOFTMAX_PERCEIVER, "1.00M", "250", "8.00", "2.00x", "1.0"]
+    sweep = [{"length": 32, SOFTMAX_PERCEIVER: {"vs_transformers": 1.0}},
+             {"length": 128, SOFTMAX_PERCEIVER: {"vs_transformers": 3.0}}]
+    assert bench.summarize(results, sweep) == (
+        {"ours_over_transformers": 2.0, "target": 1.5, "median_ratio_over_lengths": 2.0},
+        f"{SOFTMAX_PERCEIVER} / {TRANSFORMERS_PERCEIVER} = 2.00x (target >= 1.5x)")
+    # without transformers' model: no ratio, and the table, the sweep's column and the summary say why
+    alone = bench.records({SOFTMAX_PERCEIVER: built[SOFTMAX_PERCEIVER]}, timings, None, 2)
+    assert alone == {SOFTMAX_PERCEIVER: {"median_s": 0.25, "samples_s": [0.25], "examples_per_s": 8.0}}
+    assert bench.ratio_cell(alone, SOFTMAX_PERCEIVER) == "transformers not run"
+    assert bench.summarize(alone, []) == (
+        {"ours_over_transformers": None, "target": 1.5, "median_ratio_over_lengths": None},
+        f"{SOFTMAX_PERCEIVER} / {TRANSFORMERS_PERCEIVER}: not measured ({TRANSFORMERS_PERCEIVER} not run)")
+
+
+# ------------------------------------------------------------------------------------------------ bench_attention.py
+
+CHUNKED = "causal linear elu (chunked, c=64)"
 
 
 @pytest.mark.slow
 def test_bench_attention_tiny(tmp_path):
-    stdout, report = run_tiny("bench_attention.py", tmp_path)
-    assert "| n | softmax (SDPA) |" in stdout
-    rows = {r["length"]: r for r in report["rows"]}
-    assert set(rows) == {32, 64}
-    has_ft = importlib.util.find_spec("fast_transformers") is not None
-    for row in rows.values():
-        for name, cell in row.items():
-            if name == "length":
-                continue
-            if "fast-transformers" in name and not has_ft:
-                assert cell == {"skipped": "not installed (pytorch-fast-transformers)"}
-            else:
-                assert cell["ms"] > 0 and cell["peak_mib"] > 0, name
+    """One contender end to end (our linear elu kernel) and the chunk sweep: its table, its records, the plot."""
+    stdout = run_script("bench_attention.py", "--tiny", "--contenders", "linear elu", "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_attention.py")
+    assert "| n | linear elu |" in stdout
+    assert report["complete"] is True and [r["length"] for r in report["rows"]] == [32, 64]
+    for row in report["rows"]:
+        assert set(row) == {"length", "linear elu"}
+        cell = row["linear elu"]
+        assert cell["ms"] > 0 and cell["peak_mib"] > 0 and cell["first_call_s"] > 0
     assert [s["length"] for s in report["chunk_sweep"]] == [64]
     assert set(report["chunk_sweep"][0]) == {"length", "8", "16"}
     assert (tmp_path / "bench_attention.png").exists()
+
+
+def test_bench_attention_cpu_contenders_agree_with_the_reference_and_run_backward():
+    """Every CPU contender of `--tiny` agrees with the fp32 PyTorch op (`check`; a wrong one stops the run) and runs a
+    forward+backward; fast-transformers' kernel, where it is not installed, is skipped and says why."""
+    bench = import_from("benchmarks", "bench_attention")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    table, skipped = bench.contenders(args)
+    assert list(table) == ATTENTION_CPU_CONTENDERS
+    assert (table[FAST_TRANSFORMERS] is None) == (not installed("fast_transformers"))
+    assert skipped == {FAST_TRANSFORMERS: "not installed (pytorch-fast-transformers)"}
+    active = {name: fn for name, fn in table.items() if fn is not None}
+    assert bench.check(active, args) == {}
+    qkv, grad = bench.inputs(args, 32)
+    for name, fn in active.items():
+        bench.forward_backward(fn, qkv, grad)()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in qkv), name
+
+
+def test_bench_attention_names_the_gpu_contenders_without_a_gpu():
+    """`--contenders` on CUDA checks its names before any GPU is touched: the same names the GPU's table has."""
+    bench = import_from("benchmarks", "bench_attention")
+    args = SimpleNamespace(cuda=True, device="cpu", dtype="bfloat16", head_dim=8, chunk_size=64)
+    names = bench.contender_names(args)
+    assert names == list(bench.gpu_contenders(args)[0])
+    assert names[:2] == ["SDPA", "SDPA causal"] and "ours causal elu, gated decay (Triton)" in names
+    assert names[-2:] == [bench.FLA, bench.FLA_GATED]
+
+
+def test_bench_attention_records_each_length_and_summarizes_made_up_timings():
+    bench = import_from("benchmarks", "bench_attention")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    naive, fixed = "causal linear elu (naive cumsum)", "causal linear elu, fixed decay (chunked)"
+    table = [CHUNKED, FAST_TRANSFORMERS, naive, "linear elu"]
+    row = bench.length_row(8192, table, {CHUNKED: {"median_s": 0.002}}, {CHUNKED: 3 * 2**20}, {CHUNKED: 0.5},
+                           {"linear elu": "RuntimeError: no"}, {FAST_TRANSFORMERS: "not installed (x)"})
+    assert row == {"length": 8192, CHUNKED: {"ms": 2.0, "peak_mib": 3.0, "first_call_s": 0.5},
+                   FAST_TRANSFORMERS: {"skipped": "not installed (x)"},
+                   naive: {"skipped": "longer than this contender's limit"}, "linear elu": {"failed": "RuntimeError: no"}}
+    assert bench.table_rows([row], table) == [[8192, "2.0 ms, 3 MiB", "skipped", "skipped", "failed"]]
+    # fast-transformers' kernel over the chunked one at 8192, the chunked one's memory to 16384, a decay's cost
+    rows = [{"length": n, CHUNKED: {"ms": ms, "peak_mib": mib}, FAST_TRANSFORMERS: {"ms": 3.0 * n / 8192},
+             fixed: {"ms": 1.25 * ms}} for n, ms, mib in ((8192, 2.0, 10.0), (16384, 4.0, 20.0))]
+    summary = bench.summarize(rows, [CHUNKED, FAST_TRANSFORMERS, fixed], args)
+    assert summary == {
+        "fast_transformers_over_chunked_at_8192": 1.5, "chunked_peak_memory_16384_over_8192": 2.0,
+        "elu_fixed_over_undecayed_at_8192": 1.25,
+        "lines": ["fast-transformers / chunked time at 8192 = 1.50x (target >= 1, i.e. ours no slower)",
+                  "chunked causal linear peak memory 16384 / 8192 = 2.00x (target <= 2.1x)",
+                  "causal elu, fixed decay / undecayed time at 8192 = 1.25x"]}
+    rows[0][FAST_TRANSFORMERS] = {"skipped": "not installed (pytorch-fast-transformers)"}
+    lines = bench.summarize(rows, [CHUNKED, FAST_TRANSFORMERS, fixed], args)["lines"]
+    assert lines[0] == "fast-transformers at 8192: not installed (pytorch-fast-transformers)"
+    only_fixed = [{name: cell for name, cell in r.items() if name in ("length", fixed)} for r in rows]
+    lines = bench.summarize(only_fixed, [fixed], args)["lines"]  # neither the plain chunked kernel nor the peer ran
+    assert lines == [f"fast-transformers / chunked time at 8192: {FAST_TRANSFORMERS} not run"]
 
 
 def test_bench_attention_keeps_going_past_a_contender_that_raises_and_keeps_each_length(tmp_path, monkeypatch):
@@ -305,6 +537,7 @@ def test_bench_attention_keeps_going_past_a_contender_that_raises_and_keeps_each
 
     small = {name: table[name] for name in ("softmax (SDPA)", "linear elu")}
     monkeypatch.setattr(bench, "contenders", lambda args: ({**small, "peer": refuses}, {}))
+    monkeypatch.setattr(bench, "contender_names", lambda args: [*small, "peer"])
     monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--tiny", "--output_dir", str(tmp_path)])
     with pytest.raises(KeyboardInterrupt):
         bench.main()
@@ -317,15 +550,165 @@ def test_bench_attention_keeps_going_past_a_contender_that_raises_and_keeps_each
         assert row[name]["ms"] > 0 and row[name]["first_call_s"] > 0
 
 
+# ------------------------------------------------------------------------------------------------ bench_generation.py
+
+
+@pytest.mark.slow
+def test_bench_generation_tiny(tmp_path):
+    """One contender end to end (linear attention's recurrent state) at every batch size x context of `--tiny`: its
+    table rows and records; its state does not grow with the context."""
+    stdout = run_script("bench_generation.py", "--tiny", "--contenders", "linear", "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_generation.py")
+    assert "| batch | context | linear ms/step | softmax / linear | linear state MiB |" in stdout
+    assert "| softmax not run |" in table_line(stdout, "1 | 64")
+    assert report["contenders"] == ["linear"]
+    assert {(r["batch"], r["context"]) for r in report["rows"]} == {(1, 16), (1, 64), (2, 16), (2, 64)}
+    for row in report["rows"]:
+        assert set(row) == {"batch", "context", "linear"}
+        assert row["linear"]["ms_per_token"] > 0 and row["linear"]["cache_mib"] > 0
+    by_context = {r["context"]: r for r in report["rows"] if r["batch"] == 1}
+    assert by_context[64]["linear"]["cache_mib"] == by_context[16]["linear"]["cache_mib"]
+    assert set(report["summary"]) == {"batch 1", "batch 2"}
+    assert report["summary"]["batch 1"]["softmax_over_linear_at_longest"] is None
+    assert (tmp_path / "bench_generation.png").exists()
+
+
+@pytest.mark.slow
+def test_bench_generation_compiled_steps_and_profile(tmp_path):
+    """`--compile`'s two contenders end to end at one point, compiled by dynamo's eager backend here (no code
+    generation on the test machine), each on its fixed-shape cache; `--profile` writes a profiler table of each."""
+    names = ["softmax_static_compiled", "linear_compiled"]
+    flags = ["--cache", "static", "--compile", "--compile_backend", "eager", "--profile", "--batch_sizes", "1",
+             "--contexts", "16", "--contenders", *names]
+    stdout = run_script("bench_generation.py", "--tiny", *flags, "--output_dir", tmp_path)
+    assert "| batch | context | softmax_static_compiled ms/step | linear_compiled ms/step | softmax / linear |" in stdout
+    report = report_of(tmp_path, "bench_generation.py")
+    assert report["contenders"] == names and len(report["rows"]) == 1
+    row = report["rows"][0]
+    assert all(row[n]["ms_per_token"] > 0 and row[n]["cache_mib"] > 0 for n in names)
+    profile = (tmp_path / "bench_generation_profile.txt").read_text()
+    assert all(f"## {n}, batch 1, context 16: 2 steps" in profile for n in names)
+    assert "decode_step" in profile
+
+
+def test_bench_generation_contenders_and_their_columns():
+    """`--cache static` and `--compile` add their contenders to the same table, a time column each; the default's
+    header is as it was."""
+    bench = import_from("benchmarks", "bench_generation")
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--cache", "static", "--compile"])
+    assert args.contenders == GENERATION_CONTENDERS
+    assert bench.table_header(GENERATION_CONTENDERS).split("\n")[0] == (
+        "| batch | context | " + " | ".join(f"{n} ms/step" for n in GENERATION_CONTENDERS)
+        + " | softmax / linear | softmax cache MiB | linear state MiB | softmax_static cache MiB |")
+    assert bench.table_header(["softmax", "linear"]) == (
+        "| batch | context | softmax ms/step | linear ms/step | softmax / linear | softmax cache MiB | linear state MiB |"
+        "\n|---|---|---|---|---|---|---|")
+
+
+def test_bench_generation_what_each_contenders_cache_holds():
+    """After a context (untimed): softmax's keys and values grow with it, linear's state does not; the static cache
+    holds buffers for every step to come, the in-place state of `linear_compiled` is the size of linear's; an eager
+    step adds one position to softmax's cache and nothing to linear's state; `--profile`'s table of each eager one."""
+    bench = import_from("benchmarks", "bench_generation")
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--cache", "static", "--compile"])
+    chosen = bench.contenders(args)
+    assert chosen["softmax_static_compiled"].model is chosen["softmax"].model  # one model per attention
+    nbytes, caches = {}, {}
+    for context in (16, 64):
+        ids = torch.randint(0, args.vocab_size, (1, context), generator=torch.Generator().manual_seed(context))
+        for name, contender in chosen.items():
+            caches[name] = bench.prefill(contender.model, ids, args.prefill_chunk, contender.new_cache(args, 1, context))
+            nbytes[name, context] = bench.cache_nbytes(caches[name][0])
+    assert nbytes["softmax", 64] == 4 * nbytes["softmax", 16] > 0
+    assert nbytes["linear", 64] == nbytes["linear", 16] > 0
+    assert nbytes["softmax_static", 64] > nbytes["softmax", 64]
+    assert nbytes["linear_compiled", 64] == nbytes["linear", 64]
+    for name, grown in (("softmax", 65 / 64), ("linear", 1), ("softmax_static", 1)):
+        chosen[name].start(args)
+        _, token, cache = bench.step(chosen[name], caches[name][1], caches[name][0], "cpu")
+        assert bench.cache_nbytes(cache) == grown * nbytes[name, 64], name
+        profile = bench.profile_steps(args, name, chosen[name], {"token": token, "cache": cache}, "context 64")
+        assert profile.startswith(f"## {name}, context 64: 2 steps") and "decode_step" in profile
+
+
+def test_bench_generation_table_and_summary_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_generation")
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--batch_sizes", "1"])  # contexts 16 and 64
+
+    def record(ms, mib):
+        return {"ms_per_token": ms, "cache_mib": mib, "step_peak_mib": None}
+
+    rows = [{"batch": 1, "context": 16, "softmax": record(2.0, 0.5), "linear": record(1.0, 0.125)},
+            {"batch": 1, "context": 64, "softmax": record(6.0, 2.0), "linear": record(1.5, 0.125)}]
+    assert bench.table_line(1, 64, {n: rows[1][n] for n in ("softmax", "linear")}) == (
+        "| 1 | 64 | 6.00 | 1.50 | 4.0x | 2.00 | 0.125 |")
+    assert bench.summarize(rows, args) == (
+        {"batch 1": {"linear_latency_ratio_longest_vs_shortest": 1.5, "softmax_over_linear_at_longest": 4.0}},
+        ["batch 1: linear ms/step at 64 / at 16 = 1.50x (target <= 1.2x); softmax / linear at 64 = 4.0x "
+         "(target >= 5x)"])
+    # linear alone: no ratio to softmax, and the table and the summary say why
+    alone = [{name: value for name, value in r.items() if name != "softmax"} for r in rows]
+    assert bench.table_line(1, 64, {"linear": alone[1]["linear"]}) == "| 1 | 64 | 1.50 | softmax not run | 0.125 |"
+    assert bench.summarize(alone, args) == (
+        {"batch 1": {"linear_latency_ratio_longest_vs_shortest": 1.5, "softmax_over_linear_at_longest": None}},
+        ["batch 1: linear ms/step at 64 / at 16 = 1.50x (target <= 1.2x); softmax / linear at 64 = softmax not run"])
+
+
+# ------------------------------------------------------------------------------------------------ bench_crossover.py
+
+
 @pytest.mark.slow
 def test_bench_crossover_tiny(tmp_path):
-    stdout, report = run_tiny("bench_crossover.py", tmp_path)
+    """One contender end to end (the linear decoder) in the three modes at every length of `--tiny`: its table, its
+    records, a summary that says the crossover needs softmax, the plot."""
+    stdout = run_script("bench_crossover.py", "--tiny", "--contenders", "linear", "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_crossover.py")
+    assert ("| n | forward linear ms | softmax / linear | training step linear ms | softmax / linear | generation "
+            "linear ms | softmax / linear |") in stdout
     assert [r["length"] for r in report["rows"]] == [16, 32, 64]
     for row in report["rows"]:
         for mode in ("forward", "training step", "generation"):
-            assert row[mode]["softmax"] > 0 and row[mode]["linear"] > 0
+            assert set(row[mode]) == {"linear"} and row[mode]["linear"] > 0
     assert set(report["crossover"]) == {"forward", "training step", "generation"}
+    assert all(c["not_run"] == "softmax" for c in report["crossover"].values())
     assert (tmp_path / "bench_crossover.png").exists()
+
+
+def test_bench_crossover_models_differ_only_in_attention_and_run_each_mode():
+    bench = import_from("benchmarks", "bench_crossover")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    models = {name: bench.build(args, name) for name in args.contenders}
+    assert len({sum(p.numel() for p in model.parameters()) for model in models.values()}) == 1
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, 16), generator=torch.Generator().manual_seed(0))
+    for name, model in models.items():
+        tasks = bench.tasks(model, ids, args)
+        assert list(tasks) == list(bench.MODES)
+        for task in tasks.values():
+            task()
+
+
+def test_bench_crossover_table_and_summary_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_crossover")
+    # softmax / linear = 0.5 at 16, 2 at 32: linear faster from 32, the ratio crossing 1 at 16 * sqrt(2) (log-log)
+    rows = [{"length": n, **{mode: {"softmax": ms, "linear": 2.0} for mode in bench.MODES}}
+            for n, ms in ((16, 1.0), (32, 4.0))]
+    header, cells = bench.table(rows, ["softmax", "linear"])
+    assert header == ["n", "forward softmax ms", "forward linear ms", "softmax / linear", "training step softmax ms",
+                      "training step linear ms", "softmax / linear", "generation softmax ms", "generation linear ms",
+                      "softmax / linear"]
+    assert cells[1] == [32] + ["4.00", "2.00", "2.00x"] * 3
+    summary, lines = bench.summarize([16, 32], rows, ["softmax", "linear"])
+    assert summary["forward"] == {"first_faster_length": 32, "interpolated_crossover": pytest.approx(16 * 2**0.5)}
+    assert lines[0] == "forward: linear faster from n = 32 on (ratio crosses 1 near n = 23)"
+    # linear alone: no crossover, and the table and the summary say why
+    alone = [{"length": r["length"], **{mode: {"linear": 2.0} for mode in bench.MODES}} for r in rows]
+    header, cells = bench.table(alone, ["linear"])
+    assert header[:3] == ["n", "forward linear ms", "softmax / linear"]
+    assert cells[0] == [16] + ["2.00", "softmax not run"] * 3
+    summary, lines = bench.summarize([16, 32], alone, ["linear"])
+    assert summary == {mode: {"first_faster_length": None, "interpolated_crossover": None, "not_run": "softmax"}
+                       for mode in bench.MODES}
+    assert lines == [f"{mode}: no crossover (softmax not run)" for mode in bench.MODES]
 
 
 def test_crossover_is_where_linear_stays_faster():
@@ -341,9 +724,63 @@ def test_crossover_is_where_linear_stays_faster():
     assert crossover(lengths, [3, 3, 3, 3], [1, 1, 1, 1]) == (100, None)  # faster everywhere measured
 
 
+# ------------------------------------------------------------------------------------------------ bench_sets.py
+
+
+@pytest.mark.slow
+def test_bench_sets_tiny(tmp_path):
+    """One contender end to end (SAB) at both set sizes of `--tiny`: its table rows and records, the plot."""
+    stdout = run_script("bench_sets.py", "--tiny", "--contenders", "SAB", "--output_dir", tmp_path)
+    report = report_of(tmp_path, "bench_sets.py")
+    assert "| set size | SAB ms | SAB / ISAB | SAB MiB |" in stdout
+    assert "| ISAB not run |" in table_line(stdout, 128)
+    rows = {r["size"]: r for r in report["rows"]}
+    assert set(rows) == {32, 128}
+    assert "hidden 32, feed-forward 32," in report["setup"]  # the set models' width: rFF as wide as the hidden size
+    for row in rows.values():
+        assert set(row) == {"size", "SAB"} and row["SAB"]["ms"] > 0 and row["SAB"]["saved_mib"] > 0
+    assert rows[128]["SAB"]["saved_mib"] > rows[32]["SAB"]["saved_mib"]
+    assert (tmp_path / "bench_sets.png").exists()
+
+
+def test_bench_sets_what_each_contender_keeps_for_backward():
+    """Every contender's forward+backward keeps tensors for the backward (untimed); what SAB keeps grows faster with
+    the set than what ISAB keeps (its n x n attention against n x m)."""
+    bench = import_from("benchmarks", "bench_sets")
+    args = bench.parse_args(["--tiny", "--device", "cpu"])
+    models = {name: bench.build(args, bench.CONTENDERS[name]) for name in args.contenders}
+    saved = {}
+    for size in (32, 128):
+        g = torch.Generator().manual_seed(size)
+        x = torch.randn(args.batch_size, size, args.input_size, generator=g)
+        labels = torch.randint(0, 10, (args.batch_size,), generator=g)
+        for name, model in models.items():
+            saved[name, size] = bench.one_pass(model, x, labels, "cpu")[1]
+    assert all(nbytes > 0 for nbytes in saved.values())
+    assert saved["SAB", 128] / saved["SAB", 32] > saved["ISAB", 128] / saved["ISAB", 32]
+
+
+def test_bench_sets_table_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_sets")
+    names = ["SAB", "ISAB", "ISAB linear"]
+    assert bench.table_header(names) == (
+        "| set size | SAB ms | ISAB ms | ISAB linear ms | SAB / ISAB | SAB MiB | ISAB MiB | ISAB linear MiB |\n"
+        "|---|---|---|---|---|---|---|---|")
+    memory = {name: {"saved_mib": mib, "cuda_peak_mib": None} for name, mib in zip(names, (4.0, 1.0, 0.5))}
+    row = bench.size_row(128, names, {"SAB": [0.004, 0.006, 0.1], "ISAB": [0.002], "ISAB linear": [0.001]}, memory)
+    assert row["SAB"] == {"ms": pytest.approx(6.0), "saved_mib": 4.0, "cuda_peak_mib": None}
+    assert bench.table_line(row, names) == "| 128 | 6.0 | 2.0 | 1.0 | 3.0x | 4.0 | 1.0 | 0.5 |"
+    # SAB past --sab_max at this size
+    big = bench.size_row(256, names, {"ISAB": [0.002], "ISAB linear": [0.001]}, memory)
+    assert big["SAB"] is None
+    assert bench.table_line(big, names) == "| 256 | skipped | 2.0 | 1.0 | - | skipped | 1.0 | 0.5 |"
+    # SAB alone: no ratio, and the table says why
+    alone = bench.size_row(128, ["SAB"], {"SAB": [0.004]}, memory)
+    assert bench.table_line(alone, ["SAB"]) == "| 128 | 4.0 | ISAB not run | 4.0 |"
+
+
 def test_peak_memory_counts_what_the_call_allocates():
     peak_memory_bytes = import_from("benchmarks", "bench_common").peak_memory_bytes
-    import torch
 
     held = []
     peak = peak_memory_bytes(lambda: held.append(torch.ones(1_000_000) * 2), "cpu")  # two 4 MB tensors at once
@@ -351,42 +788,7 @@ def test_peak_memory_counts_what_the_call_allocates():
     assert peak_memory_bytes(lambda: None, "cpu") == 0
 
 
-TRAINING_CONTENDERS = {  # name in the report -> the package it needs
-    "hfst decoder (softmax)": "hf_settransformer",
-    "hfst decoder (softmax, gelu_new)": "hf_settransformer",
-    "hfst decoder (softmax, chunked loss)": "hf_settransformer",
-    "hfst decoder (linear elu)": "hf_settransformer",
-    "hfst decoder (linear exp)": "hf_settransformer",
-    "transformers GPT2LMHeadModel": "transformers",
-    "x-transformers decoder": "x_transformers",
-}
-
-
-@pytest.mark.slow
-def test_bench_training_tiny(tmp_path):
-    stdout, report = run_tiny("bench_training.py", tmp_path)
-    assert "| contender | parameters | ms/step | tokens/s |" in stdout
-    assert "hfst decoder (softmax) / GPT-2 tokens/s = " in stdout
-    rows = {r["contender"]: r for r in report["rows"]}
-    assert set(rows) == set(TRAINING_CONTENDERS)
-    assert report["matmul_flops_per_second"] > 0
-    for name, package in TRAINING_CONTENDERS.items():
-        row = rows[name]
-        if importlib.util.find_spec(package) is None:
-            assert row["status"] == "skipped (not installed)" and row["tokens_per_second"] is None
-            continue
-        assert row["status"] == "ok"
-        assert row["tokens_per_second"] > 0 and row["mfu"] > 0 and row["flops_per_step"] > 0
-    ours, gpt2 = rows["hfst decoder (softmax)"]["parameters"], rows["transformers GPT2LMHeadModel"]["parameters"]
-    assert abs(ours - gpt2) <= 0.1 * gpt2
-    # same model sizes: the FLOPs of a step agree (the activation's elementwise work is not counted)
-    assert (
-        rows["hfst decoder (softmax, gelu_new)"]["flops_per_step"] == rows["hfst decoder (softmax)"]["flops_per_step"]
-    )
-    # the chunked loss does the output layer's three matmuls too, in pieces
-    chunked = rows["hfst decoder (softmax, chunked loss)"]["flops_per_step"]
-    assert chunked == rows["hfst decoder (softmax)"]["flops_per_step"]
-    assert (tmp_path / "bench_training.png").exists()
+# ------------------------------------------------------------------------------------------------ bench_lm_step.py
 
 
 @pytest.mark.slow
@@ -443,37 +845,6 @@ def test_bench_lm_step_runs_another_checkout_beside_this_one(tmp_path):
         run_script("bench_lm_step.py", "--tiny", "--baseline", tmp_path, "--output_dir", tmp_path)
     for row in rows.values():
         assert row["tokens_per_second"] > 0 and 0 < row["achieved_flops"] and row["peak_flops"] > 0
-
-
-PERCEIVER_CONTENDERS = {  # contender -> the package it needs
-    "hfst PerceiverIOModel (softmax)": "hf_settransformer",
-    "hfst PerceiverIOModel (linear elu)": "hf_settransformer",
-    "transformers PerceiverModel": "transformers",
-    "perceiver-pytorch PerceiverIO": "perceiver_pytorch",
-}
-
-
-@pytest.mark.slow
-def test_bench_perceiver_tiny(tmp_path):
-    stdout, report = run_tiny("bench_perceiver.py", tmp_path)
-    assert "| contender | parameters | ms / step | examples/s | vs transformers | peak MiB |" in stdout
-    assert "hfst PerceiverIOModel (softmax) / transformers PerceiverModel = " in stdout
-    results = report["results"]
-    assert set(results) == set(PERCEIVER_CONTENDERS)
-    for name, package in PERCEIVER_CONTENDERS.items():
-        row = results[name]
-        if importlib.util.find_spec(package) is None:
-            assert row["skipped"] == "skipped (not installed)"
-            continue
-        assert "skipped" not in row, f"{name} skipped although {package} is importable"
-        assert row["examples_per_s"] > 0 and row["median_s"] > 0 and row["parameters"] > 0
-        assert row["peak_mib"] >= 0
-    ours = results["hfst PerceiverIOModel (softmax)"]["parameters"]
-    theirs = results["transformers PerceiverModel"]["parameters"]
-    assert abs(ours / theirs - 1) <= 0.15, (ours, theirs)
-    assert results["transformers PerceiverModel"]["vs_transformers"] == 1.0
-    assert [r["length"] for r in report["sweep"]] == [32, 128]
-    assert (tmp_path / "bench_perceiver.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

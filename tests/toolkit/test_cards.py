@@ -177,3 +177,36 @@ def test_the_card_says_how_many_of_each_splits_tokens_were_scored(tmp_path, head
     older = {k: v for k, v in cut.items() if not k.endswith(("_tokens_evaluated", "_split_tokens"))}
     text = card(tmp_path, lm, dict(older, command="python scripts/train_lm.py --do_eval --max_eval_tokens 20000"))
     assert f"{scored:,} {words} from the first tokens of the split only (`--max_eval_tokens`)" in text
+
+
+RELEASED_RUN = "results/wikitext2-90min-v2/decoder-softmax"  # a results folder as make_model_cards.py reads it
+
+
+@pytest.mark.parametrize(
+    "damage,words",
+    [
+        (lambda text: text[:300], ["is not valid JSON", "cut short or damaged"]),
+        (lambda text: "[1, 2]", ["holds a JSON list, not an object"]),
+        (lambda text: re.sub(r'"test_perplexity": ([0-9.]+)', r'"test_perplexity": "\1"', text),
+         ["test_perplexity is '", "', not a number"]),
+        (lambda text: re.sub(r'"parameters": (\d+)', r'"parameters": true', text), ["parameters is True, not an integer"]),
+        (lambda text: re.sub(r'"cpu_model": "[^"]*"', '"cpu_model": null', text), ["no cpu_model"]),
+        (lambda text: re.sub(r'"hyperparameters": \{', '"hyperparameters": "none", "was": {', text),
+         ["hyperparameters is 'none', not a JSON object"]),
+    ],
+    ids=["cut short", "a list", "a perplexity as a string", "a count as a boolean", "no CPU", "a string for a dict"],
+)
+def test_a_damaged_all_results_json_is_named_with_its_key(tmp_path, damage, words):
+    """refresh_model_card (make_model_cards.py, push_run.py) on a damaged all_results.json: a ValueError naming the file
+    and the key, not a JSONDecodeError or a format error from inside the card."""
+    from tests.helpers import ROOT
+
+    text = (ROOT / RELEASED_RUN / "all_results.json").read_text()
+    toolkit.refresh_model_card(ROOT / RELEASED_RUN, card_path=tmp_path / "whole.md")  # the file as released: a card
+    (tmp_path / "all_results.json").write_text(damage(text))
+    with pytest.raises(ValueError) as err:
+        toolkit.refresh_model_card(tmp_path, card_path=tmp_path / "README.md")
+    assert str(err.value).startswith(f"{tmp_path / 'all_results.json'}")
+    for word in words:
+        assert word in str(err.value), str(err.value)
+    assert not (tmp_path / "README.md").exists()

@@ -1,6 +1,6 @@
-"""hf_settransformer.toolkit's training modules (`run_folder`, `checkpoint_files`, `budget`, `measure`, `hub`, `logs`):
-the output-folder lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the
-measurements of a run, the model card writer, the upload without pickles and the scripts' log lines."""
+"""hf_settransformer.toolkit's training modules (`run_folder`, `checkpoint_files`, `budget`, `measure`, `logs`): the
+output-folder lock, atomic saves, complete checkpoints and resumption, the timer and the time budget, the measurements
+of a run, the model card writer and the scripts' log lines (the upload: tests/scripts/test_push_run.py)."""
 
 import json
 import logging
@@ -541,40 +541,6 @@ def test_write_model_card_fills_the_fields_it_is_given(tmp_path):
     path = toolkit.cards.write_model_card(tmp_path / "out", template, repo_id="me/model", ppl="12.34")
     assert path == tmp_path / "out" / "README.md"
     assert path.read_text() == "# me/model\nperplexity 12.34, kept: ${unknown}, $5\n"
-
-
-PUSH = """
-import sys
-from hf_settransformer.toolkit import push_folder_to_hub
-info = push_folder_to_hub(sys.argv[1], "user/run", token="hf_test")
-print("pushed", getattr(info, "commit_url", info))
-"""
-
-
-@pytest.mark.slow
-def test_push_folder_to_hub_uploads_no_pickles_checkpoints_or_lock(tmp_path):
-    from tests.toolkit.hub_server import LocalHub
-
-    folder = tmp_path / "run"
-    (folder / "checkpoint-4").mkdir(parents=True)
-    for name in ("model.safetensors", "config.json", "README.md", "modeling_decoder.py", "training_args.bin",
-                 "optimizer.pt", LOCK_FILE, "checkpoint-4/model.safetensors", ".tmp-final-model"):
-        (folder / name).write_text("x")
-    outside = tmp_path / "outside"
-    (outside / "inner").mkdir(parents=True)
-    (outside / "secret.txt").write_text("not the run's")
-    (outside / "inner" / "key.json").write_text("{}")
-    (folder / "notes.txt").symlink_to(outside / "secret.txt")  # a link to a file outside the run
-    (folder / "linked[1]").symlink_to(outside / "inner")  # a link to a folder, with fnmatch characters in its name
-    with LocalHub(tmp_path / "hub") as hub:
-        result = subprocess.run([sys.executable, "-c", PUSH, str(folder)], env=hub.client_env(tmp_path / "home"),
-                                capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert result.returncode == 0 and "pushed" in result.stdout, result.stderr[-3000:]
-        repo = hub.repo("model", "user/run")
-        files = set(repo["commits"][repo["branches"]["main"]]["files"]) - {".gitattributes"}
-    assert files == {"model.safetensors", "config.json", "README.md", "modeling_decoder.py"}
-    # a warning of the toolkit's logger: on stderr where the caller configured no logging
-    assert "left out (links: only the folder's own regular files are uploaded): linked[1], notes.txt" in result.stderr
 
 
 def test_log_to_stdout_shows_the_toolkit_lines_by_process(capsys, caplog):
