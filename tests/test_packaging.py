@@ -132,7 +132,7 @@ def test_every_relative_link_of_the_documentation_resolves():
 MODELING_IMPORTS = {"torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names)
 # the toolkit for your own scripts (never imported by the modeling files) may also use what installing transformers
 # brings along
-TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm", "huggingface_hub"}
+TOOLKIT_IMPORTS = MODELING_IMPORTS | {"tokenizers", "tqdm", "huggingface_hub", "safetensors"}
 
 
 def required_imports(tree):
