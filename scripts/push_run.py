@@ -79,7 +79,8 @@ def main(argv=None):
     # torch and transformers: after the cheap checks
     from hf_settransformer.toolkit import log_to_stdout, refresh_model_card
     from hf_settransformer.toolkit.hub import HubUnreachableError, publishable_files, push_folder_to_hub, reach_hub
-    from hf_settransformer.toolkit.run_folder import OutputDirLock, OutputDirLockedError, write_text_atomically
+    from hf_settransformer.toolkit.run_folder import write_text_atomically
+    from hf_settransformer.toolkit.run_lock import OutputDirLock, OutputDirLockedError
 
     logger = log_to_stdout()  # its lines and the toolkit's (what a push leaves out, say) on stdout
 

@@ -74,11 +74,11 @@ from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
-    lock_output_dir,
     record_run_settings,
     stops_say_where_to_resume,
     write_text_atomically,
 )
+from hf_settransformer.toolkit.run_lock import lock_output_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2"

@@ -56,13 +56,13 @@ from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
-    lock_output_dir,
     record_run_settings,
     save_model_atomically,
     stops_say_where_to_resume,
     train_unless_finished,
     write_text_atomically,
 )
+from hf_settransformer.toolkit.run_lock import lock_output_dir
 from hf_settransformer.toolkit.set_tasks import DeepSetsBaseline
 
 logger = transformers_logging.get_logger("hf_settransformer.scripts")

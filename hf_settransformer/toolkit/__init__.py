@@ -36,7 +36,8 @@ from .objectives import (
     objective_of,
     register_objective,
 )
-from .run_folder import OutputDirLock, resolve_resume
+from .run_folder import resolve_resume
+from .run_lock import OutputDirLock
 from .set_tasks import evaluate_set_task, make_set_task
 from .cli import CheckedTrainingArguments, check_flags
 from .logs import log_to_stdout

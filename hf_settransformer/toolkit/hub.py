@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from .run_folder import LOCK_FILE
+from .run_lock import LOCK_FILE
 
 logger = hf_logging.get_logger(__name__)
 

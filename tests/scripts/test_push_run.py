@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_settransformer.toolkit.hub import UnpublishableFolderError, publishable_files
-from hf_settransformer.toolkit.run_folder import LOCK_FILE
+from hf_settransformer.toolkit.run_lock import LOCK_FILE
 from tests.helpers import (
     MODEL_CLASSES,
     ROOT,

@@ -23,7 +23,7 @@ from hf_settransformer import toolkit
 from hf_settransformer.toolkit.budget import BUDGET_FILE
 from hf_settransformer.toolkit.language_modeling import BlockDataset
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
-from hf_settransformer.toolkit.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
+from hf_settransformer.toolkit.run_lock import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HOLD = """
 import sys, time
-from hf_settransformer.toolkit.run_folder import OutputDirLock
+from hf_settransformer.toolkit.run_lock import OutputDirLock
 lock = OutputDirLock(sys.argv[1], command="holder").acquire()
 print("held", flush=True)
 time.sleep(120)
