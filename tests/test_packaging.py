@@ -5,6 +5,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -321,8 +322,15 @@ def test_the_wheel_carries_the_model_card_templates(tmp_path):
     templates = sorted(p.name for p in CARD_TEMPLATES.glob("*.md"))
     assert templates == ["lm_model_card.md", "mlm_model_card.md"]
     assert not set(templates) & {p.name for p in (ROOT / "model_cards").glob("*.md")}  # one copy of the templates
+    # built from a copy: setuptools writes its build/ and *.egg-info beside the sources, which stay untouched
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "hf_settransformer", source / "hf_settransformer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                             str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300,
+                             str(tmp_path), str(source)], capture_output=True, text=True, timeout=300,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = tmp_path.glob("hf_settransformer-*.whl")
