@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import socket
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -387,3 +388,19 @@ def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def launch_two(script, tmp_path, timeout=300, env=None):
+    """Runs the Python source `script` in 2 gloo processes (`torch.distributed.run`, from the repository), its argument
+    an empty folder `tmp_path / "out"`, asserts both exited 0, and returns that folder."""
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         str(path), str(out)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
+    return out

@@ -11,14 +11,12 @@ import copy
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from tests.helpers import ATTENTIONS, VOCAB, free_port, tiny_config
+from tests.helpers import ATTENTIONS, VOCAB, launch_two, tiny_config
 from torch import nn
 
 import hf_settransformer as hfst
@@ -96,17 +94,7 @@ def case_name(family, attention_type, feature_map, overrides, checkpointed=False
 
 def run_launched(script, tmp_path, timeout=600):
     """Runs `script` in 2 gloo processes; the per-rank JSON results, rank 0 first."""
-    path = tmp_path / "script.py"
-    path.write_text(script)
-    out = tmp_path / "out"
-    out.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(path), str(out)],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
+    out = launch_two(script, tmp_path, timeout, env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
 
 

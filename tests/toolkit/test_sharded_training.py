@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.helpers import common_args, free_port, write_corpus
+from tests.helpers import common_args, free_port, launch_two, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_lm.py"
@@ -162,15 +162,8 @@ trainer.accelerator.end_training()
 
 
 def test_the_replica_check_catches_a_replica_that_drifted_under_data_parallelism(tmp_path):
-    script = tmp_path / "replicas.py"
-    script.write_text(REPLICAS)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(script), str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob("replicas-*.json"))]
+    out = launch_two(REPLICAS, tmp_path)
+    reports = [json.loads(path.read_text()) for path in sorted(out.glob("replicas-*.json"))]
     assert len(reports) == 2
     for report in reports:
         assert len(report["same"]) == 2 and report["same"][0] == report["same"][1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tests.helpers import decoder_trainer, free_port, quiet_training_args, tiny_config
+from tests.helpers import decoder_trainer, launch_two, quiet_training_args, tiny_config
 from transformers import Trainer
 
 import hf_settransformer as hfst
@@ -351,15 +351,8 @@ trainer.accelerator.end_training()  # gloo threads left running at exit can abor
 def test_every_rank_takes_the_main_process_time_budget(tmp_path):
     """Two gloo processes whose probes disagree plan the same max_steps (rank 0's): ranks that planned different
     step counts would leave one waiting in a collective at the end of the run."""
-    script = tmp_path / "plan.py"
-    script.write_text(RANKS_PLAN)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(script), str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    plans = [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob("plan-*.json"))]
+    out = launch_two(RANKS_PLAN, tmp_path)
+    plans = [json.loads(path.read_text()) for path in sorted(out.glob("plan-*.json"))]
     assert sorted(p["rank"] for p in plans) == [0, 1]
     assert all(p["first"] == p["again"] == int(2 * 60 / (0.5 * 1.02)) for p in plans), plans
 
