@@ -85,7 +85,8 @@ def linear_kernel(
     """Linear attention (Katharopoulos et al. 2020; Shen et al. 2021): shapes as `softmax_kernel`, out in fp32,
     weights always None. Causal masks run chunked (`causal_linear_attention`), with a bidirectional prefix or leading
     keys through `prefix_causal_linear_attention`; `state` (the layer's `RecurrentStateLayer` while generating) is
-    read and advanced, one token at a time by `linear_attention_step`.
+    read and advanced, one token at a time by `linear_attention_step`. A packed row (`mask.packing`) restarts the
+    causal state at each sequence (`seq_idx`).
 
     `dropout_p` (the layer's attention dropout while training): there is no weight matrix to drop entries of, so each
     key is dropped, per head, with this probability: left out of every query's sums (numerator and normaliser), as a
@@ -97,6 +98,10 @@ def linear_kernel(
     non-causal mask has no order, and runs undecayed."""
     drop = torch.rand(k.shape[:3], device=k.device) >= dropout_p if dropout_p > 0 else None  # (b, h, m)
     options = {"feature_map": feature_map, "drop": drop}
+    if mask.packing is not None:  # a packed row: the causal ops restart their state at each sequence
+        if not mask.causal or state is not None:
+            raise ValueError("Linear attention takes a packed row only causally and without a cache.")
+        options["seq_idx"] = mask.segments
     if not mask.causal:
         out, _ = linear_attention(q, k, v, mask.key_mask, **options)
         return out, None

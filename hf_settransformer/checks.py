@@ -21,6 +21,7 @@ import torch
 from .attention import attention_kernel
 from .cache_checks import check_cache, check_no_cache
 from .decay import decay_applies
+from .packing import PACKING_INPUTS, read_packing
 
 _call = threading.local()  # whether a checked forward is running in this thread
 
@@ -68,6 +69,7 @@ def check_forward(model, inputs, read_values=True):
     check_implementation(attention_kernel(config), config)
     check_output_hidden_states(inputs.get("output_hidden_states"))
     b, n = check_embeddable(config, inputs)
+    check_packing(model, inputs, b, n, read_values)
     labels, n_base = model.check_labels(inputs, b, n)
     past_length, slots = check_cache(model, inputs, b, n) if model.keeps_a_cache else (0, None)
     key_length = past_length + n if slots is None else slots
@@ -135,6 +137,31 @@ EMBEDDABLE = {
                       torch.Tensor.is_floating_point, "pass floats, e.g. `inputs_embeds.float()` (token ids go in "
                       "`input_ids`)"),
 }
+
+
+def check_packing(model, inputs, b, n, read_values=True):
+    """A packed row (`packing.read_packing`: the boundaries, `seq_idx`, or `position_ids` that restart with no mask
+    and no cache) -> `inputs["packing"]`, checked; refused by a model that does not take one. Compiled, `position_ids`
+    mark a packed row only for a model that takes one (whether they restart cannot be read)."""
+    if inputs.get("packing") is not None:
+        raise ValueError("`packing` is made from a packed batch's inputs (`cu_seq_lens_q`/`cu_seq_lens_k`, `seq_idx` or "
+                         "`position_ids`): pass those instead.")
+    takes = model.takes_packed_batches
+    positions = "position_ids" in forward_names(type(model.base_model)) and (takes or read_values)
+    packing = read_packing(inputs, b, n, takes_position_ids=positions, keeps_a_cache=model.keeps_a_cache,
+                           read_values=read_values)
+    if packing is None:
+        return
+    if not takes:
+        raise ValueError(
+            f"{type(model).__name__} does not take packed batches (given as `cu_seq_lens_q`/`cu_seq_lens_k`, `seq_idx`, "
+            "or `position_ids` that restart at 0 with no `attention_mask`): pass padded batches with an "
+            "`attention_mask`."
+        )
+    if inputs.get("encoder_hidden_states") is not None:
+        raise ValueError("A packed batch takes no `encoder_hidden_states`: its cross-attention would read one "
+                         "encoder output for every sequence.")
+    inputs["packing"] = packing
 
 
 def check_embeddable(config, inputs):
@@ -385,7 +412,8 @@ def refuse_labels(labels):
 # keyword inputs that transformers' Trainer, generate() and tokenizers pass to a model besides its named arguments
 PASSED_THROUGH = frozenset({"num_items_in_batch", "shift_labels", "cache_position", "prefix_length", "return_dict",
                             "token_type_ids", "return_loss", "logits_to_keep", "use_cache", "past_key_values",
-                            "position_ids", "output_attentions", "output_hidden_states", "labels"})
+                            "position_ids", "output_attentions", "output_hidden_states", "labels", "packing",
+                            *PACKING_INPUTS})
 
 
 def forward_names(cls):

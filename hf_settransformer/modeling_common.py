@@ -154,6 +154,8 @@ class HfstPreTrainedModel(PreTrainedModel):
     _no_split_modules = None
     # only the decoder continues a `past_key_values`; the other families read their whole input at every call
     keeps_a_cache = False
+    # takes a packed row of several sequences or sets (`packing.py`), each computed as if alone; others refuse one
+    takes_packed_batches = False
     # What a forward of the class is, as the checks (`checks.py`) and the toolkit read it; heads set their own (heads.py)
     objective = None  # the toolkit's OBJECTIVES row it is trained and scored by (None: a base model)
     attends_causally = False  # in causal order (`decay.decay_applies`); a base model also when given `prefix_length`
@@ -263,6 +265,7 @@ class HfstPreTrainedModel(PreTrainedModel):
         past_length=0,
         prefix_length=0,
         cache_slots=None,
+        packing=None,
     ):
         """Embeds the inputs and builds the attention mask once for the stack.
 
@@ -279,7 +282,9 @@ class HfstPreTrainedModel(PreTrainedModel):
         slots = None if cache_slots is None else torch.arange(n, device=source.device) + past_length  # (n,)
         key_mask = None if attention_mask is None else attention_mask.bool()
         if position_ids is None and self.config.position_embedding_type != "none":
-            if key_mask is not None and slots is not None:
+            if packing is not None:
+                position_ids = packing.positions()
+            elif key_mask is not None and slots is not None:
                 position_ids = position_ids_from_mask(key_mask, cache_slots)[:, slots]  # (b, n)
             elif key_mask is not None:
                 position_ids = position_ids_from_mask(key_mask, n)
@@ -298,6 +303,7 @@ class HfstPreTrainedModel(PreTrainedModel):
             num_keys=n if slots is None else cache_slots,
             prefix_length=prefix_length,
             query_positions=slots,
+            packing=packing,
         )
         return hidden_states, position_ids, mask
 

@@ -36,6 +36,7 @@ class TransformerDecoderPreTrainedModel(HfstPreTrainedModel):
     config_class = TransformerDecoderConfig
     keeps_a_cache = True
     attends_causally = True
+    takes_packed_batches = True
 
 
 class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
@@ -104,6 +105,7 @@ class TransformerDecoderModel(TransformerDecoderPreTrainedModel):
             causal=True,
             past_length=cache.past_length,
             cache_slots=cache.static_length,
+            packing=kwargs.get("packing"),
         )
         cross_mask = None if encoder_hidden_states is None else AttentionMask.build(encoder_attention_mask)
         for layer in self.layers:
@@ -169,6 +171,7 @@ class TransformerDecoderForCausalLM(LMHeadMixin, TransformerDecoderPreTrainedMod
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            packing=kwargs.get("packing"),
         )
         hidden_states = outputs.last_hidden_state
         if torch.is_tensor(logits_to_keep):

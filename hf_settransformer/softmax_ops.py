@@ -6,7 +6,8 @@ form that function's family takes, as `masking_utils` does for Llama:
 - eager: a 4-D additive float mask, (b or 1, 1, n or 1, m);
 - sdpa (and any other registered name): a 4-D bool mask, or none and `is_causal`;
 - flex_attention: a `BlockMask` made from the mask's rule (no dense (n, m) tensor);
-- flash_attention_2/3/4: padding as sequence lengths: a (b, m) key mask when queries and keys are the same tokens
+- flash_attention_2/3/4: a packed row as its boundaries (varlen); padding as sequence lengths: a (b, m) key mask when
+  queries and keys are the same tokens
   (self-attention, where a padded query's output is 0) or a single query, cu_seqlens for a bidirectional
   cross-attention (Set Transformer PMA/ISAB, Perceiver IO latents). Masks it cannot express (a bidirectional prefix,
   a static cache's slots, padding in a causal attention whose queries are the last n of m keys) raise at call time.
@@ -86,6 +87,10 @@ def _flash_inputs(mask, q, k, v):
         )
     key_mask = mask.key_mask
     causal = mask.causal and n > 1  # flash-attn >= 2.1 aligns causal masks bottom-right, as AttentionMask does
+    if mask.packing is not None:  # a packed row: flash attention's own varlen form (the boundaries)
+        cu, longest = mask.packing.boundaries().to(q.device), mask.packing.max_length
+        varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+        return k, v, None, {"is_causal": causal, **varlen}, None
     if key_mask is None or n == m or n == 1:  # transformers unpads queries with the keys' mask, or keeps one query
         return k, v, key_mask, {"is_causal": causal}, None
     if causal:
