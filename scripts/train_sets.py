@@ -14,6 +14,7 @@ shapes, classification). Each runs with `--attention_type softmax|linear` and `-
         --max_steps 50000 --per_device_train_batch_size 10 --learning_rate 1e-3
 """
 
+import gc
 import json
 import sys
 import time
@@ -355,6 +356,11 @@ def main(argv=None):
             return run(args, training_args, model)
     finally:
         lock.release()
+        # the Trainer and its model went with `run`: free them now, while the interpreter is whole. Several processes:
+        # a sharded model's parameters hold the process groups (their device mesh); destroyed at interpreter exit
+        # instead, gloo's threads can abort a process whose work is done ("terminate called without an active
+        # exception")
+        gc.collect()
 
 
 def run(args, training_args, model=None):
