@@ -59,7 +59,7 @@ from hf_settransformer.toolkit.cli import (
     load_pretrained,
 )
 from hf_settransformer.toolkit.hub import HubUnreachableError, UnpublishableFolderError
-from hf_settransformer.toolkit.language_modeling import lm_flops_per_token
+from hf_settransformer.toolkit.language_modeling import PackedLinesDataset, PackedRowsCollator, lm_flops_per_token
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
 from hf_settransformer.toolkit.machine import run_environment
 from hf_settransformer.toolkit.measure import (
@@ -148,7 +148,8 @@ def settings_of_run(model_args, data_args, training_args, tokenizer):
     if clock == "auto":
         clock = "cpu" if training_args.device.type == "cpu" else "wall"
     return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
-        "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens")},
+        "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens",
+        "packing")},
         budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
         precision=resolved_precision(training_args))
 
@@ -216,14 +217,18 @@ def load_data(model_args, data_args, training_args, command, say):
     return tokenizer, eos_id, streams
 
 
-def training_datasets(model, streams, data_args, seed):
-    """The training examples and the periodic evaluation's (the first --periodic_eval_targets validation tokens)."""
+def training_datasets(model, streams, data_args, seed, eos_id):
+    """The training examples (--packing: the lines, packed into rows) and the periodic evaluation's (the first
+    --periodic_eval_targets validation tokens)."""
     length = example_length(model, data_args.block_size)
     validation = streams.get("validation")
     periodic = None if validation is None else validation[: data_args.periodic_eval_targets + length]
     datasets = []
     for stream, source in ((streams["train"], "train"), (periodic, "validation")):
         try:
+            if data_args.packing and source == "train":  # the periodic evaluation reads blocks of the running text
+                datasets.append(PackedLinesDataset(stream, data_args.block_size, eos_id))
+                continue
             datasets.append(None if stream is None else lm_training_dataset(
                 model, stream, data_args.block_size, data_args.targets_per_epoch, seed=seed))
         except ValueError as err:
@@ -411,7 +416,10 @@ def run(model_args, data_args, training_args, command):
     length = example_length(model, data_args.block_size)
     # what the model can take (the training block is only what it was trained on): a longer prompt is no error
     tokenizer.model_max_length = model.config.max_position_embeddings
-    train_dataset, eval_dataset = training_datasets(model, streams, data_args, training_args.seed)
+    if data_args.packing and not model.takes_packed_batches:
+        raise SystemExit(f"--packing needs a model that takes packed rows: --family decoder (the causal LM), not "
+                         f"{type(model).__name__}.")
+    train_dataset, eval_dataset = training_datasets(model, streams, data_args, training_args.seed, eos_id)
     # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push_folder_to_hub uploads
     # the final folder instead, safetensors, JSON, code and text only.
     push_requested, training_args.push_to_hub = training_args.push_to_hub, False
@@ -429,7 +437,7 @@ def run(model_args, data_args, training_args, command):
                                                training_args.device)
     record_run_settings(callbacks, settings)
     objective = objective_of(model)
-    collator = objective.collator(tokenizer, data_args.mlm_probability)
+    collator = PackedRowsCollator() if data_args.packing else objective.collator(tokenizer, data_args.mlm_probability)
     trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,
                                        eval_dataset=eval_dataset, processing_class=tokenizer, data_collator=collator,
                                        callbacks=callbacks)
@@ -449,6 +457,7 @@ def run(model_args, data_args, training_args, command):
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
                "hyperparameters": describe_training(model, training_args, length), "command": command}
     results.update({name: getattr(data_args, name) for name in objective.recorded_arguments})
+    results["packing"] = data_args.packing
     files = data_files(data_args)
     if files:  # local files: their digests tell the model card whether they are WikiText-2's own
         results["data_files"] = data_file_record(files)

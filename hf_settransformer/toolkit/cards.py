@@ -145,7 +145,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         test_acc=_measured(results, "test_accuracy", "{:.4f}"),
         val_scored=_card_tokens_scored(results, "validation", is_masked_lm(model)),
         test_scored=_card_tokens_scored(results, "test", is_masked_lm(model)),
-        train_tokens=_measured(results, "train_tokens", "{:,}"),
+        train_tokens=_card_train_tokens(results, block_size),
         training_speed=_card_training_speed(results) if trained else None,
         model_flops=_card_model_flops(results) if trained else None,
         weights=_card_weights(results) if _measured(results, "train_steps") is not None else None,
@@ -238,6 +238,13 @@ def _card_weights(results):
         return (f"step {step:,} of {results['train_steps']:,}: the checkpoint with the lowest validation loss of the "
                 "periodic evaluations during training")
     return f"the last step ({step:,})"
+
+
+def _card_train_tokens(results, block_size):
+    tokens = _measured(results, "train_tokens", "{:,}")
+    if tokens is None or not results.get("packing"):
+        return tokens
+    return f"{tokens}, packed (train_lm.py --packing): each line a sequence of its own in rows of {block_size} tokens"
 
 
 def _card_context(objective, model, block_size):

@@ -81,6 +81,52 @@ class BlockDataset(torch.utils.data.Dataset):
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
 
 
+class PackedLinesDataset(torch.utils.data.Dataset):
+    """Causal-LM training on packed rows (train_lm.py --packing): each line of the stream (its tokens and the eos after
+    it; empty lines, an eos alone, are left out) is a sequence of its own, and the sequences, in order, fill rows of
+    `block_size` tokens; a line that does not fit is cut there, its rest beginning the next row. Items: "input_ids",
+    "labels" and "position_ids", each (block_size,): positions restart at every sequence, whose first label is -100
+    (nothing in its own sequence comes before it). `PackedRowsCollator` makes a batch of them one packed row."""
+
+    def __init__(self, stream, block_size, eos_id):
+        is_eos = stream == eos_id
+        line = torch.cumsum(is_eos.long(), 0) - is_eos.long()  # each token's line, its eos included
+        keep = torch.bincount(line)[line] > 1
+        tokens, line = stream[keep], line[keep]
+        rows = len(tokens) // block_size
+        if block_size < 2 or rows < 1:
+            raise ValueError(f"A packed row of {block_size} tokens needs block_size >= 2 and at least that many tokens "
+                             f"in non-empty lines; they hold {len(tokens)}.")
+        tokens, line = tokens[: rows * block_size], line[: rows * block_size]
+        index = torch.arange(len(tokens))
+        starts = (index % block_size == 0) | torch.cat([torch.ones(1, dtype=torch.bool), line[1:] != line[:-1]])
+        last_start = torch.cummax(torch.where(starts, index, 0), 0).values
+        self.input_ids = tokens.view(rows, block_size)
+        self.labels = tokens.masked_fill(starts, -100).view(rows, block_size)
+        self.position_ids = (index - last_start).view(rows, block_size)
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.input_ids[i], "labels": self.labels[i], "position_ids": self.position_ids[i]}
+
+
+class PackedRowsCollator:
+    """Items of (length,) "input_ids" and "labels" (and "position_ids", else each item is one sequence) -> one packed
+    row, transformers' format: (1, total) "input_ids", "labels" (-100 at every sequence's first position) and
+    "position_ids" restarting at each sequence. The model keeps each sequence to itself."""
+
+    def __call__(self, items):
+        ids = [torch.as_tensor(item["input_ids"]) for item in items]
+        positions = [torch.as_tensor(item["position_ids"]) if "position_ids" in item else torch.arange(len(x))
+                     for item, x in zip(items, ids)]
+        labels = [torch.as_tensor(item.get("labels", x)).masked_fill(p == 0, -100) for item, x, p in
+                  zip(items, ids, positions)]
+        return {"input_ids": torch.cat(ids)[None], "labels": torch.cat(labels)[None],
+                "position_ids": torch.cat(positions)[None]}
+
+
 class TargetWindowDataset(torch.utils.data.Dataset):
     """Many-target heads: windows of `context_length` tokens whose last `target_length - 1` labels are trained (the
     last position's target lies outside the window), so consecutive windows start `target_length - 1` tokens apart

@@ -224,6 +224,11 @@ class DataArguments:
         metadata={"help": "Validation tokens predicted by each evaluation during training (a quick estimate)."},
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Use only the first N training tokens."})
+    packing: bool = field(
+        default=False,
+        metadata={"help": "Causal LM: each line a sequence of its own, packed into rows of --block_size tokens (each "
+                  "attends to itself only) instead of blocks cut from the running text."},
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Replace the run already in --output_dir (its checkpoints, weights and results are removed "

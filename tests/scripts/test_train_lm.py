@@ -129,6 +129,16 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
 
 
 @pytest.mark.slow
+def test_packing_trains_on_the_lines_and_the_card_says_so(tmp_path, corpus):
+    out = tmp_path / "packed"
+    run(common_args(corpus, out, "decoder", steps=6, extra=["--attention_type", "linear", "--packing", "true"]))
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["packing"] is True and results["train_steps"] == 6
+    assert math.isfinite(results["test_perplexity"]) and math.isfinite(results["train_loss"])
+    assert "packed (train_lm.py --packing): each line a sequence of its own" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["encoder", "perceiver_io"])
 def test_masked_lm_objective_trains_and_fills_masks(tmp_path, corpus, family):
     """--objective mlm: the family's *ForMaskedLM head trains on masked blocks (the loss falls), is evaluated on fixed

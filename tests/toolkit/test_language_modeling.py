@@ -14,6 +14,8 @@ from hf_settransformer import toolkit
 from hf_settransformer.toolkit import evaluate_stream
 from hf_settransformer.toolkit.language_modeling import (
     BlockDataset,
+    PackedLinesDataset,
+    PackedRowsCollator,
     TargetWindowDataset,
     build_word_tokenizer,
     decoder_windows,
@@ -69,6 +71,44 @@ def test_datasets_cover_the_stream():
 
 # ------------------------------------------------------------------------------------------------ protocol
 
+
+
+def test_packed_lines_fill_rows_with_each_line_a_sequence_of_its_own():
+    eos = 0
+    lines = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13], [], [14, 15]]  # empty lines: an eos alone, left out
+    stream = torch.tensor([t for line in lines for t in line + [eos]])
+    data = PackedLinesDataset(stream, block_size=6, eos_id=eos)
+    assert len(data) == 2  # 4 + 2 + 6 + 3 = 15 tokens in non-empty lines: two rows of 6
+    first, second = data[0], data[1]
+    assert first["input_ids"].tolist() == [5, 6, 7, 0, 8, 0]
+    assert first["position_ids"].tolist() == [0, 1, 2, 3, 0, 1]
+    assert first["labels"].tolist() == [-100, 6, 7, 0, -100, 0]
+    # the third line does not fit the first row: its rest begins the second row as a sequence of its own
+    assert second["input_ids"].tolist() == [9, 10, 11, 12, 13, 0]
+    assert second["position_ids"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert second["labels"][0] == -100
+    with pytest.raises(ValueError, match="packed row of 64 tokens"):
+        PackedLinesDataset(stream, block_size=64, eos_id=eos)
+
+
+def test_a_packed_batch_gives_the_loss_of_its_lines_trained_alone():
+    """The packed rows' causal-LM loss sums exactly the losses of their sequences, each read alone; a block without
+    positions (the periodic evaluation's) is one sequence."""
+    torch.manual_seed(0)
+    model = hfst.TransformerDecoderForCausalLM(hfst.TransformerDecoderConfig(
+        vocab_size=20, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        attention_type="linear", linear_attention_chunk_size=4)).eval()
+    stream = torch.tensor([3, 4, 5, 0, 6, 7, 8, 9, 10, 0, 11, 12, 0, 13, 14, 15, 16, 0])
+    data = PackedLinesDataset(stream, block_size=6, eos_id=0)
+    batch = PackedRowsCollator()([data[0], data[1], {"input_ids": torch.tensor([1, 2, 3]),
+                                                     "labels": torch.tensor([1, 2, 3])}])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, 15)
+    with torch.no_grad():
+        packed = model(**batch).loss * (batch["labels"][0, 1:] != -100).sum()
+        ids, starts = batch["input_ids"][0], (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [15]
+        alone = sum(model(input_ids=ids[a:b][None], labels=ids[a:b][None]).loss * (b - a - 1)
+                    for a, b in zip(starts, starts[1:]) if b - a > 1)
+    torch.testing.assert_close(packed, alone)
 
 @pytest.mark.parametrize("stride", [1, 3, 7])
 def test_decoder_windows_score_every_token_once_with_enough_context(stride):

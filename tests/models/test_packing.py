@@ -1,0 +1,187 @@
+"""Packed rows of text (transformers' `DataCollatorWithFlattening` format: one row, `position_ids` restarting at 0,
+optionally `cu_seq_lens_q`/`cu_seq_lens_k` and `seq_idx`): every sequence gets the logits, loss and gradients it gets
+alone, in every attention type and implementation; a packed batch that is not one is refused naming the input.
+Packed sets are in test_packed_sets.py."""
+
+import pytest
+import torch
+from tests.helpers import VOCAB, decoder, make_model, quiet_training_args, tiny_config
+from transformers import DataCollatorWithFlattening, Trainer
+
+import hf_settransformer as hfst
+
+LENGTHS = (5, 1, 9, 4)  # a one-token sequence; one longer than two chunks (linear_attention_chunk_size=4)
+
+ATTENTIONS = [  # (attention_type, feature_map, linear_attention_decay)
+    ("softmax", "elu", "none"),
+    ("linear", "elu", "none"),
+    ("linear", "exp", "none"),
+    ("linear", "elu", "fixed"),
+    ("linear", "elu", "gated"),
+    ("linear", "exp", "gated"),
+]
+
+
+def sequences(lengths=LENGTHS, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def packed(seqs):
+    """What `DataCollatorWithFlattening` makes of the sequences, with the boundaries and `seq_idx`."""
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    return collator([{"input_ids": s.tolist()} for s in seqs])
+
+
+def per_sequence(tensor, seqs):
+    return list(tensor[0].split([len(s) for s in seqs]))
+
+
+@pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("attention_type,feature_map,decay", ATTENTIONS)
+def test_a_packed_row_gives_each_sequence_its_logits_loss_and_gradients(
+    attention_type, feature_map, decay, position_embedding_type
+):
+    model = decoder(attention_type, feature_map, linear_attention_decay=decay,
+                    position_embedding_type=position_embedding_type).train()  # no dropout: train = eval
+    seqs = sequences()
+    batch = packed(seqs)
+    out = model(input_ids=batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"])
+    targets = sum(len(s) - 1 for s in seqs)
+    (out.loss * targets).backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    total = 0
+    for seq, logits in zip(seqs, per_sequence(out.logits, seqs)):
+        alone = model(input_ids=seq[None], labels=seq[None])
+        torch.testing.assert_close(logits, alone.logits[0], atol=1e-5, rtol=1e-5)
+        if len(seq) > 1:
+            total = total + alone.loss * (len(seq) - 1)
+    torch.testing.assert_close(out.loss * targets, total, atol=1e-5, rtol=1e-5)
+    total.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(packed_grads[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "flex_attention"])
+def test_every_softmax_implementation_keeps_the_sequences_apart(implementation):
+    model = decoder("softmax", "elu")
+    model.set_attn_implementation(implementation)
+    seqs = sequences()
+    batch = packed(seqs)
+    with torch.no_grad():  # flex attention has no backward on the CPU
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        for seq, logits in zip(seqs, per_sequence(out, seqs)):
+            torch.testing.assert_close(logits, model(input_ids=seq[None]).logits[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+def test_the_boundaries_given_any_way_give_the_same_logits(attention_type):
+    model = decoder(attention_type, "elu")
+    seqs = sequences()
+    batch = packed(seqs)
+    ids, cu = batch["input_ids"], batch["cu_seq_lens_q"]
+    with torch.no_grad():
+        ways = {
+            "position_ids": model(input_ids=ids, position_ids=batch["position_ids"]).logits,
+            "cu_seq_lens": model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu).logits,
+            "seq_idx": model(input_ids=ids, seq_idx=batch["seq_idx"]).logits,
+            "all": model(**{k: v for k, v in batch.items() if k != "labels"}).logits,
+        }
+    for way, logits in ways.items():
+        torch.testing.assert_close(logits, ways["position_ids"], atol=1e-6, rtol=1e-6, msg=way)
+
+
+def test_positions_that_never_restart_are_an_ordinary_row():
+    model = decoder("softmax", "elu")
+    ids = sequences((6,))[0][None]
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, position_ids=torch.arange(6)[None]).logits,
+                                   model(input_ids=ids).logits)
+
+
+def test_a_packed_row_returns_no_cache():
+    model = decoder("linear", "elu")
+    batch = packed(sequences())
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    assert out.past_key_values is None
+
+
+def _bad(batch, **changes):
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs.update(changes)
+    return {k: v for k, v in inputs.items() if v is not None}
+
+
+CU = torch.tensor([0, 5, 6, 15, 19], dtype=torch.int32)
+
+BAD_PACKED_INPUTS = {  # case -> (changes to a packed batch, the input the error names)
+    "boundaries not from 0": (dict(cu_seq_lens_q=CU + 1, cu_seq_lens_k=CU + 1), "cu_seq_lens_k"),
+    "boundaries not increasing": (dict(cu_seq_lens_q=None, cu_seq_lens_k=torch.tensor([0, 6, 5, 15, 19])),
+                                  "cu_seq_lens_k"),
+    "an empty sequence": (dict(cu_seq_lens_q=torch.tensor([0, 5, 5, 19]), cu_seq_lens_k=None), "cu_seq_lens_q"),
+    "boundaries short of the end": (dict(cu_seq_lens_q=None, cu_seq_lens_k=CU.clone().index_fill_(0,
+                                         torch.tensor([4]), 18)), "cu_seq_lens_k"),
+    "float boundaries": (dict(cu_seq_lens_q=CU.float(), cu_seq_lens_k=None), "cu_seq_lens_q"),
+    "q and k boundaries differ": (dict(cu_seq_lens_q=torch.tensor([0, 5, 19])), "cu_seq_lens_q"),
+    "seq_idx disagrees": (dict(seq_idx=torch.zeros(1, 19, dtype=torch.int32)), "seq_idx"),
+    "seq_idx with a gap": (dict(cu_seq_lens_q=None, cu_seq_lens_k=None, position_ids=None,
+                                seq_idx=torch.tensor([[0] * 5 + [2] * 14])), "seq_idx"),
+    "position_ids disagree": (dict(position_ids=torch.arange(19)[None]), "position_ids"),
+    "two rows": (dict(input_ids=torch.zeros(2, 19, dtype=torch.long), position_ids=None), "one row"),
+    "padding": (dict(attention_mask=torch.tensor([[1] * 18 + [0]])), "attention_mask"),
+    "a cache": (dict(use_cache=True), "use_cache"),
+    "encoder states": (dict(encoder_hidden_states=torch.zeros(1, 3, 32)), "encoder_hidden_states"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PACKED_INPUTS))
+def test_a_bad_packed_batch_is_refused_naming_the_input(case):
+    changes, named = BAD_PACKED_INPUTS[case]
+    model = decoder("softmax", "elu", add_cross_attention=case == "encoder states")
+    batch = packed(sequences())
+    with pytest.raises(ValueError, match=named):
+        model(**_bad(batch, **changes))
+
+
+def test_position_ids_restarting_in_a_batch_of_rows_without_a_mask_are_refused():
+    model = decoder("softmax", "elu")
+    with pytest.raises(ValueError, match="one row"):
+        model(input_ids=torch.zeros(2, 4, dtype=torch.long), position_ids=torch.tensor([[0, 1, 0, 1]] * 2))
+
+
+def test_a_packed_batch_with_a_cache_is_refused():
+    model = decoder("softmax", "elu")
+    cache = model(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True).past_key_values
+    batch = packed(sequences())
+    with pytest.raises(ValueError, match="past_key_values"):
+        model(input_ids=batch["input_ids"], cu_seq_lens_q=batch["cu_seq_lens_q"], past_key_values=cache)
+
+
+@pytest.mark.parametrize("family,cls", [("encoder", hfst.TransformerEncoderForMaskedLM),
+                                        ("perceiver_io", hfst.PerceiverIOForMaskedLM)])
+def test_a_family_without_packing_refuses_a_packed_batch(family, cls):
+    """Restarting positions with no mask used to run as one sequence, every token reading the others."""
+    model = make_model(cls, tiny_config(family))
+    batch = packed(sequences())
+    with pytest.raises(ValueError, match="does not take packed batches"):
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    with pytest.raises(ValueError, match="does not take packed batches"):
+        model(input_ids=batch["input_ids"], cu_seq_lens_q=batch["cu_seq_lens_q"])
+
+
+def test_the_trainer_trains_from_data_collator_with_flattening(tmp_path):
+    model = decoder("linear", "elu").train()
+    data = [{"input_ids": s.tolist()} for s in sequences((5, 3, 9, 2, 7, 4, 6, 8), seed=1)]
+    trainer = Trainer(
+        model=model,
+        args=quiet_training_args(tmp_path, max_steps=2, per_device_train_batch_size=4, learning_rate=1e-3),
+        train_dataset=data,
+        data_collator=DataCollatorWithFlattening(),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    result = trainer.train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
