@@ -6,9 +6,10 @@ ops (`linear_ops.through_op`); it computes the others inline.
 
 One op per entry point, each with one body for every device (namespace `NAMESPACE`):
 
-- `causal_linear_attention(q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, chunk_size, prefix_length, fused)
-  -> (out, kv1, z1, m1)`: causal, continuing a carried state (kv0, z0, m0), with leading keys (m > n) and a
-  bidirectional prefix (`prefix_length`): the many-target heads;
+- `causal_linear_attention(q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, feature_map, chunk_size, prefix_length,
+  fused) -> (out, kv1, z1, m1)`: causal, continuing a carried state (kv0, z0, m0), with leading keys (m > n) and a
+  bidirectional prefix (`prefix_length`): the many-target heads; or over a packed row's sequences (`seq_idx` (b, n),
+  with no carried state, no leading keys and no prefix);
 - `linear_attention(q, k, v, keep, feature_map, fused) -> (out, kv, z, k_ref, k_sum)`: non-causal;
 - `linear_attention_step(q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, fused) -> (out, kv1, z1, m1)`: one
   token of generation; no autograd (the linear ops send a step whose inputs need gradients to PyTorch inline);
@@ -110,28 +111,37 @@ def _reference(state, like, fmap):
 # causal (with a carried state, leading keys and a bidirectional prefix)
 
 
-def _fused_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd):
+def _fused_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, seq_idx=None):
     """The Triton causal kernels in `linear_torch`'s causal signature (with autograd): the prefix's rest."""
     return fused_causal_linear_attention(
-        q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD, decay=logd
+        q, k, v, mask, state, feature_map=fmap.name, drop=drop, spread=EXP_CHUNK_SPREAD, decay=logd, seq_idx=seq_idx
     )
 
 
-def _sync_free_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd):
+def _sync_free_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, seq_idx=None):
     """The PyTorch causal op with no host read (an op's body may run inside a CUDA graph)."""
-    return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=True)
+    return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=True, seq_idx=seq_idx)
 
 
-def _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_size, prefix_length, fused):
+def _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, fmap, chunk_size, prefix_length, fused):
     """The causal op's forward as autograd functions (the PyTorch ops, or the prefix's fold and the fused kernels):
     what the backward op differentiates where the Triton kernels' own backward does not apply."""
     causal = _fused_causal if fused else _sync_free_causal
     state = _state(kv0, z0, m0)
     if k.shape[2] == q.shape[2] and not prefix_length:
-        out, state = causal(q, k, v, mask, state, fmap, chunk_size, drop, logd)
+        out, state = causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, seq_idx)
     else:
+        _refuse_packed_prefix(seq_idx)
         out, state = torch_prefix(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, causal)
     return out, state.kv, state.z, _reference(state, state.z, fmap)
+
+
+def _refuse_packed_prefix(seq_idx):
+    if seq_idx is not None:
+        raise ValueError(
+            "The causal op takes `seq_idx` (packed sequences) only with one key per query and no prefix "
+            "(prefix_length=0); pass seq_idx=None here."
+        )
 
 
 def _kernels_own_backward(q, k, prefix_length, fused):
@@ -157,6 +167,7 @@ def _causal_body(
     z0: Optional[Tensor],
     m0: Optional[Tensor],
     logd: Optional[Tensor],
+    seq_idx: Optional[Tensor],
     feature_map: str,
     chunk_size: int,
     prefix_length: int,
@@ -165,9 +176,11 @@ def _causal_body(
     fmap = get_feature_map(feature_map)
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
-        return causal_forward(*args, logd, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD)
+        return causal_forward(*args, logd, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD, seq_idx=seq_idx)
     with torch.no_grad():
-        outputs = _causal_with_autograd(q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_size, prefix_length, fused)
+        outputs = _causal_with_autograd(
+            q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, fmap, chunk_size, prefix_length, fused
+        )
     return _own(outputs, (q, k, v, kv0, z0, m0, logd))
 
 
@@ -177,7 +190,7 @@ causal_linear_attention = torch.library.custom_op(f"{NAMESPACE}::causal_linear_a
 
 
 @causal_linear_attention.register_fake
-def _(q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, chunk_size, prefix_length, fused):
+def _(q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, feature_map, chunk_size, prefix_length, fused):
     return _state_outputs(q, v)
 
 
@@ -194,6 +207,7 @@ def _causal_backward_body(
     z0: Optional[Tensor],
     m0: Optional[Tensor],
     logd: Optional[Tensor],
+    seq_idx: Optional[Tensor],
     kv1: Tensor,
     z1: Tensor,
     feature_map: str,
@@ -205,14 +219,14 @@ def _causal_backward_body(
     if _kernels_own_backward(q, k, prefix_length, fused):
         args = _triton_causal_args(q, k, v, mask, drop, kv0, z0, m0, fmap)
         dq, dk, dv, dkv0, dz0, dlogd = causal_backward(
-            dout, dkv1, dz1, *args, logd, kv1, z1, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD
+            dout, dkv1, dz1, *args, logd, kv1, z1, fmap, FUSED_CHUNK, EXP_CHUNK_SPREAD, seq_idx=seq_idx
         )
         grads = (dq, dk.to(k.dtype), dv.to(v.dtype), dkv0, dz0, dlogd)
     else:
         inputs = (q, k, v, kv0, z0, logd)
         grads = _recomputed_grads(
             lambda q, k, v, kv0, z0, logd: _causal_with_autograd(
-                q, k, v, mask, drop, kv0, z0, m0, logd, fmap, chunk_size, prefix_length, fused
+                q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, fmap, chunk_size, prefix_length, fused
             )[:3],
             inputs,
             (dout, dkv1, dz1),
@@ -226,7 +240,10 @@ causal_linear_attention_backward = torch.library.custom_op(
 
 
 @causal_linear_attention_backward.register_fake
-def _(dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1, feature_map, chunk_size, prefix_length, fused):
+def _(
+    dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, kv1, z1, feature_map, chunk_size, prefix_length,
+    fused,
+):
     return (
         *(_like(x) for x in (q, k, v)),
         *(_or_empty(None if x is None else _like(x, torch.float32), q) for x in (kv0, z0, logd)),
@@ -234,21 +251,21 @@ def _(dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1, feature_
 
 
 def _causal_setup(ctx, inputs, output):
-    q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, chunk_size, prefix_length, fused = inputs
+    q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, feature_map, chunk_size, prefix_length, fused = inputs
     _, kv1, z1, m1 = output
-    ctx.save_for_backward(q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1)
+    ctx.save_for_backward(q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, kv1, z1)
     ctx.options = (feature_map, chunk_size, prefix_length, fused)
     ctx.mark_non_differentiable(m1)  # the key maxima: a constant of the function, out of autograd
 
 
 def _causal_backward(ctx, dout, dkv1, dz1, _dm1):  # unused outputs' gradients arrive as zeros (materialised)
-    q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1 = ctx.saved_tensors
+    q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, kv1, z1 = ctx.saved_tensors
     dq, dk, dv, dkv0, dz0, dlogd = causal_linear_attention_backward(
-        dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, kv1, z1, *ctx.options
+        dout, dkv1, dz1, q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, kv1, z1, *ctx.options
     )
     present = (None if x is None else g for x, g in ((kv0, dkv0), (z0, dz0), (logd, dlogd)))
     dkv0, dz0, dlogd = present
-    return dq, dk, dv, None, None, dkv0, dz0, None, dlogd, None, None, None, None
+    return dq, dk, dv, None, None, dkv0, dz0, None, dlogd, None, None, None, None, None
 
 
 causal_linear_attention.register_autograd(_causal_backward, setup_context=_causal_setup)
@@ -404,11 +421,11 @@ def _autograd_inside_op():
         yield
 
 
-def causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused):
+def causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused, seq_idx=None):
     """The causal op on the linear ops' arguments -> (out (b,h,n,e) fp32, `LinearAttentionState`)."""
     kv0, z0, m0 = (None, None, None) if state is None else (state.kv, state.z, state.k_max)
     out, kv1, z1, m1 = causal_linear_attention(
-        q, k, v, mask, drop, kv0, z0, m0, logd, fmap.name, chunk_size, prefix_length, fused
+        q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, fmap.name, chunk_size, prefix_length, fused
     )
     return out, LinearAttentionState(kv=kv1, z=z1, k_max=m1 if fmap.stabilised else None)
 

@@ -117,3 +117,35 @@ def naive_decayed_linear_attention(q, k, v, log_decay, key_mask=None, feature_ma
         return normalise_rows(w, v)
     logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1) + logdecay
     return torch.softmax(logw, dim=-1).nan_to_num(0.0) @ v
+
+
+def sequence_ids(seq_idx):
+    """seq_idx (b, n), a packed row's sequence of each position -> (b, n) int64 ids counted from 0 in each row, a new
+    one wherever seq_idx changes (a boundary)."""
+    change = (seq_idx[:, 1:] != seq_idx[:, :-1]).long()
+    return torch.cat([torch.zeros_like(change[:, :1]), change.cumsum(dim=1)], dim=1)
+
+
+def naive_packed_causal_linear_attention(
+    q, k, v, seq_idx, key_mask=None, feature_map="elu", log_decay=None, drop=None
+):
+    """Causal linear attention over a packed row: query i sees key j <= i only in its own sequence (`seq_idx` (b, n),
+    `sequence_ids`), a dense mask. `key_mask` (b, n) padding (which does not decay), `drop` (b, h, n) the keys key
+    dropout keeps (a dropped key still decays), `log_decay` (b, h, n) or None: key j weighs exp(G_i - G_j) at query
+    i, G from `cumulative_decay` (a sequence's first position's decay never enters: nothing before it is seen). The
+    stabilised map (exp) in log space."""
+    q, k, v = q.double(), k.double(), v.double()
+    n = q.shape[-2]
+    ids = sequence_ids(seq_idx)
+    allowed = visible(n, n, key_mask, causal=True) & (ids[:, None, :, None] == ids[:, None, None, :])  # (b, 1, n, n)
+    if drop is not None:
+        allowed = allowed & drop.bool()[:, :, None, :]
+    logdecay = torch.zeros(1, dtype=torch.float64)
+    if log_decay is not None:
+        g = cumulative_decay(log_decay, key_mask)  # (b, h, n)
+        logdecay = (g[..., :, None] - g[..., None, :]).masked_fill(~allowed, 0.0)
+    if not get_feature_map(feature_map).stabilised:
+        w = (phi(q, feature_map) @ phi(k, feature_map).transpose(-1, -2)) * torch.exp(logdecay) * allowed
+        return normalise_rows(w, v)
+    logw = torch.logsumexp(q[..., :, None, :] + k[..., None, :, :], dim=-1) + logdecay
+    return torch.softmax(logw.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0) @ v

@@ -19,6 +19,13 @@ chunk the decay is a mask of cumulative log-gates, between chunks a scaled state
 decay (padding is not time); a dropped key still does. Non-causal attention has no order to decay along: refused.
 The naive float64 references these ops are tested against are in `linear_naive.py`.
 
+`causal_linear_attention` also takes a packed batch (transformers' `DataCollatorWithFlattening`: sequences
+concatenated into one row, b = 1): `seq_idx` (b, n) int32/int64, each position's sequence, a new sequence wherever it
+changes (non-decreasing ids, as positions restarting at 0 give). Query i sees key j <= i only in its own sequence:
+the state (and exp's key maxima, and a decay) restarts at every boundary, so each sequence gets what it gets alone.
+It carries no cache (`state` must be None); the returned state is the last sequence's. The prefix op and the step
+refuse it.
+
 Which path runs where (eager or compiled, CPU or CUDA, by precision): the table in the README's "Install and test";
 `HFST_DISABLE_TRITON=1` takes the kernels out, `HFST_FORCE_TRITON=1` takes them for fp32 and CPU tensors too
 (triton's interpreter on CPU: the tests).
@@ -34,7 +41,7 @@ from .linear_torch import prefix_causal_linear_attention as torch_prefix
 from .linear_torch import with_dropped
 from .cache import LinearAttentionState
 from .feature_maps import get_feature_map
-from .linear_triton import fused_decay_available, fused_linear_attention_available
+from .linear_triton import fused_decay_available, fused_linear_attention_available, fused_sequences_available
 
 
 def _check_drop(drop, k):
@@ -83,6 +90,35 @@ def _check_op_inputs(op, q, k, mask, state, drop, feature_map, decay=None):
     return fmap
 
 
+def _check_seq_idx(op, seq_idx, q, state):
+    """A packed row's `seq_idx`: an int32/int64 (b, n) tensor on the queries' device (its values are not read), and no
+    carried state."""
+    if seq_idx is None:
+        return
+    if (
+        not torch.is_tensor(seq_idx)
+        or seq_idx.dtype not in (torch.int32, torch.int64)
+        or tuple(seq_idx.shape) != (q.shape[0], q.shape[2])
+        or seq_idx.device != q.device
+    ):
+        raise ValueError(
+            f"`seq_idx` of {op} must be an int32 or int64 tensor of shape {(q.shape[0], q.shape[2])} (batch, tokens) "
+            f"on {q.device}: each position's sequence in a packed row; got {_describe(seq_idx)}"
+            + (f" on {seq_idx.device}." if torch.is_tensor(seq_idx) else ".")
+        )
+    if state is not None:
+        raise ValueError(
+            f"{op}: `seq_idx` (a packed batch) carries no cache: pass state=None (each sequence starts from nothing)."
+        )
+
+
+def _refuse_seq_idx(op, seq_idx):
+    if seq_idx is not None:
+        raise ValueError(
+            f"`{op}` does not take `seq_idx` (packed sequences): pass seq_idx=None; `causal_linear_attention` takes it."
+        )
+
+
 def _describe(x):
     return f"{x.dtype} of shape {tuple(x.shape)}" if torch.is_tensor(x) else f"a {type(x).__name__}"
 
@@ -95,13 +131,15 @@ def _log_decay(decay, mask):
     return decay if mask is None else decay.masked_fill(~mask[:, None, :], 0.0)
 
 
-def use_triton(q, k, v, state, fmap, step=False, decay=None):
+def use_triton(q, k, v, state, fmap, step=False, decay=None, seq_idx=None):
     """The Triton-or-PyTorch choice, made once at the top of each op and passed down (into the custom op as its
     `fused` argument): the fused kernels where they have code for the feature map `fmap` and take these inputs
     (`linear_triton.fused_linear_attention_available`: CUDA or forced, dtypes, head dims, the environment, triton
     installed); for the one-token `step`, which has no matrix product and so also takes fp32, only where no gradient
-    is needed (the fused step has no backward)."""
+    is needed (the fused step has no backward); for a packed row (`seq_idx`) only where the kernels take one."""
     if step and _needs_grad(q, k, v, state, decay):
+        return False
+    if seq_idx is not None and not fused_sequences_available():
         return False
     if decay is not None and not fused_decay_available(fmap.name):
         return False
@@ -149,7 +187,7 @@ def linear_attention(q, k, v, mask=None, state=None, *, feature_map="elu", drop=
 
 
 def causal_linear_attention(
-    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, drop=None, decay=None
+    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, drop=None, decay=None, seq_idx=None
 ):
     """Causal linear attention in chunks: query i sees keys j <= i (and everything in `state`).
 
@@ -159,24 +197,26 @@ def causal_linear_attention(
     A stabilised map (exp) cannot normalise keys over the sequence (that would read the future): it is the ratio
     phi(q) S / phi(q) z with phi = exp, stabilised by key maxima that never look ahead
     (`linear_torch._causal_exp_linear_attention`). `decay` (b,h,n): each position's log-decay (see the module's
-    docstring), or None.
+    docstring), or None. `seq_idx` (b,n): a packed row's sequences (see the module's docstring), or None: one.
     """
     fmap = _check_op_inputs("causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
-    return _causal(q, k, v, mask, state, fmap, chunk_size, 0, drop, decay)
+    _check_seq_idx("causal_linear_attention", seq_idx, q, state)
+    return _causal(q, k, v, mask, state, fmap, chunk_size, 0, drop, decay, seq_idx)
 
 
-def _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay):
-    fused = use_triton(q, k, v, state, fmap, decay=decay)
+def _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay, seq_idx=None):
+    fused = use_triton(q, k, v, state, fmap, decay=decay, seq_idx=seq_idx)
     logd = _log_decay(decay, mask)
     if through_op(q, fused):
-        return causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused)
+        return causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused, seq_idx)
     if k.shape[2] == q.shape[2] and not prefix_length:
-        return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd)
+        return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, seq_idx=seq_idx)
     return torch_prefix(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd)
 
 
 def prefix_causal_linear_attention(
-    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, prefix_length=0, drop=None, decay=None
+    q, k, v, mask=None, state=None, *, feature_map="elu", chunk_size=64, prefix_length=0, drop=None, decay=None,
+    seq_idx=None,
 ):
     """Causal linear attention whose first keys are seen by every query (`AttentionMask.prefix_length`, and the
     m - n leading keys of a causal cross-attention): q (b,h,n,d), k (b,h,m,d), v (b,h,m,e), mask (b,m) ->
@@ -188,8 +228,9 @@ def prefix_causal_linear_attention(
     the fused kernels where `use_triton` says (which take the prefix's state as a carried state and give it its
     gradients). `decay` (b,h,m): as in `causal_linear_attention`, over the m key positions (the queries are the last
     n). The leading keys decay to where they end, where the prefix's queries read them: the bidirectional prefix is
-    one step of the decay, as it is one state."""
+    one step of the decay, as it is one state. `seq_idx` must be None (no packed rows here)."""
     fmap = _check_op_inputs("prefix_causal_linear_attention", q, k, mask, state, drop, feature_map, decay)
+    _refuse_seq_idx("prefix_causal_linear_attention", seq_idx)
     n, m = q.shape[2], k.shape[2]
     if not 0 <= prefix_length <= n or m - n + prefix_length < 0:
         raise ValueError(
@@ -199,7 +240,9 @@ def prefix_causal_linear_attention(
     return _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay)
 
 
-def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None):
+def linear_attention_step(
+    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, decay=None, seq_idx=None
+):
     """One causal step (the RNN view): q, k (b,h,1,d), v (b,h,1,e), mask (b,1) -> (out (b,h,1,e), new state).
 
     Cost and memory are independent of the number of tokens already in `state`. Where `use_triton` says (it needs no
@@ -207,9 +250,11 @@ def linear_attention_step(q, k, v, mask=None, state=None, *, feature_map="elu", 
     No branch on values and no host read:
     it compiles to one graph (`torch.compile(fullgraph=True)`), the same at every step; a `RecurrentStateLayer` built
     with `static=True` copies the new state into fixed buffers, which CUDA graphs replay on.
-    `decay` (b,h,1): the token's log-decay, applied to `state` before the token is added.
+    `decay` (b,h,1): the token's log-decay, applied to `state` before the token is added. `seq_idx` must be None (a
+    packed batch carries no cache to step).
     """
     fmap = _check_op_inputs("linear_attention_step", q, k, mask, state, drop, feature_map, decay)
+    _refuse_seq_idx("linear_attention_step", seq_idx)
     if q.shape[2] != 1 or k.shape[2] != 1:
         raise ValueError(
             f"`linear_attention_step` takes one token; got {q.shape[2]} queries and {k.shape[2]} keys "

@@ -9,7 +9,16 @@ so no n x d x e tensor is built; the step advances the same state one token at a
 per head and key position) key j weighs exp(G_i - G_j) at query i, G the cumulative log-decay: inside a chunk a mask
 of cumulative log-gates, between chunks a scaled state. No decay is a log-decay of zero: each op has one path, which
 skips the decay's factors (all 1) where `logd` is None. The float64 references are in `linear_naive.py`.
+
+A packed row (several sequences concatenated, `seq_idx` (b, n) the sequence of each position, a new one wherever it
+changes) restarts the causal ops at every boundary: inside a chunk the quadratic form is also masked to the same
+sequence, the carried state reaches only the queries of the sequence it holds, and a chunk with a boundary hands on
+only its last sequence's keys (the scan's factor is 0 there: a reset, not a decay). The exp map's key maxima are
+running maxima over each sequence alone (`_sequence_running_max`, a scan of log n steps).
 """
+
+import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -165,13 +174,64 @@ def chunk_scan(x, g=None, start=None):
     return _ChunkScan.apply(x, g, start)
 
 
+class _Sequences(NamedTuple):
+    """Where a packed row's sequences lie, chunk by chunk (`_chunk_sequences`); masks with a head dim of 1."""
+
+    ids: torch.Tensor  # (b, k * c) each position's sequence, counted from 0 in each row (padding: the last one)
+    same: torch.Tensor  # (b, 1, k, c, c) query i and key j of a chunk in one sequence
+    reads: torch.Tensor  # (b, 1, k, c) the query is in the sequence of the state carried into its chunk
+    last: torch.Tensor  # (b, 1, k, c) the key is in the chunk's last sequence, the one whose state it hands on
+    carry: torch.Tensor  # (b, 1, k) the state carried into the chunk continues through its end (no boundary)
+    cont: torch.Tensor  # (b, 1, k) the chunk's first query reads the carried state
+
+
+def _chunk_sequences(seq_idx, pad, c):
+    """seq_idx (b, n), sequence ids that change at each boundary (a new sequence wherever the id changes) -> the
+    `_Sequences` of chunks of c positions after `pad` padding positions, which join the last sequence."""
+    b = seq_idx.shape[0]
+    ids = F.pad((seq_idx[:, 1:] != seq_idx[:, :-1]).cumsum(dim=1), (1, 0))  # (b, n)
+    if pad:
+        ids = torch.cat([ids, ids[:, -1:].expand(b, pad)], dim=1)
+    s = ids.reshape(b, -1, c)  # (b, k, c)
+    prev = torch.cat([s[:, :1, 0], s[:, :-1, -1]], dim=1)  # (b, k) the sequence of the state entering each chunk
+    return _Sequences(
+        ids=ids,
+        same=(s[..., :, None] == s[..., None, :])[:, None],
+        reads=(s == prev[..., None])[:, None],
+        last=(s == s[..., -1:])[:, None],
+        carry=(prev == s[..., -1])[:, None],
+        cont=(prev == s[..., 0])[:, None],
+    )
+
+
+def _sequence_running_max(x, ids, logd=None):
+    """The running maximum along dim 2 of x (b, h, n, d) over each position's own sequence (`ids` (b, n),
+    non-decreasing), decayed: M_p = max_j (x_j + sum_{j < t <= p} logd_t) over j <= p in p's sequence, `logd`
+    (b, h, n) or None (0). A scan of log2 n doubling steps (Hillis and Steele): after the step of offset s, M_p covers
+    the 2s positions ending at p, and `window` the log-decay of the s positions ending at p. The maximum is a
+    stabiliser (used the same way everywhere), so sums of log-decays that round differently do no harm."""
+    n = x.shape[2]
+    window = logd
+    offset = 1
+    while offset < n:
+        inside = (ids[:, offset:] == ids[:, :-offset])[:, None, :, None]  # (b, 1, n - s, 1)
+        earlier = x[:, :, :-offset] if window is None else x[:, :, :-offset] + window[:, :, offset:, None]
+        x = torch.cat([x[:, :, :offset], torch.maximum(x[:, :, offset:], earlier.masked_fill(~inside, -math.inf))], 2)
+        if window is not None:
+            window = torch.cat([window[:, :, :offset], window[:, :, offset:] + window[:, :, :-offset]], dim=2)
+        offset *= 2
+    return x
+
+
 # Inside a chunk the exp kernel scales every key by the running key maximum at the chunk's end. Where that maximum
 # rises by more than this many nats after a query's position, the query's terms would be scaled by a later key (fp32
 # keeps ~87 nats of exponent below 1): such chunks are recomputed with each position's own running maximum.
 EXP_CHUNK_SPREAD = 40.0
 
 
-def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None, logd=None, sync_free=False):
+def _causal_exp_linear_attention(
+    q, k, v, key_mask, chunk_size, state, drop=None, logd=None, sync_free=False, seq_idx=None
+):
     """Causal linear attention with Shen et al.'s exp feature map, w_ij = sum_f exp(q_if + k_jf) for j <= i, whose
     stabilisers never look ahead: no position's output depends on later keys, numerically as well as exactly.
 
@@ -187,7 +247,12 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     the decay is a mask; the state keeps the *decayed* maximum, so a key that has decayed away stops setting it: a
     key enters it as exp(k_j - b_j - U_c), U_c = max(reference before the chunk, max_j (k_j - b_j)), the state after
     the chunk is in reference U_c + B_c (B_c the chunk's decay), and that is the `k_max` a state carries. The exact
-    path takes the keys back to the chunk's start, k_j - b_j, whose per-query factor exp(b_i) cancels in the ratio."""
+    path takes the keys back to the chunk's start, k_j - b_j, whose per-query factor exp(b_i) cancels in the ratio.
+
+    With a packed row's sequences (`seq_idx`, no carried `state`) every reference is over one sequence: each position's
+    running maximum M_i over its own sequence (`_sequence_running_max`, decayed), the state's reference after a chunk
+    M at its end, R_c the maximum of the chunk's keys and, where its first query reads it, the carried state's
+    reference; a chunk whose sequences' keys lie far apart is steep and takes the exact path."""
     b, h, n, d = q.shape
     e = v.shape[-1]
     c = min(chunk_size, n)
@@ -203,6 +268,7 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         q = F.pad(q, (0, 0, 0, pad))
         k = F.pad(k, (0, 0, 0, pad), value=float("-inf"))
         v = F.pad(v, (0, 0, 0, pad))
+    seqs = None if seq_idx is None else _chunk_sequences(seq_idx, pad, c)
     q, k, v = q.reshape(b, h, nk, c, d), k.reshape(b, h, nk, c, d), v.reshape(b, h, nk, c, e)
     floor = -1e30  # reference while every key so far is masked: any finite value works
     start = state.k_max.clamp_min(floor) if state is not None else k.new_full((b, h, d), floor)
@@ -212,18 +278,27 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         total = local[..., -1]  # B_c, (b, h, k)
         back = k - local[..., None]
     with torch.no_grad():
-        # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c; without a decay
-        # it is R_c, the reference the chunk's keys are scaled by too
-        top = back.amax(dim=3)  # (b, h, k, d)
-        if logd is not None:
-            offset = chunk_scan(total.detach())[0][..., None]  # G_c, (b, h, k, 1)
-            top = top - offset
-        running = torch.cummax(torch.maximum(top, start[:, :, None]), dim=2).values
-        running = ref = (running if logd is None else running + offset).clamp_min(floor)
-        if logd is not None:  # R_c: the decayed reference the state hands the chunk, and the chunk's keys
-            ends = running + total[..., None]  # the state's reference after each chunk
-            ref = torch.maximum(torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2), k.amax(dim=3))
-            ref = ref.clamp_min(floor)
+        if seqs is not None:  # M_i, each position's own running maximum (decayed to it), (b, h, k, c, d)
+            flat_logd = None if logd is None else F.pad(logd, (0, pad))
+            own = _sequence_running_max(k.reshape(b, h, nk * c, d), seqs.ids, flat_logd).clamp_min(floor)
+            own = own.reshape(b, h, nk, c, d)
+            ends = own[:, :, :, -1]  # the state's reference after each chunk, (b, h, k, d)
+            running = ends if logd is None else ends - total[..., None]  # U_c, before the chunk's decay
+            entering = torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2).masked_fill(~seqs.cont[..., None], floor)
+            ref = torch.maximum(entering, k.amax(dim=3)).clamp_min(floor)
+        else:
+            # U_c = G_c + max(start, max over the keys so far of k_j - G_j), G the decay before chunk c; without a
+            # decay it is R_c, the reference the chunk's keys are scaled by too
+            top = back.amax(dim=3)  # (b, h, k, d)
+            if logd is not None:
+                offset = chunk_scan(total.detach())[0][..., None]  # G_c, (b, h, k, 1)
+                top = top - offset
+            running = torch.cummax(torch.maximum(top, start[:, :, None]), dim=2).values
+            running = ref = (running if logd is None else running + offset).clamp_min(floor)
+            if logd is not None:  # R_c: the decayed reference the state hands the chunk, and the chunk's keys
+                ends = running + total[..., None]  # the state's reference after each chunk
+                ref = torch.maximum(torch.cat([start[:, :, None], ends[:, :, :-1]], dim=2), k.amax(dim=3))
+                ref = ref.clamp_min(floor)
         shift = (q + ref[:, :, :, None]).amax(dim=-1, keepdim=True)  # per query, cancels in the ratio
     # the carried state's reference before each chunk (decayed by the chunk before: the decay keeps its gradient)
     last = running[:, :, :-1] if logd is None else running[:, :, :-1] + total[:, :, :-1, None]
@@ -231,15 +306,22 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     phi_k = torch.exp(k - ref[:, :, :, None])  # (b, h, k, c, d), <= 1
     phi_q = torch.exp(q + ref[:, :, :, None] - shift)  # <= 1
     to_state = phi_k if logd is None else torch.exp(back - running[:, :, :, None])  # <= 1
+    if seqs is not None:  # only the chunk's last sequence is handed on, in its own reference
+        to_state = torch.exp(back.masked_fill(~seqs.last[..., None], float("-inf")) - running[:, :, :, None])
     kv_chunks = torch.matmul(to_state.transpose(-1, -2), v)  # (b, h, k, d, e)
     z_chunks = to_state.sum(dim=-2)  # (b, h, k, d)
 
     # the carried state, a scan over chunks that rescales it to each chunk's U_c before adding the chunk
-    scale = torch.exp(before - running)  # (b, h, k, d), <= 1
+    gap = before - running
+    if seqs is not None:  # 0 where a boundary lies in the chunk (masked before the exp: no inf times 0)
+        gap = gap.masked_fill(~seqs.carry[..., None], float("-inf"))
+    scale = torch.exp(gap)  # (b, h, k, d), <= 1
     kv_before, kv_run = chunk_scan(kv_chunks, scale, None if state is None else state.kv)  # (b, h, k, d, e)
     z_before, z_run = chunk_scan(z_chunks, scale, None if state is None else state.z)  # (b, h, k, d)
 
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    if seqs is not None:
+        causal = causal & seqs.same  # (b, 1, k, c, c)
     scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
     read = phi_q
     if logd is None:  # exp(b_i - b_j) = 1 where j <= i
@@ -249,15 +331,21 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         scores = scores * torch.exp(gaps)
         read = phi_q * torch.exp(local)[..., None]  # the carried state decayed to each query
     lift = scale if logd is None else torch.exp(before - ref)  # the carried state in reference R_c, <= 1
+    if seqs is not None:  # only the queries of the carried state's sequence read it
+        lift = torch.exp((before - ref).masked_fill(~seqs.cont[..., None], float("-inf")))
+        read = read * seqs.reads[..., None]
     num = torch.matmul(scores, v) + torch.matmul(read, kv_before * lift[..., None])  # (b, h, k, c, e)
     den = scores.sum(dim=-1) + torch.matmul(read, (z_before * lift).unsqueeze(-1)).squeeze(-1)  # (b, h, k, c)
 
     with torch.no_grad():
         # each query's own reference, and how far the chunk's reference lies above it
         # cummax along the innermost dim: along the chunk's positions (dim 3) it measured 2.9x slower on the CPU
-        at = torch.cummax(back.transpose(-1, -2).contiguous(), dim=-1).values.transpose(-1, -2)
-        at = torch.maximum(at, before.detach()[:, :, :, None]).clamp_min(floor)
-        own = at if logd is None else at + local[..., None]
+        if seqs is None:
+            at = torch.cummax(back.transpose(-1, -2).contiguous(), dim=-1).values.transpose(-1, -2)
+            at = torch.maximum(at, before.detach()[:, :, :, None]).clamp_min(floor)
+            own = at if logd is None else at + local[..., None]
+        else:  # taken back to the chunk's start as `back`
+            at = own if logd is None else own - local[..., None]
         spread = (ref[:, :, :, None] - own).amax(dim=-1)  # (b, h, k, c)
         if real is not None:
             spread = spread.masked_fill(~real, 0.0)
@@ -271,11 +359,14 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
         # selected where a chunk is steep (its exponents are all <= 0, so the unselected chunks cannot give NaN).
         # torch.cond would skip it when no chunk is steep, but inductor (torch 2.13) fails on its backward
         # ("strides of the two branches' output doesn't match")
-        exact = _exp_chunks_exact(q, back, v, at, before, kv_before, z_before)
+        exact = _exp_chunks_exact(q, back, v, at, before, kv_before, z_before, *_exact_masks(seqs, h))
         out = torch.where(steep[..., None, None], exact, out)
     elif steep.any():  # rare
         idx = steep.nonzero(as_tuple=True)
-        exact = _exp_chunks_exact(q[idx], back[idx], v[idx], at[idx], before[idx], kv_before[idx], z_before[idx])
+        masks = (None if x is None else x[idx] for x in _exact_masks(seqs, h))
+        exact = _exp_chunks_exact(
+            q[idx], back[idx], v[idx], at[idx], before[idx], kv_before[idx], z_before[idx], *masks
+        )
         out = out.index_put(idx, exact)
     out = out.reshape(b, h, nk * c, e)[:, :, :n]
     k_max = running[:, :, -1]
@@ -286,35 +377,51 @@ def _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop=None
     return out, LinearAttentionState(kv=kv_run, z=z_run, k_max=k_max)
 
 
-def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z):
+def _exact_masks(seqs, h):
+    """A packed row's masks as `_exp_chunks_exact` takes them, (b, h, k, c, c) and (b, h, k, c); None, None without."""
+    if seqs is None:
+        return None, None
+    return seqs.same.expand(-1, h, -1, -1, -1), seqs.reads.expand(-1, h, -1, -1)
+
+
+def _exp_chunks_exact(q, k, v, at, before, carried_kv, carried_z, same=None, reads=None):
     """The exp kernel's exact path for chunks (any leading dims ...): q, k (..., c, d), v (..., c, e), `at` (..., c, d)
     each position's running key maximum, `before` (..., d) the carried state's reference, carried_kv (..., d, e) and
     carried_z (..., d) the state before the chunk -> (..., c, e). w_ij = sum_f exp(q_if + k_jf - s_i), j <= i in the
-    chunk, with s_i = max_f (q_if + at_if): every exponent <= 0, none from a later key."""
+    chunk, with s_i = max_f (q_if + at_if): every exponent <= 0, none from a later key. A packed row's `same`
+    (..., c, c) (query and key in one sequence) and `reads` (..., c) (the query reads the carried state), or None."""
     c = q.shape[-2]
     own = (q + at).amax(dim=-1, keepdim=True).detach()  # (..., c, 1)
     logits = q[..., :, None, :] + k[..., None, :, :] - own[..., None]  # (..., c, c, d), <= 0 where j <= i
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    w = torch.exp(logits.masked_fill(~causal[:, :, None], float("-inf"))).sum(dim=-1)  # (..., c, c)
-    phi_q = torch.exp(q + before[..., None, :] - own)  # the carried state is in `before` <= at_i
+    if same is not None:
+        causal = causal & same
+    w = torch.exp(logits.masked_fill(~causal[..., None], float("-inf"))).sum(dim=-1)  # (..., c, c)
+    state_logits = q + before[..., None, :] - own  # the carried state is in `before` <= at_i
+    if reads is not None:  # masked before the exp: another sequence's reference may lie far above at_i
+        state_logits = state_logits.masked_fill(~reads[..., None], float("-inf"))
+    phi_q = torch.exp(state_logits)
     num = torch.matmul(w, v) + torch.matmul(phi_q, carried_kv)
     den = w.sum(dim=-1) + torch.matmul(phi_q, carried_z.unsqueeze(-1)).squeeze(-1)
     return _ratio(num, den.unsqueeze(-1))
 
 
-def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=None, logd=None, sync_free=False):
+def _causal_linear_attention(
+    q, k, v, key_mask, fmap, chunk_size, state, drop=None, logd=None, sync_free=False, seq_idx=None
+):
     """Causal linear attention in chunks of `chunk_size` (the exp map: `_causal_exp_linear_attention`). Inside a chunk,
     key j weighs exp(b_i - b_j) at query i (b the cumulative log-decay in the chunk, 0 without a decay); a chunk reads
     the state carried into it scaled by exp(b_i), and hands on exp(B) times it plus its keys decayed to its end,
     exp(B - b_j) (B its whole decay): every exponent <= 0. Without a decay (`logd` None) those factors are 1 and
-    skipped."""
+    skipped. `seq_idx` (b, n) or None: a packed row's sequences (the module's docstring), with no carried `state`."""
     if fmap.stabilised:
-        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop, logd, sync_free)
+        return _causal_exp_linear_attention(q, k, v, key_mask, chunk_size, state, drop, logd, sync_free, seq_idx)
     b, h, n, d = q.shape
     e = v.shape[-1]
     phi_q, phi_k, state, _ = _causal_features(q, k, with_dropped(key_mask, drop), fmap, state)
     c = min(chunk_size, n)
     pad = (-n) % c
+    seqs = None if seq_idx is None else _chunk_sequences(seq_idx, pad, c)
     if pad:
         phi_q = F.pad(phi_q, (0, 0, 0, pad))
         phi_k = F.pad(phi_k, (0, 0, 0, pad))
@@ -326,6 +433,8 @@ def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=No
 
     # inside each chunk: a masked quadratic form
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    if seqs is not None:
+        causal = causal & seqs.same  # (b, 1, k, c, c)
     scores = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (b, h, k, c, c)
     read, to_end, g = phi_q, phi_k, None  # the queries reading the carried state, the keys it hands on, its decay
     if logd is None:
@@ -338,6 +447,10 @@ def _causal_linear_attention(q, k, v, key_mask, fmap, chunk_size, state, drop=No
         read = phi_q * torch.exp(local)[..., None]
         to_end = phi_k * torch.exp(total[..., None] - local)[..., None]
         g = torch.exp(total)
+    if seqs is not None:  # a boundary: the state reaches the queries of its own sequence; the last one's is handed on
+        read = read * seqs.reads[..., None]
+        to_end = to_end * seqs.last[..., None]
+        g = seqs.carry.float() if g is None else g * seqs.carry
     num = torch.matmul(scores, v)  # (b, h, k, c, e)
     den = scores.sum(dim=-1)  # (b, h, k, c)
 
@@ -433,14 +546,15 @@ def linear_attention(q, k, v, keep, fmap):
         return _linear_attention(q.float(), k.float(), v.float(), keep, fmap)
 
 
-def causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=False):
+def causal_linear_attention(q, k, v, mask, state, fmap, chunk_size, drop, logd, sync_free=False, seq_idx=None):
     """Causal linear attention in chunks (`linear_ops.causal_linear_attention`, checked; `logd` as `_log_decay` gives
     it) -> (out (b, h, n, e) fp32, `LinearAttentionState` after the last token). `sync_free`: the exp map's exact path
     for steep chunks is selected on the device, as under torch.compile, with no host read deciding whether any chunk
-    needs it (inside a custom op, which a CUDA graph may replay)."""
+    needs it (inside a custom op, which a CUDA graph may replay). `seq_idx` (b, n): a packed row's sequences, with no
+    `state`; None: one sequence."""
     with _no_autocast(q):
         return _causal_linear_attention(
-            q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop, logd, sync_free
+            q.float(), k.float(), v.float(), mask, fmap, chunk_size, state, drop, logd, sync_free, seq_idx
         )
 
 

@@ -116,7 +116,8 @@ fused_causal_linear_attention_available = fused_linear_attention_available  # it
 
 
 def fused_causal_linear_attention(
-    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, spread=40.0, decay=None
+    q, k, v, mask=None, state=None, *, feature_map="elu", drop=None, chunk_size=64, spread=40.0, decay=None,
+    seq_idx=None,
 ):
     """Causal linear attention in Triton kernels; the arguments and results of
     `linear_ops.causal_linear_attention(q, k, v, mask, state, feature_map=, drop=, decay=)`:
@@ -159,6 +160,11 @@ def causal_masks(mask, drop, fmap):
 def fused_decay_available(feature_map):
     """Whether the fused causal kernels and step take a decay for `feature_map`: every map they have code for."""
     return _kernel_map(feature_map) is not None
+
+
+def fused_sequences_available():
+    """Whether the fused causal kernels take a packed row's sequence ids (`seq_idx`)."""
+    return False
 
 
 def _decay_arg(decay, mask, shape):
@@ -348,7 +354,7 @@ def _start_reference(m0, b, h, d, f32):
     return torch.full((b, h, d), FLOOR, **f32) if m0 is None else m0.float().contiguous().clamp_min(FLOOR)
 
 
-def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
+def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread, seq_idx=None):
     """`_FusedCausal`'s forward: q, k, v (b,h,n,d|e) in one dtype, `keep`/`real` from `causal_masks`, the carried
     state kv0 (b,h,d,e), z0, m0 (b,h,d) fp32 or None, logd (b,h,n) fp32 or None -> out (b,h,n,e), kv1, z1, m1 fp32
     (m1 FLOOR for an elementwise map)."""
@@ -384,7 +390,9 @@ def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spr
     return out, kv1, z1, m1
 
 
-def causal_backward(dout, dkv1, dz1, q, k, v, keep, real, kv0, z0, m0, logd, kv1, z1, fmap, chunk_size, spread):
+def causal_backward(
+    dout, dkv1, dz1, q, k, v, keep, real, kv0, z0, m0, logd, kv1, z1, fmap, chunk_size, spread, seq_idx=None
+):
     """`_FusedCausal`'s backward from the forward's inputs (and, with a decay, its final state kv1, z1): the
     gradients of the outputs out, kv1, z1 (None: zero) -> dq, dk, dv in their dtypes, dkv0, dz0 (None without a
     carried state) and the log-decay's dlogd (None without one)."""

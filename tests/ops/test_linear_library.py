@@ -1,7 +1,7 @@
 """The linear ops as `torch.library` custom ops (hf_settransformer/linear_library.py): `torch.library.opcheck` on every
 op, with both implementations (PyTorch; Triton in triton's interpreter on CPU tensors), on inputs with padding, key
-dropout, a carried state, a decay, leading keys, one token, odd head dims and lengths that are not a multiple of the
-chunk; and compiled graphs that hold the ops whole.
+dropout, a carried state, a decay, leading keys, packed sequences (`seq_idx`), one token, odd head dims and lengths
+that are not a multiple of the chunk; and compiled graphs that hold the ops whole.
 
 A compiled model on any device but the CPU goes through the ops (`linear_ops.through_op`): on the meta device the
 graphs AOT autograd hands Inductor are read as a GPU's would be (the op, forward and backward, and no scan of the
@@ -69,23 +69,33 @@ def _logd(b, h, m, seed):
     return (-torch.rand(b, h, m, generator=torch.Generator().manual_seed(seed)) * 2).requires_grad_()
 
 
-# (q length, k length, prefix_length, mask, drop, state, decay)
+def _seq_idx(b, n):
+    """Packed rows: sequences of 3, 9 (across a chunk edge), 1 and the rest in row 0, one sequence in row 1."""
+    seq_idx = torch.zeros(b, n, dtype=torch.int32)
+    seq_idx[0, 3:], seq_idx[0, 12:], seq_idx[0, 13:] = 1, 2, 3
+    return seq_idx
+
+
+# (q length, k length, prefix_length, mask, drop, state, decay, packed)
 CAUSAL_CASES = {
-    "padded_dropout": (19, 19, 0, True, True, False, False),
-    "state_decay": (19, 19, 0, True, False, True, True),
-    "leading_keys_prefix": (11, 15, 4, True, True, True, True),
-    "one_token": (1, 1, 0, False, False, True, True),
+    "padded_dropout": (19, 19, 0, True, True, False, False, False),
+    "state_decay": (19, 19, 0, True, False, True, True, False),
+    "leading_keys_prefix": (11, 15, 4, True, True, True, True, False),
+    "one_token": (1, 1, 0, False, False, True, True, False),
+    "packed": (19, 19, 0, True, False, False, False, True),
+    "packed_dropout_decay": (19, 19, 0, True, True, False, True, True),
 }
 
 
 def _causal_args(case, feature_map, fused):
-    n, m, prefix, has_mask, has_drop, has_state, has_decay = CAUSAL_CASES[case]
+    n, m, prefix, has_mask, has_drop, has_state, has_decay, packed = CAUSAL_CASES[case]
     q, k, v = _randn(B, H, n, D, seed=1), _randn(B, H, m, D, seed=2), _randn(B, H, m, E, seed=3)
     kv0, z0, m0 = _state(feature_map, 4) if has_state else (None, None, None)
     mask = _mask(B, m, 7) if has_mask else None
     drop = _drop(B, H, m, 8) if has_drop else None
     logd = _logd(B, H, m, 9) if has_decay else None
-    return (q, k, v, mask, drop, kv0, z0, m0, logd, feature_map, CHUNK, prefix, fused)
+    seq_idx = _seq_idx(B, n) if packed else None
+    return (q, k, v, mask, drop, kv0, z0, m0, logd, seq_idx, feature_map, CHUNK, prefix, fused)
 
 
 @pytest.mark.parametrize("fused", FUSED, ids=FUSED_IDS)
@@ -99,7 +109,7 @@ def test_causal_op_passes_opcheck(case, feature_map, fused):
     out, kv1, z1, _ = OPS["causal_linear_attention"](*args)
     inputs = [x.detach() if torch.is_tensor(x) else x for x in args]
     grads = [torch.randn_like(x) for x in (out, kv1, z1)]
-    backward_args = (*grads, *inputs[:9], kv1.detach(), z1.detach(), *inputs[9:])
+    backward_args = (*grads, *inputs[:10], kv1.detach(), z1.detach(), *inputs[10:])
     torch.library.opcheck(torch.ops.hfst.causal_linear_attention_backward, backward_args)
 
 
@@ -134,7 +144,7 @@ def test_ops_give_the_linear_ops_results():
     """Through the op and inline, the same numbers: `linear_ops` routed through `linear_library` (as compiled on a GPU)
     equals its inline PyTorch path, outputs, states and gradients."""
     args = _causal_args("leading_keys_prefix", "exp", False)
-    q, k, v, mask, drop, kv0, z0, m0, logd, _, _, prefix, _ = args
+    q, k, v, mask, drop, kv0, z0, m0, logd, _, _, _, prefix, _ = args
     from hf_settransformer.cache import LinearAttentionState
 
     def run(through):
@@ -149,6 +159,32 @@ def test_ops_give_the_linear_ops_results():
 
     for a, b in zip(run(True), run(False)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_packed_rows_through_the_op_give_the_inline_results(feature_map):
+    """`seq_idx` through the op and inline: the same outputs, last sequence's state and gradients."""
+    q, k, v, mask, drop, _, _, _, logd, seq_idx = _causal_args("packed_dropout_decay", feature_map, False)[:10]
+
+    def run(through):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(linear_ops, "through_op", lambda q, fused: through)
+            out, state = linear_ops.causal_linear_attention(
+                q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK, drop=drop, decay=logd, seq_idx=seq_idx
+            )
+        grads = torch.autograd.grad((out.sum(), state.kv.sum()), (q, k, v, logd))
+        return out, state.kv, state.z, *grads
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_causal_op_refuses_packed_rows_with_leading_keys():
+    args = list(_causal_args("leading_keys_prefix", "elu", False))
+    args[5:8] = [None, None, None]
+    args[9] = torch.zeros(B, args[0].shape[2], dtype=torch.int64)
+    with pytest.raises(ValueError, match="`seq_idx`.*only with one key per query and no prefix"):
+        OPS["causal_linear_attention"](*args)
 
 
 def test_a_copy_of_the_files_registers_its_own_namespace():
@@ -349,17 +385,18 @@ def test_export_through_the_ops_equals_eager(family, feature_map, monkeypatch):
 
 def _body_calls(feature_map, fused):
     """(name, body, args) for every op body (the functions the ops run), on CPU tensors: causal with a state and a
-    decay (exp: a key 200 nats above the rest, a steep chunk), with leading keys and a prefix, their backward,
+    decay and on packed rows (exp: a key 200 nats above the rest, a steep chunk), with leading keys and a prefix, their
+    backward,
     non-causal and its backward, the step."""
     calls = []
-    for case in ["state_decay", "leading_keys_prefix"]:
+    for case in ["state_decay", "leading_keys_prefix", "packed_dropout_decay"]:
         args = [x.detach() if torch.is_tensor(x) else x for x in _causal_args(case, feature_map, fused)]
-        if case == "state_decay":
+        if case != "leading_keys_prefix":
             args[1] = args[1] + 200.0 * (torch.arange(args[1].shape[2]) == 13)[:, None]
         out, kv1, z1, _ = OPS["causal_linear_attention"](*args)
         grads = [torch.randn_like(x) for x in (out, kv1, z1)]
         calls.append((f"causal-{case}", linear_library._causal_body, args))
-        backward = (*grads, *args[:9], kv1, z1, *args[9:])
+        backward = (*grads, *args[:10], kv1, z1, *args[10:])
         calls.append((f"causal_backward-{case}", linear_library._causal_backward_body, backward))
     q, k, v = (
         _randn(B, H, 7, D, seed=11, grad=False),
@@ -452,4 +489,4 @@ def test_the_first_compiled_call_imports_nothing_while_tracing():
 def test_an_op_called_directly_names_an_unknown_feature_map():
     q = torch.randn(1, 1, 3, 2)
     with pytest.raises(ValueError, match="`feature_map` must be one of"):
-        torch.ops.hfst.causal_linear_attention(q, q, q, None, None, None, None, None, None, "relu", 4, 0, False)
+        torch.ops.hfst.causal_linear_attention(q, q, q, None, None, None, None, None, None, None, "relu", 4, 0, False)
