@@ -131,6 +131,11 @@ class SetArguments:
         default=100.0,
         metadata={"help": "max_regression: inputs and targets are divided by this; the MAE is reported unscaled"},
     )
+    packing: bool = field(
+        default=False,
+        metadata={"help": "train on packed batches: the sets of a batch in one row, no padding (DataCollatorForSets("
+                  "packed=True)); the same losses as padded batches, computed on the real elements only"},
+    )
 
 
 # every task's defaults; each task's own are its row's `defaults` (hf_settransformer/toolkit/set_tasks.py)
@@ -140,7 +145,7 @@ MODEL_DEFAULTS = dict(
 # the arguments that describe the model, which a checkpoint's config fixes
 ARCHITECTURE = (*MODEL_DEFAULTS, "hidden_size", "num_inducing_points", "num_decoder_layers", "initializer_range")
 # the arguments that make the training sets, which a resume keeps (--eval_sets, the final evaluation's, may change)
-RUN_DATA = ("train_sets", "min_size", "max_size", "max_values", "value_scale")
+RUN_DATA = ("train_sets", "min_size", "max_size", "max_values", "value_scale", "packing")
 
 
 def build_model(args):
@@ -260,6 +265,9 @@ def check_set_flags(args):
             raise SystemExit(f"--{name} must be a positive integer, got {value}.")
     if args.min_size is not None and args.max_size is not None and args.min_size > args.max_size:
         raise SystemExit(f"--min_size ({args.min_size}) must not exceed --max_size ({args.max_size}).")
+    if args.packing and args.model != "set_transformer":
+        raise SystemExit(f"--packing trains the Set Transformer on packed batches; --model {args.model} (an rFF+pooling "
+                         "baseline) takes padded ones.")
     check_model_fits(args)
 
 
@@ -398,7 +406,7 @@ def run(args, training_args, model=None):
         model=model,
         args=training_args,
         train_dataset=train_dataset,
-        data_collator=DataCollatorForSets(),
+        data_collator=DataCollatorForSets(packed=args.packing),
         compute_loss_func=task.loss if args.model == "set_transformer" else None,  # the rFF baselines: their own
         callbacks=callbacks,
     )
@@ -421,6 +429,7 @@ def run(args, training_args, model=None):
         "learning_rate": training_args.learning_rate,
         "lr_scheduler": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
         "threads": torch.get_num_threads(),
+        "packing": args.packing,
         "continued_from": args.model_name_or_path,  # steps and train_wall_seconds are this run's; *_before the parent's
         **before,
     }
@@ -436,7 +445,8 @@ def run(args, training_args, model=None):
         logger.info("[train_sets] " + json.dumps(results, indent=1))
         if push_requested:
             out, repo_id = Path(training_args.output_dir), training_args.hub_model_id
-            trainer.create_model_card(model_name=repo_id)  # README.md, as the Trainer's push wrote it
+            # README.md, as the Trainer's push wrote it; a packed run says so in its tags
+            trainer.create_model_card(model_name=repo_id, tags=["packed-batches"] if args.packing else None)
             try:
                 info = push_folder_to_hub(out, repo_id, training_args.hub_token, training_args.hub_private_repo)
             except (HubUnreachableError, UnpublishableFolderError) as err:

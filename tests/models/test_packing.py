@@ -185,3 +185,19 @@ def test_the_trainer_trains_from_data_collator_with_flattening(tmp_path):
     result = trainer.train()
     assert torch.isfinite(torch.tensor(result.training_loss))
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+def test_a_compiled_forward_keeps_the_sequences_apart(attention_type):
+    """Compiled (one graph, no host read), `position_ids` of one row always count as packed: the same logits."""
+    model = decoder(attention_type, "elu", linear_attention_decay="gated" if attention_type == "linear" else "none")
+    batch = packed(sequences())
+    with torch.no_grad():
+        eager = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        compiled = torch.compile(model, fullgraph=True)
+        by_positions = compiled(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        cu = batch["cu_seq_lens_q"]
+        by_boundaries = compiled(input_ids=batch["input_ids"], cu_seq_lens_q=cu, cu_seq_lens_k=cu).logits
+    torch.testing.assert_close(by_positions, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(by_boundaries, eager, atol=1e-5, rtol=1e-5)

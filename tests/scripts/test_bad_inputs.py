@@ -208,6 +208,7 @@ def test_train_sets_refused_for_a_missing_model_leaves_no_folder(tmp_path):
         (["--logging_steps", "-1"], ["--logging_steps must be a positive number", "got -1.0"]),
         (["--max_grad_norm", "nan"], ["--max_grad_norm must be a non-negative finite number", "got nan"]),
         (["--tsk", "max_regression"], ["unknown flag --tsk (did you mean --task?)"]),
+        (["--model", "deepsets_max", "--packing", "true"], ["--packing trains the Set Transformer", "deepsets_max"]),
     ],
 )
 def test_bad_train_sets_flags_are_refused_naming_the_flag(tmp_path, extra, words):

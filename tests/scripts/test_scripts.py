@@ -15,6 +15,7 @@ import torch
 from tests.helpers import FAMILIES, ROOT, import_from
 
 from hf_settransformer.toolkit.checkpoint_files import COMPLETE_MARKER
+from hf_settransformer.toolkit.objectives import set_objective
 
 def script_path(script):
     """benchmarks/bench_*.py, else scripts/<script>."""
@@ -946,6 +947,23 @@ def test_train_sets_resume_from_checkpoint_true_starts_fresh_then_continues(tmp_
 def run_train_sets(output_dir, *extra, check=True):
     return train_sets(output_dir, "--per_device_train_batch_size", 4, "--eval_sets", 8, "--min_size", 20,
                       "--max_size", 40, "--save_strategy", "no", *extra, check=check)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["point_clouds", "mixture_of_gaussians"])
+def test_train_sets_packing_trains_as_padded_batches_do(tmp_path, task):
+    """The same sets, seed and steps: packed batches give the padded run's losses and metric (fp32, no dropout)."""
+    common = ["--task", task, "--max_steps", 4, "--hidden_size", 16, "--logging_steps", 1, "--min_size", 5,
+              "--max_size", 60, "--num_inducing_points", 4]
+    run_train_sets(tmp_path / "padded", *common)
+    run_train_sets(tmp_path / "packed", *common, "--packing", "true")
+    runs = {name: json.loads((tmp_path / name / "all_results.json").read_text()) for name in ("padded", "packed")}
+    assert runs["packed"]["packing"] is True and runs["padded"]["packing"] is False
+    losses = {name: [e["loss"] for e in json.loads((tmp_path / name / "trainer_state.json").read_text())[
+        "log_history"] if "loss" in e] for name in runs}
+    assert len(losses["packed"]) == 4 and losses["packed"] == pytest.approx(losses["padded"], rel=1e-4)
+    metric = set_objective(task).metric[0]
+    assert runs["packed"][metric] == pytest.approx(runs["padded"][metric], rel=1e-4)
 
 
 @pytest.mark.slow
