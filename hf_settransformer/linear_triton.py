@@ -180,7 +180,7 @@ def _sequence_arg(seq_idx):
     if seq_idx is None:
         return None
     change = (seq_idx[:, 1:] != seq_idx[:, :-1]).to(torch.int32)
-    return torch.cat([torch.zeros_like(change[:, :1]), change.cumsum(dim=1, dtype=torch.int32)], dim=1).contiguous()
+    return torch.cat([change.new_zeros(change.shape[0], 1), change.cumsum(dim=1, dtype=torch.int32)], dim=1)
 
 
 def _decay_arg(decay, mask, shape):

@@ -746,6 +746,25 @@ def test_packed_rows_through_the_kernel_equal_the_pytorch_path(monkeypatch, coun
         _assert_close(a, b, 2e-5, 1e-4, name)
 
 
+@pytest.mark.parametrize("n", [1, 2, 19])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_token_alone_reads_only_itself(feature_map, n):
+    """Every token its own sequence (rows of one token too): each output is its value, whatever the decay; a masked
+    token's query sees nothing (0); the returned state holds the last token alone."""
+    q, k, v = _qkv(n, seed=85)
+    key_mask = torch.ones(B, n, dtype=torch.bool, device=DEVICE)
+    key_mask[:, n // 2] = False
+    seq_idx = torch.arange(n, device=DEVICE)[None].expand(B, n)
+    out, state = fused_causal_linear_attention(
+        q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK, decay=_log_decay(n, "gated"), seq_idx=seq_idx
+    )
+    _assert_close(out, v * key_mask[:, None, :, None], 1e-6, 1e-6, "out")
+    if n > 1:
+        last = (slice(None), slice(None), slice(n - 1, n))
+        _, alone = fused_causal_linear_attention(q[last], k[last], v[last], key_mask[:, -1:], feature_map=feature_map)
+        _assert_close(state.kv, alone.kv, 1e-6, 1e-6, "kv")
+
+
 def test_fused_packed_rows_refuse_a_state():
     q, k, v = _qkv(4)
     state = LinearAttentionState(torch.zeros(B, H, D, E, device=DEVICE), torch.zeros(B, H, D, device=DEVICE))
