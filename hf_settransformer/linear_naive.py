@@ -123,7 +123,7 @@ def sequence_ids(seq_idx):
     """seq_idx (b, n), a packed row's sequence of each position -> (b, n) int64 ids counted from 0 in each row, a new
     one wherever seq_idx changes (a boundary)."""
     change = (seq_idx[:, 1:] != seq_idx[:, :-1]).long()
-    return torch.cat([torch.zeros_like(change[:, :1]), change.cumsum(dim=1)], dim=1)
+    return torch.cat([change.new_zeros(change.shape[0], 1), change.cumsum(dim=1)], dim=1)
 
 
 def naive_packed_causal_linear_attention(

@@ -208,7 +208,7 @@ def _causal(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, decay, 
     fused = use_triton(q, k, v, state, fmap, decay=decay, seq_idx=seq_idx)
     logd = _log_decay(decay, mask)
     if through_op(q, fused):
-        return causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused, seq_idx)
+        return causal_op(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd, fused, seq_idx=seq_idx)
     if k.shape[2] == q.shape[2] and not prefix_length:
         return torch_causal(q, k, v, mask, state, fmap, chunk_size, drop, logd, seq_idx=seq_idx)
     return torch_prefix(q, k, v, mask, state, fmap, chunk_size, prefix_length, drop, logd)

@@ -1,7 +1,8 @@
 """Fused Triton kernels for linear attention with the feature maps they have code for (`KERNEL_IDS`: elu, exp): causal
 (`_FusedCausal`) and non-causal (`_FusedNonCausal`), forward and backward, and the one-token step of generation; the
-causal kernels and the step also with the causal ops' decay (`fused_decay_available`). They compute what the PyTorch
-ops of `linear_ops.py` compute, which `linear_naive.py`'s float64 references check in tests.
+causal kernels and the step also with the causal ops' decay (`fused_decay_available`), the causal kernels also over
+packed rows (`seq_idx`, `fused_sequences_available`). They compute what the PyTorch ops of `linear_ops.py` compute,
+which `linear_naive.py`'s float64 references check in tests.
 
 Shape legend: b batch, h heads, n tokens (queries), m keys, d query/key head dim, e value head dim, c chunk length
 (`BT`). Inputs are read in their own dtype (bf16/fp16 as autocast gives them, fp32 in the tests) and strides; feature
@@ -129,10 +130,16 @@ def fused_causal_linear_attention(
     computes a chunk whose key maximum rises more than `spread` nats above a real query's running maximum
     (`linear_ops.EXP_CHUNK_SPREAD`) on its exact path. `decay` (b,h,n): each position's log-decay log g <= 0, or None
     (masked positions do not decay: it is taken as 0 there); exp's returned `k_max` is then the decayed reference,
-    as the PyTorch op's."""
+    as the PyTorch op's. `seq_idx` (b,n): a packed row's sequences (`linear_ops.causal_linear_attention`), with no
+    `state`: the state, the decay and exp's key maxima restart at every boundary."""
     fmap = _kernel_map_of("fused_causal_linear_attention", feature_map)
     if not _import_triton():
         raise ImportError("fused_causal_linear_attention needs triton (`pip install triton`).")
+    if seq_idx is not None and (state is not None or tuple(seq_idx.shape) != (q.shape[0], q.shape[2])):
+        raise ValueError(
+            f"`seq_idx` must have shape {(q.shape[0], q.shape[2])} (batch, tokens) and come with state=None (a packed "
+            f"batch carries no cache); got shape {tuple(seq_idx.shape)} and a state of {type(state).__name__}."
+        )
     exp = fmap.stabilised
     keep, real = causal_masks(mask, drop, fmap)
     kv0 = z0 = m0 = None
@@ -141,7 +148,7 @@ def fused_causal_linear_attention(
         m0 = state.k_max.float() if exp and state.k_max is not None else None
     logd = _decay_arg(decay, mask, q.shape[:3])
     args = (q, k.to(q.dtype), v.to(q.dtype), keep, real, kv0, z0, m0, logd)
-    out, kv, z, k_max = _FusedCausal.apply(*args, fmap, chunk_size, spread)
+    out, kv, z, k_max = _FusedCausal.apply(*args, fmap, chunk_size, spread, seq_idx)
     return out, LinearAttentionState(kv=kv, z=z, k_max=k_max if exp else None)
 
 
@@ -163,8 +170,17 @@ def fused_decay_available(feature_map):
 
 
 def fused_sequences_available():
-    """Whether the fused causal kernels take a packed row's sequence ids (`seq_idx`)."""
-    return False
+    """Whether the fused causal kernels take a packed row's sequence ids (`seq_idx`): they do."""
+    return True
+
+
+def _sequence_arg(seq_idx):
+    """The kernels' packed-row ids from `seq_idx` (b, n): int32 (b, n) contiguous, counted from 0 in each row, a new
+    one wherever seq_idx changes (non-decreasing, as the kernels' boundary tests need); or None."""
+    if seq_idx is None:
+        return None
+    change = (seq_idx[:, 1:] != seq_idx[:, :-1]).to(torch.int32)
+    return torch.cat([change.new_zeros(change.shape[0], 1), change.cumsum(dim=1, dtype=torch.int32)], dim=1)
 
 
 def _decay_arg(decay, mask, shape):
@@ -329,23 +345,24 @@ class _FusedCausal(torch.autograd.Function):
     carried-in state, following that decision."""
 
     @staticmethod
-    def forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread):
-        return causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread)
+    def forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread, seq_idx):
+        return causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread, seq_idx)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # apart from forward, as torch.func transforms need
-        q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread = inputs
+        q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread, seq_idx = inputs
         _, kv1, z1, m1 = output
         # with a decay the backward also needs the final state (its gradient w.r.t. the last position's decay)
         final = (kv1, z1) if logd is not None else (None, None)
-        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0, logd, *final)
+        ctx.save_for_backward(q, k, v, keep, real, kv0, z0, m0, logd, *final, seq_idx)
         ctx.fmap, ctx.chunk_size, ctx.spread = fmap, chunk_size, float(spread)
         ctx.mark_non_differentiable(m1)
 
     @staticmethod
     def backward(ctx, dout, dkv1, dz1, _dm1):
-        grads = causal_backward(dout, dkv1, dz1, *ctx.saved_tensors, ctx.fmap, ctx.chunk_size, ctx.spread)
-        return *grads[:3], None, None, *grads[3:5], None, grads[5], None, None, None
+        *saved, seq_idx = ctx.saved_tensors
+        grads = causal_backward(dout, dkv1, dz1, *saved, ctx.fmap, ctx.chunk_size, ctx.spread, seq_idx)
+        return *grads[:3], None, None, *grads[3:5], None, grads[5], None, None, None, None
 
 
 
@@ -356,9 +373,10 @@ def _start_reference(m0, b, h, d, f32):
 
 def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spread, seq_idx=None):
     """`_FusedCausal`'s forward: q, k, v (b,h,n,d|e) in one dtype, `keep`/`real` from `causal_masks`, the carried
-    state kv0 (b,h,d,e), z0, m0 (b,h,d) fp32 or None, logd (b,h,n) fp32 or None -> out (b,h,n,e), kv1, z1, m1 fp32
-    (m1 FLOOR for an elementwise map)."""
+    state kv0 (b,h,d,e), z0, m0 (b,h,d) fp32 or None, logd (b,h,n) fp32 or None, seq_idx (b,n) a packed row's
+    sequences or None -> out (b,h,n,e), kv1, z1, m1 fp32 (m1 FLOOR for an elementwise map)."""
     _require_triton("causal_forward")
+    ids = _sequence_arg(seq_idx)
     logd = None if logd is None else logd.float().contiguous()  # (b, h, n), read as contiguous
     q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
     b, h, n, d = q.shape
@@ -377,10 +395,10 @@ def causal_forward(q, k, v, keep, real, kv0, z0, m0, logd, fmap, chunk_size, spr
             _forward_kernel, (b * h, triton.cdiv(e, blocks["BE"])),
             q, k, v, *_mask_args(keep, q), *_mask_args(real, q),
             kv0 if has_state else kv1, z0 if has_state else z1, m0, logd if logd is not None else m0,
-            out, kv1, z1, m1, float(spread),
+            ids if ids is not None else m0, out, kv1, z1, m1, float(spread),
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             h, n, d, e, **_map_flags(fmap), HAS_KEEP=keep is not None, HAS_REAL=real is not None,
-            HAS_STATE=has_state, HAS_DECAY=logd is not None,
+            HAS_STATE=has_state, HAS_DECAY=logd is not None, SEQ=ids is not None,
             **blocks,
         )  # fmt: skip
     else:  # no tokens: the state passes through
@@ -397,6 +415,7 @@ def causal_backward(
     gradients of the outputs out, kv1, z1 (None: zero) -> dq, dk, dv in their dtypes, dkv0, dz0 (None without a
     carried state) and the log-decay's dlogd (None without one)."""
     _require_triton("causal_backward")
+    ids = _sequence_arg(seq_idx)
     logd = None if logd is None else logd.float().contiguous()  # (b, h, n), read as contiguous
     q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
     b, h, n, d = q.shape
@@ -420,11 +439,13 @@ def causal_backward(
         chunks = triton.cdiv(n, blocks["BT"])
         exp = fmap.stabilised
         refs = torch.empty(b, h, chunks, d, **f32) if exp else den  # R_c (exp)
-        urefs = torch.empty(b, h, chunks, d, **f32) if exp and has_decay else den  # U_c (exp with a decay)
+        urefs = torch.empty(b, h, chunks, d, **f32) if exp and (has_decay or ids is not None) else den  # U_c
         steeps = torch.empty(b, h, chunks, **f32) if exp else den  # exp: 1 for a chunk on the exact path
         strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-        flags = {**_map_flags(fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, **blocks}
-        decay_args = (logd, dg) if has_decay else (den, den)
+        flags = {**_map_flags(fmap), "HAS_KEEP": keep is not None, "HAS_DECAY": has_decay, "SEQ": ids is not None}
+        flags.update(blocks)
+        decay_args = (logd, dg, ids) if has_decay else (den, den, ids)
+        decay_args = decay_args if ids is not None else (*decay_args[:2], den)  # the ids, or a dummy pointer
         _run(
             _backward_dq_kernel, (b * h,),
             q, k, v, dout, kv0 if has_state else dkv0, z0 if has_state else dz0, m0, *decay_args, dq, den, r,
@@ -580,6 +601,15 @@ def noncausal_backward(dout, q, k, v, keep, kv, z, k_ref, k_sum, fmap, chunk_siz
 #   dL/dG_t = A_t . dA_t - B_t . dB_t (exp: sum_f dq_tf - sum_f dk_tf) + [t = n - 1] (dkv1 . kv1 + dz1 . z1),
 # the first from the dq kernel, the second from the dkv kernel, the last on the host, which then sums it from the
 # end (log g_t is in every G_s, s >= t).
+#
+# A packed row (SEQ, `ids` (b, n) its sequence ids, non-decreasing): each chunk loads its positions' ids with its
+# tokens. P is masked to pairs of one sequence; only the queries of the carried state's sequence read it; the state
+# handed on is the carried one only where no boundary lies in the chunk (`carry`), plus the chunk's last sequence's
+# keys; the backward follows the same masks (the reverse state stops at a boundary). exp: R_c leaves out the carried
+# state's reference where the chunk starts a sequence, U_c is over the last sequence (and the carried state where it
+# continues), and the steepness check and the exact path use each query's running maximum over its own sequence
+# (`_packed_running_max`, a scan that restarts where the id changes). The decay's gradient keeps its form: the output
+# depends on G only through differences inside a sequence.
 
 
 # Helpers shared by the kernels (made triton functions by `_import_triton`).
@@ -736,14 +766,44 @@ def _exact_term(xq, xk, s, mask, o_k, f):
     return tl.exp(tl.where(mask, qf[:, None] + kf[None, :] - s[:, None], float("-inf")))
 
 
-def _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D):
+def _segment_max(a_id, a_x, b_id, b_x):
+    """The combine of a running maximum that restarts where the (non-decreasing) sequence id changes."""
+    return b_id, tl.where(a_id == b_id, tl.maximum(a_x, b_x), b_x)
+
+
+def _packed_running_max(ref, xk, sid, reads):
+    """A packed row's running key maximum through each position over its own sequence (c, d), starting from the
+    carried state's reference `ref` where the query reads that state (`reads`), FLOOR where nothing is seen yet."""
+    _, run = tl.associative_scan((tl.broadcast_to(sid[:, None], xk.shape), xk), 0, _segment_max)
+    return tl.maximum(tl.where(reads[:, None], ref[None, :], -1e30), run)
+
+
+def _steep_packed(ref, r_c, back, local, sid, reads, in_t, real, pos, s_rn, spread, HAS_REAL: tl.constexpr):
+    """exp over a packed row: whether R_c lies more than `spread` nats above some real query's own running maximum
+    over its sequence (`_packed_running_max` of the keys taken back to the chunk's start, plus b_i), among the queries
+    that see a key."""
+    top = _packed_running_max(ref, back, sid, reads)  # (c, d)
+    sees = in_t & (tl.max(top, axis=1) > -1e30)
+    if HAS_REAL:
+        sees = sees & (tl.load(real + pos * s_rn, in_t, other=0) != 0)
+    return tl.max(tl.where(sees, tl.max(r_c[None, :] - (top + local[:, None]), axis=1), 0.0), axis=0) > spread
+
+
+def _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D, sid, reads, SEQ: tl.constexpr):
     """exp's exact path for a steep chunk, each query i with its own running key maximum M_i (through its position):
     the shift s_i = max_f (q_if + M_if), the carried state's query features exp(q_i + ref - s_i) (the state in
     reference `ref`, R_{c-1} <= M_i), and the weights w_ij = sum_f exp(q_if + k_jf - s_i) over `mask` (c, c), an
-    explicit sum over the features. Every exponent is <= 0 and none comes from a later key. xk: masked keys at -inf."""
-    at = tl.maximum(ref[None, :], tl.associative_scan(xk, 0, _max))  # (c, d): M_i
+    explicit sum over the features. Every exponent is <= 0 and none comes from a later key. xk: masked keys at -inf.
+    SEQ (a packed row): M_i over query i's sequence (`sid`), and only the queries that `reads` read the state."""
+    if SEQ:
+        at = _packed_running_max(ref, xk, sid, reads)  # (c, d): M_i
+    else:
+        at = tl.maximum(ref[None, :], tl.associative_scan(xk, 0, _max))  # (c, d): M_i
     s = tl.max(tl.where(in_k[None, :], xq + at, float("-inf")), axis=1)  # (c,)
-    a_prev = tl.where(tile_k, tl.exp(xq + ref[None, :] - s[:, None]), 0.0)  # (c, d)
+    logits = xq + ref[None, :] - s[:, None]
+    if SEQ:  # another sequence's reference may lie far above M_i: masked before the exp
+        logits = tl.where(reads[:, None], logits, float("-inf"))
+    a_prev = tl.where(tile_k, tl.exp(logits), 0.0)  # (c, d)
     w = tl.where(mask, 0.0, 0.0)
     for f in range(D):
         w += _exact_term(xq, xk, s, mask, o_k, f)
@@ -760,11 +820,11 @@ def _exact_grads(xq, xk, s, dp, mask, o_k, D, AXIS: tl.constexpr):
     return out
 
 
-def _exact_dq(xq, xk, ref, mask, in_k, tile_k, o_k, D, vv, do, state, norm, RD: tl.constexpr, DT: tl.constexpr,
-              PRECISION: tl.constexpr):
+def _exact_dq(xq, xk, ref, mask, in_k, tile_k, o_k, D, sid, reads, SEQ: tl.constexpr, vv, do, state, norm,
+              RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr):
     """The backward's exact path for a steep chunk (`_exact_chunk`), with the carried `state`/`norm` in reference
     `ref` (R_{c-1}): -> (dq (c, d), the per-query normalisers (c,), the per-query output-gradient terms r (c,))."""
-    s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D)
+    s_i, a_prev, w = _exact_chunk(xq, xk, ref, mask, in_k, tile_k, o_k, D, sid, reads, SEQ)
     den = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
     seen = den > 0
     den = tl.where(seen, den, 1.0)
@@ -775,6 +835,39 @@ def _exact_dq(xq, xk, ref, mask, in_k, tile_k, o_k, D, vv, do, state, norm, RD: 
     dp = tl.where(mask, gv + r[:, None], 0.0)
     dq = _exact_grads(xq, xk, s_i, dp, mask, o_k, D, 1) + (sg + r[:, None] * norm[None, :]) * a_prev
     return dq, den, r
+
+
+def _packed_handover(state, norm, b32, back, local, total, r_c, u_c, last, carry, EXP: tl.constexpr,
+                     HAS_DECAY: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr):
+    """A packed row's state after a chunk, before its keys are added: the carried state where no boundary lies in the
+    chunk (decayed; exp: moved from R_c to U_c), else nothing; and the keys that enter it, the chunk's last
+    sequence's (decayed to the chunk's end; exp: exp(k_j - b_j - U_c))."""
+    if EXP:
+        factor = tl.exp(tl.where(carry, r_c - u_c, float("-inf")))  # (d,), 0 at a boundary (masked before the exp)
+        state = state * factor[:, None]
+        norm = norm * factor
+        bk = tl.exp(tl.where(last[:, None], back, float("-inf")) - u_c[None, :])
+    else:
+        bk = tl.where(last[:, None], b32, 0.0)
+        g = tl.where(carry, 1.0, 0.0)
+        if HAS_DECAY:
+            g = tl.where(carry, tl.exp(total), 0.0)
+            bk = bk * tl.exp(total - local)[:, None]
+        state = state * g
+        norm = norm * g
+    return state, norm, _op(bk, RD, DT)
+
+
+def _chunk_sequences(ids, pos, in_t, prev):
+    """A packed row's chunk (`ids` the row's sequence ids, non-decreasing; `prev` the id before the chunk): each
+    position's id (c,); which queries read the carried state (its sequence's) (c,); which keys are in the chunk's
+    last sequence, the one whose state it hands on (c,); whether the carried state continues through the chunk (no
+    boundary in it) and whether its first query reads it; the last id. Positions past the row's end are in a sequence
+    of their own (-1), which no real query or key shares."""
+    sid = tl.load(ids + pos, in_t, other=-1)
+    last_id = tl.max(tl.where(in_t, sid, -1), axis=0)
+    first_id = tl.min(tl.where(in_t, sid, last_id), axis=0)
+    return sid, sid == prev, sid == last_id, last_id == prev, first_id == prev, last_id
 
 
 def _state_tile(x, i_bh, o_k, o_e, D, E):
@@ -789,17 +882,18 @@ def _store_state(x, value, i_bh, o_k, o_e, D, E):
 _HELPERS = [
     "_phi", "_phi_slope", "_op", "_head", "_offsets", "_heads", "_rows", "_kept", "_tokens", "_exp_reference",
     "_exp_queries", "_state_tile", "_store_state", "_query_features", "_max", "_steep", "_exact_term", "_exact_chunk",
-    "_exact_grads", "_exact_dq", "_chunk_decay", "_gaps", "_exp_decayed", "_steep_decayed",
+    "_exact_grads", "_exact_dq", "_chunk_decay", "_gaps", "_exp_decayed", "_steep_decayed", "_segment_max",
+    "_packed_running_max", "_steep_packed", "_chunk_sequences", "_packed_handover",
 ]  # fmt: skip
 
 
 def _forward_kernel(
     q, k, v, keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
-    kv0, z0, m0, logd, out, kv1, z1, m1, spread,
+    kv0, z0, m0, logd, ids, out, kv1, z1, m1, spread,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     H, N, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
-    HAS_DECAY: tl.constexpr,
+    HAS_DECAY: tl.constexpr, SEQ: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh, i_e = tl.program_id(0).to(tl.int64), tl.program_id(1)  # (batch, head), value block
@@ -808,6 +902,10 @@ def _forward_kernel(
     real += i_bh // H * s_rb
     out += i_bh * N * E
     logd += i_bh * N  # contiguous (b, h, n)
+    ids += i_bh // H * N  # contiguous (b, n)
+    prev = 0  # SEQ: the sequence of the state carried into the chunk
+    if SEQ:
+        prev = tl.load(ids)
     state = tl.zeros([BK, BE], dtype=tl.float32)  # sum_j B_j v_j^T, (d, e)
     norm = tl.zeros([BK], dtype=tl.float32)  # sum_j B_j, (d,)
     if HAS_STATE:
@@ -820,17 +918,28 @@ def _forward_kernel(
         tile_e = in_t[:, None] & in_e[None, :]
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)  # (c, e)
         local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
+        pairs, sid, reads = causal, o_t, in_t  # the (query, key) pairs that may meet; SEQ: their sequences
+        if SEQ:
+            sid, reads, last, carry, cont, prev = _chunk_sequences(ids, pos, in_t, prev)
+            pairs = causal & (sid[:, None] == sid[None, :])
+        back, r_c, u_c = xk, ref, ref
         if EXP:
-            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            ref_in = ref
+            if SEQ:  # a chunk that starts a sequence does not scale its keys by the carried state's reference
+                ref_in = tl.where(cont, ref, -1e30)
+            xk, r_c, scale = _exp_reference(ref_in, xk, tile_key)
             back, u_c = _exp_decayed(ref, r_c, xk, local, HAS_DECAY)
-            if HAS_DECAY:
+            if SEQ:  # the state handed on: the last sequence's keys (and the carried state where it continues)
+                u_c = tl.maximum(tl.where(carry, ref, -1e30), tl.max(tl.where(last[:, None], back, float("-inf")), 0))
+                steep = _steep_packed(ref, r_c, back, local, sid, reads, in_t, real, pos, s_rn, spread, HAS_REAL)
+            elif HAS_DECAY:
                 steep = _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             else:
                 steep = _steep(ref, r_c, xk, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             exact = tl.zeros([BT, BE], dtype=tl.float32)
             if steep:  # rare: the outputs with each query's own running maximum, from the state in reference R_{c-1}
-                mask = causal & key[None, :]
-                _, a_prev, w = _exact_chunk(xq, back, ref, mask, in_k, tile_k, o_k, D)
+                mask = pairs & key[None, :]
+                _, a_prev, w = _exact_chunk(xq, back, ref, mask, in_k, tile_k, o_k, D, sid, reads, SEQ)
                 den_x = tl.sum(w, axis=1) + tl.sum(a_prev * norm[None, :], axis=1)
                 num_x = tl.dot(_op(w, RD, DT), vv, input_precision=PRECISION)
                 num_x += tl.dot(_op(a_prev, RD, DT), _op(state, RD, DT), input_precision=PRECISION)
@@ -846,11 +955,13 @@ def _forward_kernel(
         b32 = bk
         a, bk = _op(a, RD, DT), _op(bk, RD, DT)
 
-        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
+        p = tl.where(pairs, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         read = tl.zeros([BT], dtype=tl.float32) + 1.0  # how each query reads the carried state: exp(b_i)
         if HAS_DECAY:
-            p = p * _gaps(local, causal)
+            p = p * _gaps(local, pairs)
             read = tl.exp(local)
+        if SEQ:
+            read = tl.where(reads, read, 0.0)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read  # (c,)
         if EXP:  # a steep chunk's outputs are the exact path's; a tiny den here would overflow
             den = tl.where(steep, 1.0, den)
@@ -861,11 +972,14 @@ def _forward_kernel(
             o = tl.where(steep, exact, o)
         tl.store(out + pos[:, None] * E + o_e[None, :], o.to(out.dtype.element_ty), tile_e)
 
-        if HAS_DECAY and not EXP:  # the state decays over the chunk, each key from its position to the chunk's end
+        if SEQ:
+            state, norm, bk = _packed_handover(state, norm, b32, back, local, total, r_c, u_c, last, carry, EXP,
+                                               HAS_DECAY, RD, DT)  # fmt: skip
+        elif HAS_DECAY and not EXP:  # the state decays over the chunk, each key from its position to the chunk's end
             state *= tl.exp(total)
             norm *= tl.exp(total)
             bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
-        if HAS_DECAY and EXP:  # the state moves to U_c >= R_c; each key enters it taken back to the chunk's start
+        elif HAS_DECAY and EXP:  # the state moves to U_c >= R_c; each key enters it taken back to the chunk's start
             state *= tl.exp(r_c - u_c)[:, None]
             norm *= tl.exp(r_c - u_c)
             bk = _op(tl.exp(back - u_c[None, :]), RD, DT)
@@ -881,12 +995,12 @@ def _forward_kernel(
 
 
 def _backward_dq_kernel(
-    q, k, v, dout, kv0, z0, m0, logd, dg, dq, den_out, r_out, refs, urefs, steeps, spread,
+    q, k, v, dout, kv0, z0, m0, logd, dg, ids, dq, den_out, r_out, refs, urefs, steeps, spread,
     keep, s_mb, s_mh, s_mn, real, s_rb, s_rh, s_rn,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
     EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_REAL: tl.constexpr, HAS_STATE: tl.constexpr,
-    HAS_DECAY: tl.constexpr,
+    HAS_DECAY: tl.constexpr, SEQ: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -899,6 +1013,10 @@ def _backward_dq_kernel(
     logd += i_bh * N  # contiguous (b, h, n), as dg
     dg += i_bh * N
     real += i_bh // H * s_rb
+    ids += i_bh // H * N  # contiguous (b, n)
+    prev = 0  # SEQ: the sequence of the state carried into the chunk
+    if SEQ:
+        prev = tl.load(ids)
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
     urefs += i_bh * nt * D
@@ -916,11 +1034,23 @@ def _backward_dq_kernel(
         vv = _op(_rows(v, pos, s_vn, o_e, tile_e), RD, DT)
         do = _rows(dout, pos, s_dn, o_e, tile_e)
         local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
+        pairs, sid, reads = causal, o_t, in_t  # as in the forward
+        if SEQ:
+            sid, reads, last, carry, cont, prev = _chunk_sequences(ids, pos, in_t, prev)
+            pairs = causal & (sid[:, None] == sid[None, :])
+        back, r_c, u_c = xk, ref, ref
         if EXP:
-            xk, r_c, scale = _exp_reference(ref, xk, tile_key)
+            ref_in = ref
+            if SEQ:
+                ref_in = tl.where(cont, ref, -1e30)
+            xk, r_c, scale = _exp_reference(ref_in, xk, tile_key)
             back, u_c = _exp_decayed(ref, r_c, xk, local, HAS_DECAY)
             tl.store(refs + t * D + o_k, r_c, in_k)
-            if HAS_DECAY:
+            if SEQ:
+                u_c = tl.maximum(tl.where(carry, ref, -1e30), tl.max(tl.where(last[:, None], back, float("-inf")), 0))
+                tl.store(urefs + t * D + o_k, u_c, in_k)
+                steep = _steep_packed(ref, r_c, back, local, sid, reads, in_t, real, pos, s_rn, spread, HAS_REAL)
+            elif HAS_DECAY:
                 tl.store(urefs + t * D + o_k, u_c, in_k)
                 steep = _steep_decayed(ref, r_c, back, local, key, in_t, real, pos, s_rn, o_t, spread, BT, HAS_REAL)
             else:
@@ -931,7 +1061,8 @@ def _backward_dq_kernel(
             r_x = tl.zeros([BT], dtype=tl.float32)
             if steep:  # rare: the exact path's gradients (see `_exact_chunk`), from the state in reference R_{c-1}
                 dq_x, den_x, r_x = _exact_dq(
-                    xq, back, ref, causal & key[None, :], in_k, tile_k, o_k, D, vv, do, state, norm, RD, DT, PRECISION
+                    xq, back, ref, pairs & key[None, :], in_k, tile_k, o_k, D, sid, reads, SEQ, vv, do, state, norm,
+                    RD, DT, PRECISION,
                 )
             state = state * scale[:, None]
             norm = norm * scale
@@ -946,13 +1077,15 @@ def _backward_dq_kernel(
         b32 = bk
         a, bk = _op(a32, RD, DT), _op(bk, RD, DT)
 
-        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
+        p = tl.where(pairs, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c)
         read = tl.zeros([BT], dtype=tl.float32) + 1.0  # exp(b_i) with a decay, as in the forward
         gaps = p
         if HAS_DECAY:
-            gaps = _gaps(local, causal)
+            gaps = _gaps(local, pairs)
             p = p * gaps
             read = tl.exp(local)
+        if SEQ:
+            read = tl.where(reads, read, 0.0)
         den = tl.sum(p, axis=1) + tl.sum(a.to(tl.float32) * norm[None, :], axis=1) * read
         if EXP:  # a steep chunk's chunked terms are dropped below; a tiny den there would overflow into inf and NaN
             den = tl.where(steep, 1.0, den)
@@ -962,7 +1095,7 @@ def _backward_dq_kernel(
         gv = tl.dot(g, tl.trans(vv), input_precision=PRECISION)  # (c, c): g_i . v_j
         sg = tl.dot(g, tl.trans(_op(state, RD, DT)), input_precision=PRECISION) * read[:, None]  # (c, d): S g_i
         r = tl.where(seen, -(tl.sum(p * gv, axis=1) + tl.sum(a.to(tl.float32) * sg, axis=1)) / den, 0.0)  # (c,)
-        dp = tl.where(causal, gv + r[:, None], 0.0)
+        dp = tl.where(pairs, gv + r[:, None], 0.0)
         if HAS_DECAY:
             dp = dp * gaps
         da = tl.dot(_op(dp, RD, DT), bk, input_precision=PRECISION) + sg + (r * read)[:, None] * norm[None, :]
@@ -979,11 +1112,14 @@ def _backward_dq_kernel(
         if HAS_DECAY:
             tl.store(dg + pos, row, in_t)
 
-        if HAS_DECAY and not EXP:
+        if SEQ:
+            state, norm, bk = _packed_handover(state, norm, b32, back, local, total, r_c, u_c, last, carry, EXP,
+                                               HAS_DECAY, RD, DT)  # fmt: skip
+        elif HAS_DECAY and not EXP:
             state *= tl.exp(total)
             norm *= tl.exp(total)
             bk = _op(b32 * tl.exp(total - local)[:, None], RD, DT)
-        if HAS_DECAY and EXP:
+        elif HAS_DECAY and EXP:
             state *= tl.exp(r_c - u_c)[:, None]
             norm *= tl.exp(r_c - u_c)
             bk = _op(tl.exp(back - u_c[None, :]), RD, DT)
@@ -994,10 +1130,10 @@ def _backward_dq_kernel(
 
 
 def _backward_dkv_kernel(
-    q, k, v, dout, den_in, r_in, refs, urefs, steeps, m0, logd, dg, dkv1, dz1, dk, dv, dkv0, dz0,
+    q, k, v, dout, den_in, r_in, refs, urefs, steeps, m0, logd, dg, ids, dkv1, dz1, dk, dv, dkv0, dz0,
     keep, s_mb, s_mh, s_mn, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_db, s_dh, s_dn,
     H, N, D, E,
-    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_DECAY: tl.constexpr,
+    EXP: tl.constexpr, PHI: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_DECAY: tl.constexpr, SEQ: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BE: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     i_bh = tl.program_id(0).to(tl.int64)
@@ -1010,6 +1146,7 @@ def _backward_dkv_kernel(
     dout += _head(i_bh, H, s_db, s_dh)
     den_in += i_bh * N
     r_in += i_bh * N
+    ids += i_bh // H * N  # contiguous (b, n)
     nt = tl.cdiv(N, BT)
     refs += i_bh * nt * D
     urefs += i_bh * nt * D
@@ -1022,14 +1159,19 @@ def _backward_dkv_kernel(
         pos = t * BT + o_t
         in_t, tile_k, xq, xk, key, tile_key = _tokens(q, k, keep, pos, s_qn, s_kn, s_mn, o_k, in_k, N, HAS_KEEP)
         local, total = _chunk_decay(logd, pos, in_t, HAS_DECAY)
+        pairs, sid, reads = causal, o_t, in_t  # as in the forward
+        if SEQ:  # the sequence before the chunk: of its previous position (the first chunk's carries nothing)
+            sid, reads, last, carry, cont, _ = _chunk_sequences(ids, pos, in_t, tl.load(ids + tl.maximum(t * BT - 1, 0)))
+            pairs = causal & (sid[:, None] == sid[None, :])
         if EXP:
             r_c = tl.load(refs + t * D + o_k, in_k, other=-1e30)  # the chunk's reference, R_c
             u_c = r_c  # the state's, U_c
             before = tl.load(refs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
-            if HAS_DECAY:  # U_{c-1} decayed by chunk c-1, as the dq kernel carried it
+            if HAS_DECAY or SEQ:  # U_{c-1} (decayed by chunk c-1), as the dq kernel carried it
                 u_c = tl.load(urefs + t * D + o_k, in_k, other=-1e30)
-                prev = (t - 1) * BT + o_t
                 before = tl.load(urefs + tl.maximum(t - 1, 0) * D + o_k, in_k, other=-1e30)
+            if HAS_DECAY:
+                prev = (t - 1) * BT + o_t
                 before += tl.sum(tl.load(logd + prev, (prev >= 0) & (prev < N), other=0.0), 0)
             before = tl.where(t > 0, before, ref0)
             xk = tl.where(tile_key, xk, float("-inf"))
@@ -1039,12 +1181,17 @@ def _backward_dkv_kernel(
             a = _exp_queries(xq, r_c, in_k, tile_k)
             b32 = tl.exp(xk - r_c[None, :])
             db_dx = b32
-            to_state = tl.exp(back - u_c[None, :])  # how each key enters the state (b32 without a decay)
+            if SEQ:  # only the chunk's last sequence enters the state it hands on
+                to_state = tl.exp(tl.where(last[:, None], back, float("-inf")) - u_c[None, :])
+            else:
+                to_state = tl.exp(back - u_c[None, :])  # how each key enters the state (b32 without a decay)
         else:
             a = tl.where(tile_k, _phi(xq, PHI), 0.0)
             b32 = tl.where(tile_key, _phi(xk, PHI), 0.0)
             db_dx = tl.where(tile_key, _phi_slope(xk, PHI), 0.0)
             to_state = b32
+            if SEQ:
+                to_state = tl.where(last[:, None], b32, 0.0)
         a32 = a
         a, bk = _op(a, RD, DT), _op(b32, RD, DT)
         tile_e = in_t[:, None] & in_e[None, :]
@@ -1054,13 +1201,15 @@ def _backward_dkv_kernel(
         r = tl.load(r_in + pos, in_t, other=0.0)
         g = _op(do / den[:, None], RD, DT)
 
-        p = tl.where(causal, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
-        dp = tl.where(causal, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
+        p = tl.where(pairs, tl.dot(a, tl.trans(bk), input_precision=PRECISION), 0.0)  # (c, c), query i, key j
+        dp = tl.where(pairs, tl.dot(g, tl.trans(vv), input_precision=PRECISION) + r[:, None], 0.0)
         later = tl.dot(vv, tl.trans(_op(dstate, RD, DT)), input_precision=PRECISION) + dnorm[None, :]  # dS_>c, dz_>c
+        if SEQ:  # only the last sequence's keys reach the state after the chunk
+            later = tl.where(last[:, None], later, 0.0)
         carried = tl.dot(_op(to_state, RD, DT), _op(dstate, RD, DT), input_precision=PRECISION)  # (c, e): dS_>c^T B_j
         dp_x = dp  # the exact path's (its weights carry the decay)
         if HAS_DECAY:  # query i reads key j decayed by exp(b_i - b_j)
-            gaps = _gaps(local, causal)
+            gaps = _gaps(local, pairs)
             p, dp = p * gaps, dp * gaps
         if HAS_DECAY and not EXP:  # key j reaches the chunk's end decayed by exp(B - b_j)
             to_end = tl.exp(total - local)[:, None]
@@ -1075,12 +1224,15 @@ def _backward_dkv_kernel(
         if EXP:
             # the reverse state into the reference of the chunk before (or of kv0, z0): the state entering the chunk
             # reaches its end times exp(before - U_c), and its queries read it times exp(before - R_c) exp(b_i)
-            dstate_x = dstate * tl.exp(before - u_c)[:, None]
-            dnorm_x = dnorm * tl.exp(before - u_c)
+            through = before - u_c
+            if SEQ:  # a boundary in the chunk: the state entering it does not reach its end (masked before the exp)
+                through = tl.where(carry, through, float("-inf"))
+            dstate_x = dstate * tl.exp(through)[:, None]
+            dnorm_x = dnorm * tl.exp(through)
             steep = tl.load(steeps + t) != 0  # the dq kernel's exact path: its den and r are those of each query's
             if steep:  # own running maximum (see `_exact_chunk`), and its queries read the state in reference R_{c-1}
-                mask = causal & key[None, :]
-                s_i, a_prev, w = _exact_chunk(xq, back, before, mask, in_k, tile_k, o_k, D)
+                mask = pairs & key[None, :]
+                s_i, a_prev, w = _exact_chunk(xq, back, before, mask, in_k, tile_k, o_k, D, sid, reads, SEQ)
                 db = _exact_grads(xq, back, s_i, dp_x, mask, o_k, D, 0) + later * to_state
                 dvv = tl.dot(tl.trans(_op(w, RD, DT)), g, input_precision=PRECISION) + carried
                 dstate_x += tl.dot(tl.trans(_op(a_prev, RD, DT)), g, input_precision=PRECISION)
@@ -1089,14 +1241,26 @@ def _backward_dkv_kernel(
                 read = a
                 if HAS_DECAY:
                     read = _op(a32 * tl.exp(local)[:, None], RD, DT)
-                scale = tl.exp(before - r_c)
+                lift = before - r_c
+                if SEQ:  # only the carried state's sequence reads it; R_c may lie below its reference where none does
+                    read = tl.where(reads[:, None], read, 0.0).to(read.dtype)
+                    lift = tl.where(cont, lift, float("-inf"))
+                scale = tl.exp(lift)
                 dstate_x += tl.dot(tl.trans(read), g, input_precision=PRECISION) * scale[:, None]
                 dnorm_x += tl.sum(r[:, None] * read.to(tl.float32), axis=0) * scale
             dstate, dnorm = dstate_x, dnorm_x
             col = tl.sum(db, axis=1)  # exp: G_j enters as a shift of k_j by -G_j
         else:
             col = tl.sum(d_b * b32, axis=1)  # elu: B_j . dB_j
-            if HAS_DECAY:  # the state entering the chunk decays by exp(B) to its end, and query i reads exp(b_i) of it
+            if SEQ:  # the state entering the chunk reaches its end only without a boundary; its sequence reads it
+                reach = tl.where(carry, 1.0, 0.0)
+                read = tl.where(reads, 1.0, 0.0)
+                if HAS_DECAY:
+                    reach = tl.where(carry, tl.exp(total), 0.0)
+                    read = tl.where(reads, tl.exp(local), 0.0)
+                dstate = dstate * reach + tl.dot(tl.trans(_op(a32 * read[:, None], RD, DT)), g, input_precision=PRECISION)
+                dnorm = dnorm * reach + tl.sum((r * read)[:, None] * a32, axis=0)
+            elif HAS_DECAY:  # the state entering the chunk decays by exp(B) to its end, query i reads exp(b_i) of it
                 dstate = dstate * tl.exp(total) + tl.dot(tl.trans(_op(a32 * tl.exp(local)[:, None], RD, DT)), g,
                                                          input_precision=PRECISION)  # fmt: skip
                 dnorm = dnorm * tl.exp(total) + tl.sum((r * tl.exp(local))[:, None] * a32, axis=0)

@@ -1,7 +1,7 @@
 """The fused Triton kernels (hf_settransformer/linear_triton.py) against float64 references: outputs, final states and
 gradients of q, k, v and of a carried state, for both feature maps, with key masks, key dropout, lengths that are not
-a multiple of the chunk, low-precision inputs, and exp keys hundreds of nats apart, causal and not; and the dispatch
-from `causal_linear_attention` and `linear_attention` and through a whole decoder and encoder.
+a multiple of the chunk, low-precision inputs, exp keys hundreds of nats apart and packed rows (`seq_idx`), causal and
+not; and the dispatch from `causal_linear_attention` and `linear_attention` and through a whole decoder and encoder.
 
 Without a GPU the kernels run on CPU tensors in triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before
 triton is imported): small shapes keep it fast. Skipped where triton is not installed.
@@ -28,6 +28,7 @@ from hf_settransformer.linear_naive import (
     naive_decayed_linear_attention,
     naive_linear_attention,
     naive_linear_visible,
+    naive_packed_causal_linear_attention,
     normalise_rows,
     phi,
 )
@@ -572,28 +573,32 @@ from hf_settransformer.feature_maps import FEATURE_MAPS
 assert lt._import_triton()
 arch, decayed_only = int(sys.argv[1]), sys.argv[2] == "decayed"
 pointers = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "keep": "*u8",
-            "real": "*u8", "spread": "fp32"}
-decayable = [lt._forward_kernel, lt._backward_dq_kernel, lt._backward_dkv_kernel, lt._step_kernel]
+            "real": "*u8", "ids": "*i32", "spread": "fp32"}
+causal = [lt._forward_kernel, lt._backward_dq_kernel, lt._backward_dkv_kernel]
+decayable = causal + [lt._step_kernel]
 for feature_map, d in [("elu", 64), ("exp", 128)]:
     q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16, device="meta")  # `_blocks` reads the shape and dtype only
     forward = [lt._forward_kernel, lt._key_sums_kernel, lt._output_kernel, lt._step_kernel]
     backward = [lt._backward_dq_kernel, lt._backward_dkv_kernel, lt._query_grads_kernel, lt._key_grads_kernel]
     for kernel in forward + backward:
-        # the step kernel with its decay only; the causal ones with and without; decayed_only: the decayed variants
-        for decay in [False, True] if kernel in decayable else [False]:
+        # the step kernel with its decay only; the causal ones with and without, and over packed rows (SEQ) with and
+        # without; decayed_only: the decayed variants
+        variants = [(False, False)] + ([(True, False)] if kernel in decayable else [])
+        variants += [(False, True), (True, True)] if kernel in causal else []
+        for decay, packed in variants:
             if (decayed_only or kernel is lt._step_kernel) and not decay:
                 continue
             fn = triton.runtime.jit.JITFunction(kernel)
             blocks = lt._blocks(q, q, 64, backward=kernel in backward)
             options = {"num_warps": blocks.pop("num_warps"), "num_stages": blocks.pop("num_stages")}
             flags = {**lt._map_flags(FEATURE_MAPS[feature_map]), "HAS_KEEP": True, "HAS_REAL": True,
-                     "HAS_STATE": True, "HAS_MAX": True, "HAS_DECAY": decay}
+                     "HAS_STATE": True, "HAS_MAX": True, "HAS_DECAY": decay, "SEQ": packed}
             constexprs = {name: value for name, value in {**blocks, **flags}.items() if name in fn.arg_names}
             scalar = lambda name: "i32" if len(name) == 1 or name.startswith("s_") else "*fp32"
             signature = {n: "constexpr" if n in constexprs else pointers.get(n, scalar(n)) for n in fn.arg_names}
             compiled = triton.compile(ASTSource(fn, signature, constexprs), GPUTarget("cuda", arch, 32), options)
             assert compiled.asm["cubin"]
-            print("compiled", kernel.__name__, feature_map, d, "decay" if decay else "")
+            print("compiled", kernel.__name__, feature_map, d, "decay" if decay else "", "packed" if packed else "")
 """
 
 
@@ -612,18 +617,159 @@ def _compile_for(arch, which):
 @pytest.mark.slow
 def test_kernels_compile_for_an_h100_without_one():
     """The interpreter runs the kernels as Python; a GPU runs what triton compiles. Compile all eight (causal and
-    non-causal, the step) for sm_90 (H100), the causal ones also with a decay (the step with one only), with the ptxas
-    triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp) would (`_blocks`' sizes)."""
+    non-causal, the step) for sm_90 (H100), the causal ones also with a decay (the step with one only) and over packed
+    rows with and without one, with the ptxas triton ships, as bf16 inputs with head dims 64 (elu) and 128 (exp)
+    would (`_blocks`' sizes)."""
     stdout = _compile_for(90, "all")
-    assert stdout.count("compiled ") == 22
-    assert stdout.count(" decay") == 8
+    assert stdout.count("compiled ") == 34
+    assert stdout.count(" decay") == 14
+    assert stdout.count(" packed") == 12
 
 
 @pytest.mark.slow
 def test_decayed_kernels_compile_for_an_a100_without_one():
-    """The decayed variants of the causal kernels and of the step, compiled for sm_80 (A100) as for sm_90."""
+    """The decayed variants of the causal kernels (also over packed rows) and of the step, compiled for sm_80 (A100) as
+    for sm_90."""
     stdout = _compile_for(80, "decayed")
-    assert stdout.count("compiled ") == stdout.count(" decay") == 8
+    assert stdout.count("compiled ") == stdout.count(" decay") == 14
+    assert stdout.count(" packed") == 6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# packed rows (seq_idx)
+
+# sequence lengths per row, chunks of 16: row 0 a boundary inside the first chunk (3 | 13), one on its edge (16), two
+# sequences of one token, one longer than a chunk (18) that crosses an edge; row 1 one sequence of a chunk and one of 24
+PACKED = [[3, 13, 1, 1, 18, 4], [16, 24]]
+
+
+def _packed_seq_idx(layouts=PACKED):
+    rows = [torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]) for lengths in layouts]
+    return torch.stack(rows).to(DEVICE)
+
+
+def _packed_inputs(feature_map, decay, seed):
+    """Leaves q, k, v and the log-decay (None, fixed or gated), key padding and key dropout for rows laid out as
+    PACKED; exp: the first sequence's keys 60 nats above the rest, the fourth's (one token) 200 nats above, a key of
+    the last 100 above (steep chunks, each on the exact path across a boundary; the last also past the row's end)."""
+    n = sum(PACKED[0])
+    q, k, v = _qkv(n, seed=seed)
+    if feature_map == "exp":
+        k[0, :, :3] += 60.0
+        k[0, :, 17] += 200.0
+        k[0, :, 37] += 100.0
+    logd = None if decay is None else _log_decay(n, decay, seed=seed + 1)
+    key_mask = _key_mask("random", n, seed=seed + 2)
+    drop = (torch.rand(B, H, n, generator=torch.Generator().manual_seed(seed + 3)) >= 0.2).to(DEVICE)
+    leaves = _leaves(q, k, v) if logd is None else _leaves(q, k, v, logd)
+    return leaves, key_mask, drop
+
+
+@pytest.mark.parametrize("decay", [None, "fixed", "gated"], ids=["no_decay", "fixed", "gated"])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_packed_rows_match_float64_reference_with_gradients(feature_map, decay):
+    """Packed rows with key padding and key dropout: the outputs and the gradients of q, k, v (and the decay) equal
+    the float64 reference, where no query sees a key of another sequence; the final state (the last sequence's, exp's
+    key maxima included) equals the PyTorch op's in float64. No overflow or NaN on the way (the interpreter's numpy
+    would warn)."""
+    leaves, key_mask, drop = _packed_inputs(feature_map, decay, seed=70)
+    q, k, v = leaves[:3]
+    logd = leaves[3] if decay else None
+    seq_idx = _packed_seq_idx()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out, state = fused_causal_linear_attention(
+            q, k, v, key_mask, feature_map=feature_map, drop=drop, chunk_size=CHUNK, decay=logd, seq_idx=seq_idx
+        )
+        got = _grads([out], leaves)
+    want = naive_packed_causal_linear_attention(q, k, v, seq_idx, key_mask, feature_map, logd, drop)
+    _assert_close(out, want, 1e-5, 1e-4, "out")
+    _assert_grads_close(got, _grads([want], leaves), ["q", "k", "v", "decay"], atol=5e-5)
+    fmap = FEATURE_TABLE[feature_map]
+    ld = None if logd is None else linear_ops._log_decay(logd, key_mask).double()
+    _, want_state = linear_torch._causal_linear_attention(
+        q.double(), k.double(), v.double(), key_mask, fmap, 8, None, drop, ld, seq_idx=seq_idx
+    )
+    _assert_close(state.kv, want_state.kv, 1e-5, 1e-4, "kv")
+    _assert_close(state.z, want_state.z, 1e-5, 1e-4, "z")
+    if feature_map == "exp":
+        _assert_close(state.k_max, want_state.k_max, 1e-5, 1e-5, "k_max")
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_packed_rows_give_each_sequence_what_it_gets_alone(feature_map):
+    """A gated decay, no padding: each sequence's outputs and gradients (q, k, v, decay) as the kernels give them for
+    it alone, and one sequence per row gives what seq_idx=None gives."""
+    leaves, _, _ = _packed_inputs(feature_map, "gated", seed=75)
+    q, k, v, logd = leaves
+    opts = {"feature_map": feature_map, "chunk_size": CHUNK}
+    packed, _ = fused_causal_linear_attention(q, k, v, decay=logd, seq_idx=_packed_seq_idx(), **opts)
+    rows = []
+    for row, lengths in enumerate(PACKED):
+        bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()
+        pieces = []
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            cut = (slice(row, row + 1), slice(None), slice(start, stop))
+            pieces.append(fused_causal_linear_attention(q[cut], k[cut], v[cut], decay=logd[cut], **opts)[0])
+        rows.append(torch.cat(pieces, dim=2))
+    alone = torch.cat(rows)
+    _assert_close(packed, alone, 1e-5, 1e-5, "out")
+    _assert_grads_close(_grads([packed], leaves), _grads([alone], leaves), ["q", "k", "v", "decay"], 1e-5, 1e-5)
+    one = torch.zeros(B, q.shape[2], dtype=torch.int32, device=DEVICE)
+    whole, _ = fused_causal_linear_attention(q, k, v, decay=logd, seq_idx=one, **opts)
+    unpacked, _ = fused_causal_linear_attention(q, k, v, decay=logd, **opts)
+    _assert_close(whole, unpacked, 1e-6, 1e-6, "one sequence")
+    _assert_grads_close(_grads([whole], leaves), _grads([unpacked], leaves), "qkvd", 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_packed_rows_through_the_kernel_equal_the_pytorch_path(monkeypatch, count_fused, feature_map):
+    """`causal_linear_attention(..., seq_idx=)` with key padding, key dropout and a decay runs the fused kernels where
+    they are forced (chunks of 64 and 32 past the row's end of 40), with the PyTorch path's outputs, final state and
+    gradients. (A slow decay: the op's chunks of 64
+    lose ~1e-4 of a strong gate's gradient in fp32, packed or not; the kernels' float64 tests cover gates.)"""
+    leaves, key_mask, drop = _packed_inputs(feature_map, "fixed", seed=80)
+    q, k, v, logd = leaves
+    seq_idx = _packed_seq_idx()
+
+    def run():
+        with warnings.catch_warnings():  # no overflow, not even where the kernels' blocks pass the row's end
+            warnings.simplefilter("error", RuntimeWarning)
+            out, new = causal_linear_attention(
+                q, k, v, key_mask, feature_map=feature_map, chunk_size=8, drop=drop, decay=logd, seq_idx=seq_idx
+            )
+            return (out, new.kv, new.z, *_grads([out, new.kv], leaves))
+
+    pytorch, fused = _both_paths(monkeypatch, run)
+    assert count_fused == [True]
+    for name, a, b in zip(["out", "kv", "z", "dq", "dk", "dv", "ddecay"], fused, pytorch):
+        _assert_close(a, b, 2e-5, 1e-4, name)
+
+
+@pytest.mark.parametrize("n", [1, 2, 19])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_fused_token_alone_reads_only_itself(feature_map, n):
+    """Every token its own sequence (rows of one token too): each output is its value, whatever the decay; a masked
+    token's query sees nothing (0); the returned state holds the last token alone."""
+    q, k, v = _qkv(n, seed=85)
+    key_mask = torch.ones(B, n, dtype=torch.bool, device=DEVICE)
+    key_mask[:, n // 2] = False
+    seq_idx = torch.arange(n, device=DEVICE)[None].expand(B, n)
+    out, state = fused_causal_linear_attention(
+        q, k, v, key_mask, feature_map=feature_map, chunk_size=CHUNK, decay=_log_decay(n, "gated"), seq_idx=seq_idx
+    )
+    _assert_close(out, v * key_mask[:, None, :, None], 1e-6, 1e-6, "out")
+    if n > 1:
+        last = (slice(None), slice(None), slice(n - 1, n))
+        _, alone = fused_causal_linear_attention(q[last], k[last], v[last], key_mask[:, -1:], feature_map=feature_map)
+        _assert_close(state.kv, alone.kv, 1e-6, 1e-6, "kv")
+
+
+def test_fused_packed_rows_refuse_a_state():
+    q, k, v = _qkv(4)
+    state = LinearAttentionState(torch.zeros(B, H, D, E, device=DEVICE), torch.zeros(B, H, D, device=DEVICE))
+    with pytest.raises(ValueError, match="`seq_idx` must have shape \\(2, 4\\) .* state=None"):
+        fused_causal_linear_attention(q, k, v, None, state, seq_idx=torch.zeros(B, 4, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------------------------------------------------

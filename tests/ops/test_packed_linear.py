@@ -176,6 +176,21 @@ def test_sequences_are_where_the_ids_change():
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 19])
+@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+def test_a_token_alone_reads_only_itself(feature_map, n):
+    """Every token its own sequence (rows of one token too): each query sees its own key only, so its output is its
+    value, whatever the decay; a masked token's query sees nothing (0)."""
+    leaves, _, _ = _inputs([[1] * n], "gated")
+    q, k, v, logd = leaves
+    mask = torch.ones(1, n, dtype=torch.bool)
+    mask[0, n // 2] = False
+    seq_idx = torch.arange(n, dtype=torch.int32)[None]
+    out, _ = causal_linear_attention(q, k, v, mask, feature_map=feature_map, chunk_size=CHUNK, decay=logd, seq_idx=seq_idx)
+    torch.testing.assert_close(out, v.detach() * mask[:, None, :, None], atol=1e-6, rtol=1e-6)
+    assert sequence_ids(seq_idx).tolist() == [list(range(n))]
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "exp"])
 def test_packed_rows_compile_into_one_graph_on_the_cpu(feature_map):
     """No host read and no data-dependent branch: torch.compile(fullgraph=True) traces the packed PyTorch op (forward
