@@ -248,9 +248,9 @@ class SetTransformerForMixtureOfGaussians(SetTransformerPreTrainedModel):
         stds = F.softplus(params[..., 1 + d :]) + 1e-4
         if packing is not None:  # each point under its own set's mixture
             sets = sets_of(packing, input_features.device)
-            seq = sets.seq_idx  # (total,)
             points = input_features[0].float()[:, None]  # (total, 1, d)
-            per_point = mixture_log_likelihood(points, logits[seq], means[seq], stds[seq])[:, 0]  # (total,)
+            mixtures = (sets.per_element(x) for x in (logits, means, stds))  # (total, k), (total, k, d) x2
+            per_point = mixture_log_likelihood(points, *mixtures)[:, 0]  # (total,)
             per_set = sets.sum_per_set(per_point) / sets.lengths.to(per_point.dtype)
             loss = -per_point.mean() if return_loss else None
         else:

@@ -93,13 +93,22 @@ class SetBlocks:
     def to_blocks(self, x):
         """(1, h, total, d) packed -> (nb, h, B, d) blocked (padding slots hold element 0: mask or drop them)."""
         per_element = x[0].transpose(0, 1)  # (total, h, d)
-        return per_element[self.index].permute(0, 2, 1, 3)  # (nb, h, B, d)
+        blocked = per_element.index_select(0, self.index.flatten())  # (nb * B, h, d); its backward adds by index
+        return blocked.view(*self.index.shape, *per_element.shape[1:]).permute(0, 2, 1, 3)  # (nb, h, B, d)
 
     def from_blocks(self, y):
         """(nb, h, B, e) blocked -> (1, h, total, e) packed (the padding slots dropped)."""
         nb, h, b, e = y.shape
         flat = y.permute(0, 2, 1, 3).reshape(nb * b, h, e)
-        return flat[self.slot].transpose(0, 1)[None]  # (1, h, total, e)
+        return flat.index_select(0, self.slot).transpose(0, 1)[None]  # (1, h, total, e)
+
+    def per_block(self, x):
+        """(S, ...) per set -> (nb, ...) each block's set's."""
+        return x.index_select(0, self.block_set)
+
+    def per_element(self, x):
+        """(S, ...) per set -> (total, ...) each element's set's."""
+        return x.index_select(0, self.seq_idx)
 
     def sum_per_set(self, x):
         """(total, ...) per element -> (S, ...) summed over each set."""
@@ -172,14 +181,14 @@ class SetAttention:
 def _pool_softmax(q, k, v, sets, dropout_p, feature_map, attention):
     """q (S, h, m, d) over packed k (1, h, total, d), v (1, h, total, e) -> (S, h, m, e). Each set's softmax is
     shifted by its own maximum over all its blocks, so the per-block sums add up exactly."""
-    qb = q.float()[sets.block_set]  # (nb, h, m, d)
+    qb = sets.per_block(q.float())  # (nb, h, m, d)
     kb, vb = sets.to_blocks(k.float()), sets.to_blocks(v.float())  # (nb, h, B, d), (nb, h, B, e)
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (nb, h, m, B)
     scores = scores.masked_fill(~sets.valid[:, None, None, :], float("-inf"))
     with torch.no_grad():  # a shift: softmax does not depend on it
         block_max = scores.amax(dim=-1)  # (nb, h, m)
         set_max = _max_per(sets.block_set, block_max, sets.num_sets)  # (S, h, m), finite: no set is empty
-    weights = torch.exp(scores - set_max[sets.block_set][..., None])  # (nb, h, m, B), 0 at padding
+    weights = torch.exp(scores - sets.per_block(set_max)[..., None])  # (nb, h, m, B), 0 at padding
     den = q.new_zeros(set_max.shape, dtype=torch.float32).index_add(0, sets.block_set, weights.sum(-1))
     # attention dropout drops entries of the normalised weights (and scales the kept ones), as eager attention does
     kept = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
@@ -221,8 +230,8 @@ def _pool_linear(q, k, v, sets, dropout_p, feature_map, attention):
                 keys = keys.masked_fill(~drop[0].transpose(0, 1)[..., None], float("-inf"))
             with torch.no_grad():  # a shift: the softmax over the set does not depend on it
                 k_max = _max_per(sets.seq_idx, keys, sets.num_sets).clamp_min(torch.finfo(keys.dtype).min)  # (S, h, d)
-            phi_k = torch.exp(keys - k_max[sets.seq_idx])  # (total, h, d), 0 where dropped
-            phi_k = _ratio(phi_k, sets.sum_per_set(phi_k)[sets.seq_idx])
+            phi_k = torch.exp(keys - sets.per_element(k_max))  # (total, h, d), 0 where dropped
+            phi_k = _ratio(phi_k, sets.per_element(sets.sum_per_set(phi_k)))
         z = sets.sum_per_set(phi_k)  # (S, h, d)
         kb = sets.to_blocks(phi_k.transpose(0, 1)[None]) * sets.valid[:, None, :, None]  # (nb, h, B, d)
         kv = torch.matmul(kb.transpose(-1, -2), sets.to_blocks(v))  # (nb, h, d, e)
@@ -234,7 +243,7 @@ def _broadcast_softmax(q, k, v, sets, dropout_p, feature_map, attention):
     """Packed q (1, h, total, d) over each set's own k (S, h, m, d), v (S, h, m, e) -> (1, h, total, e): every block of
     queries reads its set's keys, one batched attention through the layer's `attn_implementation`."""
     qb = sets.to_blocks(q)  # (nb, h, B, d)
-    kb, vb = k[sets.block_set], v[sets.block_set]  # (nb, h, m, d)
+    kb, vb = sets.per_block(k), sets.per_block(v)  # (nb, h, m, d)
     out, _ = softmax_attention(qb, kb, vb, AttentionMask(), attention.config._attn_implementation, module=attention,
                                dropout_p=dropout_p)
     return sets.from_blocks(out)
@@ -243,9 +252,9 @@ def _broadcast_softmax(q, k, v, sets, dropout_p, feature_map, attention):
 def _broadcast_linear(q, k, v, sets, dropout_p, feature_map, attention):
     drop = _key_drop(k.shape[:3], dropout_p, k.device)  # (S, h, m): one draw per set, as a padded batch has
     qb = sets.to_blocks(q)
-    kb, vb = k[sets.block_set], v[sets.block_set]
+    kb, vb = sets.per_block(k), sets.per_block(v)
     out, _ = linear_attention(qb, kb, vb, None, feature_map=feature_map,
-                              drop=None if drop is None else drop[sets.block_set])
+                              drop=None if drop is None else sets.per_block(drop))
     return sets.from_blocks(out)
 
 
@@ -261,7 +270,7 @@ def _unpadded(y, sets):
     s, h, longest, e = y.shape
     place = torch.arange(sets.seq_idx.shape[0], device=y.device) - sets.cu[sets.seq_idx]
     flat = y.transpose(1, 2).reshape(s * longest, h, e)
-    return flat[sets.seq_idx * longest + place].transpose(0, 1)[None]
+    return flat.index_select(0, sets.seq_idx * longest + place).transpose(0, 1)[None]
 
 
 def _self(q, k, v, sets, dropout_p, feature_map, attention):
