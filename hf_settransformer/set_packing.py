@@ -47,7 +47,7 @@ class SetBlocks:
     seq_idx: (total,) int64, the set of each element. cu: (S + 1,) int64 boundaries. lengths: (S,) int64.
     index: (nb, B) int64, the element at each slot of each block (0 at a padding slot). valid: (nb, B) bool, real
     slots. block_set: (nb,) int64, the set of each block. slot: (total,) int64, each element's flat slot
-    (block * B + place in block). longest: the largest set (a Python int), for the "self" route.
+    (block * B + place in block). packing: the `packing.Packing` they were made from.
     """
 
     seq_idx: torch.Tensor
@@ -57,12 +57,17 @@ class SetBlocks:
     valid: torch.Tensor
     block_set: torch.Tensor
     slot: torch.Tensor
-    longest: int
+    packing: object
     block_size: int
 
     @property
     def num_sets(self):
         return self.cu.shape[0] - 1
+
+    @property
+    def longest(self):
+        """The largest set, a Python int (read by the checks already; the "self" route's padded width)."""
+        return self.packing.max_length
 
     @classmethod
     def from_packing(cls, packing, device, block_size=BLOCK_SIZE):
@@ -84,7 +89,7 @@ class SetBlocks:
         seq_idx = packing.seq_idx[0].to(device)
         place = torch.arange(total, device=device) - cu[seq_idx]  # (total,)
         slot = (first_block[seq_idx] + place // b) * b + place % b
-        return cls(seq_idx, cu, lengths, index, valid, block_set, slot, packing.max_length, b)
+        return cls(seq_idx, cu, lengths, index, valid, block_set, slot, packing, b)
 
     def route(self, name):
         """The `SetAttention` of one route ("pool", "broadcast" or "self") over these sets."""
@@ -180,21 +185,23 @@ class SetAttention:
 
 def _pool_softmax(q, k, v, sets, dropout_p, feature_map, attention):
     """q (S, h, m, d) over packed k (1, h, total, d), v (1, h, total, e) -> (S, h, m, e). Each set's softmax is
-    shifted by its own maximum over all its blocks, so the per-block sums add up exactly."""
-    qb = sets.per_block(q.float())  # (nb, h, m, d)
-    kb, vb = sets.to_blocks(k.float()), sets.to_blocks(v.float())  # (nb, h, B, d), (nb, h, B, e)
-    scores = torch.matmul(qb, kb.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (nb, h, m, B)
-    scores = scores.masked_fill(~sets.valid[:, None, None, :], float("-inf"))
-    with torch.no_grad():  # a shift: softmax does not depend on it
-        block_max = scores.amax(dim=-1)  # (nb, h, m)
-        set_max = _max_per(sets.block_set, block_max, sets.num_sets)  # (S, h, m), finite: no set is empty
-    weights = torch.exp(scores - sets.per_block(set_max)[..., None])  # (nb, h, m, B), 0 at padding
-    den = q.new_zeros(set_max.shape, dtype=torch.float32).index_add(0, sets.block_set, weights.sum(-1))
-    # attention dropout drops entries of the normalised weights (and scales the kept ones), as eager attention does
-    kept = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    num = torch.matmul(kept, vb)  # (nb, h, m, e)
-    num = num.new_zeros(sets.num_sets, *num.shape[1:]).index_add(0, sets.block_set, num)  # (S, h, m, e)
-    return num / den[..., None]
+    shifted by its own maximum over all its blocks, so the per-block sums add up exactly. In fp32 (as eager attention's
+    softmax), whatever autocast says."""
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        qb = sets.per_block(q.float())  # (nb, h, m, d)
+        kb, vb = sets.to_blocks(k.float()), sets.to_blocks(v.float())  # (nb, h, B, d), (nb, h, B, e)
+        scores = torch.matmul(qb, kb.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (nb, h, m, B)
+        scores = scores.masked_fill(~sets.valid[:, None, None, :], float("-inf"))
+        with torch.no_grad():  # a shift: softmax does not depend on it
+            block_max = scores.amax(dim=-1)  # (nb, h, m)
+            set_max = _max_per(sets.block_set, block_max, sets.num_sets)  # (S, h, m), finite: no set is empty
+        weights = torch.exp(scores - sets.per_block(set_max)[..., None])  # (nb, h, m, B), 0 at padding
+        den = set_max.new_zeros(set_max.shape).index_add(0, sets.block_set, weights.sum(-1))  # (S, h, m)
+        # attention dropout drops entries of the normalised weights (and scales the kept ones), as eager attention
+        kept = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        num = torch.matmul(kept, vb)  # (nb, h, m, e)
+        num = num.new_zeros(sets.num_sets, *num.shape[1:]).index_add(0, sets.block_set, num)  # (S, h, m, e)
+        return num / den[..., None]
 
 
 def _max_per(index, x, size):

@@ -6,7 +6,7 @@ block and an exact multiple of it included; no tensor of the size of a total x t
 
 import pytest
 import torch
-from tests.helpers import ATTENTION_IDS, ATTENTIONS, make_model, tiny_config
+from tests.helpers import ATTENTION_IDS, ATTENTIONS, host_reads, make_model, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_settransformer as hfst
@@ -264,3 +264,27 @@ def test_blocks_cover_every_element_once_with_or_without_read_lengths():
         assert torch.equal(blocks.index.flatten()[blocks.slot], torch.arange(total))  # the way back
         sets = blocks.block_set[:, None].expand_as(blocks.index)[blocks.valid]
         assert torch.equal(sets, blocks.seq_idx[blocks.index[blocks.valid]])  # a block holds one set's elements
+
+
+@pytest.mark.parametrize("name", ["set-isab", "set-sab", "set-classify-mean", "perceiver-classify-pma", "set-mixture"])
+def test_a_packed_training_step_reads_back_nothing_but_the_input_checks(name, monkeypatch):
+    model = build(name, attention_probs_dropout_prob=0.1).train()
+    inputs = packed_inputs(sets_of_points())
+    if "classify" in name:
+        inputs["labels"] = torch.tensor([0, 1, 2, 0, 1])
+    with host_reads(monkeypatch) as sites:
+        output = model(**inputs)
+        (output.loss if output.get("loss") is not None else output.last_hidden_state.sum()).backward()
+    assert sites and all(site.split(":")[0] in ("checks.py", "packing.py") for site in sites), dict(sites)
+
+
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+@pytest.mark.parametrize("name", ["set-isab", "perceiver-inputs"])
+def test_a_packed_batch_runs_under_bfloat16_autocast(name, attention_type, feature_map):
+    model = build(name, attention_type, feature_map)
+    inputs = packed_inputs(sets_of_points())
+    exact = model(**inputs).last_hidden_state
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(**inputs).last_hidden_state
+    assert torch.isfinite(low).all()
+    torch.testing.assert_close(low.float(), exact, atol=0.1, rtol=0.05)  # bfloat16's 8 bits of mantissa
