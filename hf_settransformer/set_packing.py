@@ -12,11 +12,12 @@ connect them (`SetAttention`, handed to a `MAB` in place of its mask):
   (blocks, h, m, B) at most.
 - "broadcast": packed queries over their own set's regular keys (ISAB's second MAB, Perceiver IO's per-position
   decoder): each block of queries reads its set's m keys, an ordinary batched attention the layer's kernel computes.
-- "self": full self-attention within each set (a Set Transformer of SABs). Plain: the queries, keys and values of
-  the sets are laid out padded, (S, h, longest, d), for the attention product only (projections, norms and
-  feed-forwards stay packed).
+- "self": full self-attention within each set (a Set Transformer of SABs): softmax pairs each block of queries with
+  each block of keys of its set and combines a query block's pairs under one maximum per query (the work of the sum
+  of the squared set sizes, not S times the largest squared); linear attention reads its set's key-value sums.
 
-Softmax runs under `attn_implementation` "sdpa" or "eager" (the "pool" route is a segmented softmax of its own);
+Softmax runs under `attn_implementation` "sdpa" or "eager" (the "pool" and "self" routes are segmented softmaxes of
+their own, in fp32, as eager attention's);
 attention dropout and linear attention's key dropout (one draw per key and head, as in a padded batch) are honoured.
 
 Shape legend: S sets, total elements, nb blocks, B block length, h heads, m per-set vectors, d head dim, e value dim.
@@ -33,8 +34,8 @@ from .masks import AttentionMask
 from .softmax_ops import softmax_attention
 
 BLOCK_SIZE = 64
-"""Elements per block of the "pool" and "broadcast" routes: each set wastes less than one block (its last one's
-padding), and a block of keys times m queries is the largest tensor those routes make."""
+"""Elements per block: each set wastes less than one block (its last one's padding); the largest tensors the routes
+make are (blocks, h, m, B) ("pool") and (block pairs, h, B, B) ("self")."""
 
 PACKED_SET_IMPLEMENTATIONS = ("sdpa", "eager")
 PACKED_SET_KERNELS = ("softmax", "linear")
@@ -63,11 +64,6 @@ class SetBlocks:
     @property
     def num_sets(self):
         return self.cu.shape[0] - 1
-
-    @property
-    def longest(self):
-        """The largest set, a Python int (read by the checks already; the "self" route's padded width)."""
-        return self.packing.max_length
 
     @classmethod
     def from_packing(cls, packing, device, block_size=BLOCK_SIZE):
@@ -106,6 +102,20 @@ class SetBlocks:
         nb, h, b, e = y.shape
         flat = y.permute(0, 2, 1, 3).reshape(nb * b, h, e)
         return flat.index_select(0, self.slot).transpose(0, 1)[None]  # (1, h, total, e)
+
+    def pairs(self):
+        """The (query block, key block) pairs of the same set, (P,) int64 each, P the sum over sets of their blocks
+        squared: the "self" route's work. Made from the lengths the checks read (read here where they were not)."""
+        b, device = self.block_size, self.cu.device
+        lengths = self.packing.lengths or tuple(self.lengths.tolist())
+        counts = [-(-length // b) for length in lengths]
+        per_set = torch.tensor(counts, device=device)  # (S,)
+        first_block = F.pad(per_set.cumsum(0), (1, 0))  # (S + 1,)
+        first_pair = F.pad((per_set * per_set).cumsum(0), (1, 0))  # (S + 1,)
+        pair = torch.arange(sum(c * c for c in counts), device=device)  # (P,)
+        owner = torch.searchsorted(first_pair[1:], pair, right=True)  # (P,) the set of each pair
+        local, count = pair - first_pair[owner], per_set[owner]
+        return first_block[owner] + local // count, first_block[owner] + local % count
 
     def per_block(self, x):
         """(S, ...) per set -> (nb, ...) each block's set's."""
@@ -219,30 +229,39 @@ def _ratio(num, den):
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def _linear_sums(k, v, sets, fmap, drop):
+    """Each set's key-value and key sums of non-causal linear attention (`linear_ops.linear_attention`'s function):
+    packed k (1, h, total, d), v (1, h, total, e), kept keys `drop` (1, h, total) or None -> kv (S, h, d, e),
+    z (S, h, d), added block by block. exp (Shen et al.): each set's keys softmaxed over the set, per feature."""
+    keys = k[0].transpose(0, 1)  # (total, h, d)
+    kept = None if drop is None else drop[0].transpose(0, 1)[..., None]  # (total, h, 1)
+    if not fmap.stabilised:
+        phi_k = fmap.phi(keys) if kept is None else fmap.phi(keys) * kept
+    else:
+        if kept is not None:
+            keys = keys.masked_fill(~kept, float("-inf"))
+        with torch.no_grad():  # a shift: the softmax over the set does not depend on it
+            k_max = _max_per(sets.seq_idx, keys, sets.num_sets).clamp_min(torch.finfo(keys.dtype).min)  # (S, h, d)
+        phi_k = torch.exp(keys - sets.per_element(k_max))  # (total, h, d), 0 where dropped
+        phi_k = _ratio(phi_k, sets.per_element(sets.sum_per_set(phi_k)))
+    z = sets.sum_per_set(phi_k)  # (S, h, d)
+    kb = sets.to_blocks(phi_k.transpose(0, 1)[None]) * sets.valid[:, None, :, None]  # (nb, h, B, d)
+    kv = torch.matmul(kb.transpose(-1, -2), sets.to_blocks(v))  # (nb, h, d, e)
+    return kv.new_zeros(sets.num_sets, *kv.shape[1:]).index_add(0, sets.block_set, kv), z  # (S, h, d, e)
+
+
+def _query_features(q, fmap):
+    """phi(q); a stabilised map (exp, Shen et al.): a softmax over the features."""
+    return torch.softmax(q, dim=-1) if fmap.stabilised else fmap.phi(q)
+
+
 def _pool_linear(q, k, v, sets, dropout_p, feature_map, attention):
-    """Linear attention (non-causal, `linear_ops.linear_attention`'s function) of q (S, h, m, d) over packed keys:
-    per-set key-value sums, added block by block. exp (Shen et al.): each set's keys softmaxed over the set."""
+    """Linear attention of q (S, h, m, d) over each set's packed keys -> (S, h, m, e)."""
     fmap = get_feature_map(feature_map)
     with torch.autocast(device_type=q.device.type, enabled=False):  # fp32, as the linear ops
         q, k, v = q.float(), k.float(), v.float()
-        drop = _key_drop(k.shape[:3], dropout_p, k.device)  # (1, h, total)
-        keys = k[0].transpose(0, 1)  # (total, h, d)
-        if not fmap.stabilised:
-            phi_q, phi_k = fmap.phi(q), fmap.phi(keys)
-            if drop is not None:
-                phi_k = phi_k * drop[0].transpose(0, 1)[..., None]
-        else:  # softmax over the features for queries, over each set's keys for keys
-            phi_q = torch.softmax(q, dim=-1)
-            if drop is not None:
-                keys = keys.masked_fill(~drop[0].transpose(0, 1)[..., None], float("-inf"))
-            with torch.no_grad():  # a shift: the softmax over the set does not depend on it
-                k_max = _max_per(sets.seq_idx, keys, sets.num_sets).clamp_min(torch.finfo(keys.dtype).min)  # (S, h, d)
-            phi_k = torch.exp(keys - sets.per_element(k_max))  # (total, h, d), 0 where dropped
-            phi_k = _ratio(phi_k, sets.per_element(sets.sum_per_set(phi_k)))
-        z = sets.sum_per_set(phi_k)  # (S, h, d)
-        kb = sets.to_blocks(phi_k.transpose(0, 1)[None]) * sets.valid[:, None, :, None]  # (nb, h, B, d)
-        kv = torch.matmul(kb.transpose(-1, -2), sets.to_blocks(v))  # (nb, h, d, e)
-        kv = kv.new_zeros(sets.num_sets, *kv.shape[1:]).index_add(0, sets.block_set, kv)  # (S, h, d, e)
+        kv, z = _linear_sums(k, v, sets, fmap, _key_drop(k.shape[:3], dropout_p, k.device))
+        phi_q = _query_features(q, fmap)
         return _ratio(torch.matmul(phi_q, kv), torch.matmul(phi_q, z[..., None]))  # (S, h, m, e)
 
 
@@ -265,34 +284,39 @@ def _broadcast_linear(q, k, v, sets, dropout_p, feature_map, attention):
     return sets.from_blocks(out)
 
 
-def _padded(x, sets):
-    """(1, h, total, d) packed -> (S, h, longest, d), each set's elements first (padding holds element 0)."""
-    place = torch.arange(sets.longest, device=x.device)
-    index = (sets.cu[:-1, None] + place).clamp_max(x.shape[2] - 1)  # (S, longest)
-    return x[0][:, index].transpose(0, 1)  # (S, h, longest, d)
+def _self_softmax(q, k, v, sets, dropout_p, feature_map, attention):
+    """Full softmax attention within each set, packed q, k (1, h, total, d), v (1, h, total, e) -> (1, h, total, e):
+    each block of queries against each block of keys of its own set (`SetBlocks.pairs`, sum over sets of
+    blocks squared), the pairs of a query block combined under one maximum per query (a segmented softmax)."""
+    with torch.autocast(device_type=q.device.type, enabled=False):  # fp32, as eager attention's softmax
+        pq, pk = sets.pairs()  # (P,) query block, key block
+        qb, kb, vb = (sets.to_blocks(x.float()) for x in (q, k, v))  # (nb, h, B, d)
+        scores = torch.matmul(qb.index_select(0, pq), kb.index_select(0, pk).transpose(-1, -2))  # (P, h, B, B)
+        scores = (scores * q.shape[-1] ** -0.5).masked_fill(~sets.valid.index_select(0, pk)[:, None, None, :],
+                                                           float("-inf"))
+        with torch.no_grad():  # a shift: softmax does not depend on it
+            row_max = _max_per(pq, scores.amax(dim=-1), qb.shape[0])  # (nb, h, B)
+        weights = torch.exp(scores - row_max.index_select(0, pq)[..., None])  # (P, h, B, B), 0 at padded keys
+        den = row_max.new_zeros(row_max.shape).index_add(0, pq, weights.sum(-1))  # (nb, h, B)
+        kept = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # as eager attention drops weights
+        num = torch.matmul(kept, vb.index_select(0, pk))  # (P, h, B, e)
+        num = num.new_zeros(*qb.shape[:3], num.shape[-1]).index_add(0, pq, num)  # (nb, h, B, e)
+        return sets.from_blocks(_ratio(num, den[..., None]))  # a spare block (no pair) has den 0: 0, not NaN
 
 
-def _unpadded(y, sets):
-    """(S, h, longest, e) -> (1, h, total, e): each element's row."""
-    s, h, longest, e = y.shape
-    place = torch.arange(sets.seq_idx.shape[0], device=y.device) - sets.cu[sets.seq_idx]
-    flat = y.transpose(1, 2).reshape(s * longest, h, e)
-    return flat.index_select(0, sets.seq_idx * longest + place).transpose(0, 1)[None]
-
-
-def _self(q, k, v, sets, dropout_p, feature_map, attention):
-    """Full attention within each set, through the layer's own kernel over the sets laid out padded."""
-    key_mask = torch.arange(sets.longest, device=q.device) < sets.lengths[:, None]  # (S, longest)
-    out, _ = attention.kernel.forward(
-        _padded(q, sets), _padded(k, sets), _padded(v, sets), AttentionMask.build(key_mask), None,
-        dropout_p=dropout_p, implementation=attention.config._attn_implementation, module=attention,
-        **attention.kernel_options,
-    )
-    return _unpadded(out, sets)
+def _self_linear(q, k, v, sets, dropout_p, feature_map, attention):
+    """Non-causal linear attention within each set: its key-value sums, read by each of its (packed) queries."""
+    fmap = get_feature_map(feature_map)
+    with torch.autocast(device_type=q.device.type, enabled=False):  # fp32, as the linear ops
+        q, k, v = q.float(), k.float(), v.float()
+        kv, z = _linear_sums(k, v, sets, fmap, _key_drop(k.shape[:3], dropout_p, k.device))  # one draw per key
+        phi_q = sets.to_blocks(_query_features(q, fmap))  # (nb, h, B, d)
+        out = _ratio(torch.matmul(phi_q, sets.per_block(kv)), torch.matmul(phi_q, sets.per_block(z)[..., None]))
+        return sets.from_blocks(out)
 
 
 ROUTES = {
     "pool": {"softmax": _pool_softmax, "linear": _pool_linear},
     "broadcast": {"softmax": _broadcast_softmax, "linear": _broadcast_linear},
-    "self": {"softmax": _self, "linear": _self},
+    "self": {"softmax": _self_softmax, "linear": _self_linear},
 }

@@ -251,6 +251,16 @@ def test_no_tensor_grows_with_the_square_of_the_packed_row(name, attention_type,
     assert largest.largest <= 942 * 32 * 4  # the widest per-element tensor, (1, total, 4 x hidden), or less
 
 
+@pytest.mark.parametrize("attention_type,feature_map", ATTENTIONS, ids=ATTENTION_IDS)
+def test_sab_attention_grows_with_each_sets_square_not_the_largest(attention_type, feature_map):
+    model = build("set-sab", attention_type, feature_map, intermediate_size=32)
+    sizes = [300, 7, 450, 120, 1, 64]
+    blocked = sum((-(-n // BLOCK_SIZE) * BLOCK_SIZE) ** 2 for n in sizes)  # 393,216 (padded: 6 x 450^2 = 1,215,000)
+    with LargestTensor() as largest:
+        model(**packed_inputs(sets_of_points(sizes))).last_hidden_state.sum().backward()
+    assert largest.largest <= max(4 * blocked, 942 * 32 * 4)  # 4 heads
+
+
 def test_blocks_cover_every_element_once_with_or_without_read_lengths():
     sizes = [1, 5, BLOCK_SIZE, 2 * BLOCK_SIZE + 2, 17]
     cu = boundaries(sizes)
@@ -264,6 +274,9 @@ def test_blocks_cover_every_element_once_with_or_without_read_lengths():
         assert torch.equal(blocks.index.flatten()[blocks.slot], torch.arange(total))  # the way back
         sets = blocks.block_set[:, None].expand_as(blocks.index)[blocks.valid]
         assert torch.equal(sets, blocks.seq_idx[blocks.index[blocks.valid]])  # a block holds one set's elements
+        queries, keys = blocks.pairs()  # every block with every block of its set, once
+        assert sorted(zip(queries.tolist(), keys.tolist())) == [
+            (q, k) for q in range(7) for k in range(7) if blocks.block_set[q] == blocks.block_set[k]]
 
 
 @pytest.mark.parametrize("name", ["set-isab", "set-sab", "set-classify-mean", "perceiver-classify-pma", "set-mixture"])
