@@ -97,7 +97,8 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             input_ids, input_features, inputs_embeds, attention_mask, position_ids, packing=packing
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
-        latents, cross_mask, self_mask, decoder_mask = self.initial_latents(inputs, mask, prefix_length, packing)
+        sets = sets_of(packing, inputs.device)
+        latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length, sets)
         latents, _, _ = self.encoder_cross_attention(
             latents, inputs, mask=cross_mask, output_attentions=output_attentions
         )  # (b, num_latents or t, hidden)
@@ -107,6 +108,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         latents = self.latent_norm(latents)
         # Perceiver AR: latent i decodes target i, reading the latents up to it
         queries = self.decoder_queries(inputs, position_ids, latents.shape[0], n) if prefix_length is None else latents
+        # a packed row's per-position queries read their own set's latents; learned ones are an ordinary batch
+        per_position = sets is not None and self.config.output_query_type != "learned"
+        decoder_mask = sets.route("broadcast") if per_position else self_mask
         outputs, _, _ = self.decoder_cross_attention(
             queries, latents, mask=decoder_mask, output_attentions=output_attentions
         )  # (b, q or t, hidden); a packed row's per-position queries: (1, total, hidden)
@@ -115,26 +119,22 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
             latent_hidden_state=latents,
         )
 
-    def initial_latents(self, inputs, mask, prefix_length, packing=None):
-        """-> (latents (b, num_latents or t, hidden), the encoder cross-attention's mask, the latents' mask, the
-        decoder's mask). Perceiver AR (`prefix_length`): latent i is target i's input plus the i-th learned latent; it
-        reads the inputs and the latents up to its own position (the decoder too). A packed row of S sets: (S,
-        num_latents, hidden) latents, which read their own set's inputs (`set_packing`'s "pool" route) and are read by
-        its per-position queries ("broadcast"; learned queries are an ordinary batch)."""
+    def initial_latents(self, inputs, mask, prefix_length, sets=None):
+        """-> (latents (b, num_latents or t, hidden), the encoder cross-attention's mask, the latents' mask). Perceiver
+        AR (`prefix_length`): latent i is target i's input plus the i-th learned latent; it reads the inputs and the
+        latents up to its own position. A packed row of S sets (`sets`, a `set_packing.SetBlocks`): (S, num_latents,
+        hidden) latents, each reading its own set's inputs (the "pool" route)."""
         b, n = inputs.shape[:2]
-        if packing is not None:
-            sets = sets_of(packing, inputs.device)
-            per_position = self.config.output_query_type != "learned"
-            decoder_mask = sets.route("broadcast") if per_position else AttentionMask()
-            return self.latents(sets.num_sets), sets.route("pool"), AttentionMask(), decoder_mask
+        if sets is not None:
+            return self.latents(sets.num_sets), sets.route("pool"), AttentionMask()
         if prefix_length is None:
-            return self.latents(b), mask, AttentionMask(), AttentionMask()
+            return self.latents(b), mask, AttentionMask()
         t = n - prefix_length
         key_mask = mask.key_mask  # (b, n) or None
         cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
         self_mask = AttentionMask.build(None if key_mask is None else key_mask[:, -t:], causal=True, num_queries=t,
                                         num_keys=t)
-        return inputs[:, -t:] + self.latents(b)[:, :t], cross_mask, self_mask, self_mask
+        return inputs[:, -t:] + self.latents(b)[:, :t], cross_mask, self_mask
 
     def decoder_queries(self, inputs, position_ids, batch_size, length):
         kind = self.config.output_query_type
