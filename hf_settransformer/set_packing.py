@@ -23,7 +23,7 @@ attention dropout and linear attention's key dropout (one draw per key and head,
 Shape legend: S sets, total elements, nb blocks, B block length, h heads, m per-set vectors, d head dim, e value dim.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ class SetBlocks:
     slot: torch.Tensor
     packing: object
     block_size: int
+    _pairs: tuple | None = field(default=None, repr=False)  # made on first use, shared by the "self" layers
 
     @property
     def num_sets(self):
@@ -106,6 +107,11 @@ class SetBlocks:
     def pairs(self):
         """The (query block, key block) pairs of the same set, (P,) int64 each, P the sum over sets of their blocks
         squared: the "self" route's work. Made from the lengths the checks read (read here where they were not)."""
+        if self._pairs is None:
+            self._pairs = self._make_pairs()
+        return self._pairs
+
+    def _make_pairs(self):
         b, device = self.block_size, self.cu.device
         lengths = self.packing.lengths or tuple(self.lengths.tolist())
         counts = [-(-length // b) for length in lengths]
@@ -155,7 +161,7 @@ def check_packed_sets(config, output_attentions=False, prefix_length=None):
     if config.attention_type == "softmax" and implementation not in PACKED_SET_IMPLEMENTATIONS:
         raise ValueError(
             f"A packed batch of sets runs softmax attention under attn_implementation {list(PACKED_SET_IMPLEMENTATIONS)} "
-            f"(its pooling attention is a segmented softmax of its own); this model's is {implementation!r}: call "
+            f"(its pooling and self-attention are segmented softmaxes of its own); this model's is {implementation!r}: call "
             "`model.set_attn_implementation('sdpa')`, or pass padded batches."
         )
 
