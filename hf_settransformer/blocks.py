@@ -16,6 +16,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import MultiHeadAttention
 from .layers import FeedForward, LearnedVectors, make_norm
+from .set_packing import SetAttention
 
 
 class MAB(GradientCheckpointingLayer):
@@ -55,13 +56,18 @@ class MAB(GradientCheckpointingLayer):
     ):
         """(b, n, hidden), (b, m, hidden) -> (out (b, n, hidden), weights or None, cross weights or None).
 
+        `mask` may be a `SetAttention` (a packed row of sets, `set_packing.py`): the attention then runs along its
+        route, between the packed elements and the per-set vectors, and gives no weights.
         `past_key_values`: the causal stack's `DecoderCache` (or None), handed to both attention layers, which take
         their own cache layers from it (see `MultiHeadAttention.forward`)."""
         normed = self.attn_norm(hidden_states)
         context = normed if self.context_norm is None else self.context_norm(context)
-        attended, weights = self.attention(
-            normed, context, mask=mask, output_attentions=output_attentions, past_key_values=past_key_values
-        )
+        if isinstance(mask, SetAttention):
+            attended, weights = mask(self.attention, normed, context), None
+        else:
+            attended, weights = self.attention(
+                normed, context, mask=mask, output_attentions=output_attentions, past_key_values=past_key_values
+            )
         hidden_states = hidden_states + self.dropout(attended)
         cross_weights = None
         if self.cross_attention is not None and cross_states is not None:
@@ -98,8 +104,9 @@ class ISAB(nn.Module):
         `mask`: the elements the inducing points read. `broadcast_mask`: the keys each element reads in the second
         MAB, the m induced vectors H first; with `keys_from` = p the elements from p on are keys too, after H
         (m + n - p keys). The model that builds the masks decides what they mean (SetTransformerModel: a set of the
-        first p elements, then a sequence)."""
-        inducing = self.inducing_points(hidden_states.shape[0])  # (b, m, hidden)
+        first p elements, then a sequence). A packed row of sets: `mask` and `broadcast_mask` are the `SetAttention`
+        routes "pool" and "broadcast", and each of the S sets has its own m induced vectors, (S, m, hidden)."""
+        inducing = self.inducing_points(batch_of(hidden_states, mask))  # (b or S, m, hidden)
         induced, w_in, _ = self.induce(inducing, hidden_states, mask=mask, output_attentions=output_attentions)
         if keys_from is not None:
             induced = torch.cat([induced, hidden_states[:, keys_from:]], dim=1)  # (b, m + n - p, hidden)
@@ -122,12 +129,18 @@ class PMA(nn.Module):
         """(b, n, hidden) -> ((b, k, hidden), weights (b, h, k, n) or None).
 
         `queries` (b, t, hidden): one pooling query per target instead of the k shared seeds: each is the mean seed
-        plus that target's state (the many-target language-model heads, with a causal `mask`) -> (b, t, hidden)."""
-        seeds = self.seeds(hidden_states.shape[0])  # (b, k, hidden)
+        plus that target's state (the many-target language-model heads, with a causal `mask`) -> (b, t, hidden).
+        A packed row of sets (`mask` the `SetAttention` route "pool"): (1, total, hidden) -> (S, k, hidden)."""
+        seeds = self.seeds(batch_of(hidden_states, mask))  # (b or S, k, hidden)
         if queries is not None:
             seeds = seeds.mean(dim=1, keepdim=True) + queries  # (b, t, hidden)
         out, weights, _ = self.pool(seeds, self.ffn(hidden_states), mask=mask, output_attentions=output_attentions)
         return out, weights
+
+
+def batch_of(hidden_states, mask):
+    """The batch of the learned vectors read with `hidden_states`: one copy per set of a packed row, else per row."""
+    return mask.num_sets if isinstance(mask, SetAttention) else hidden_states.shape[0]
 
 
 BLOCKS = (MAB, ISAB, PMA)
@@ -146,8 +159,11 @@ def outermost_block_names(model):
     return sorted(names)
 
 
-def masked_mean(hidden_states, key_mask=None):
-    """(b, n, hidden), (b, n) bool -> (b, hidden); a row with no real element gives zeros."""
+def masked_mean(hidden_states, key_mask=None, sets=None):
+    """(b, n, hidden), (b, n) bool -> (b, hidden); a row with no real element gives zeros. A packed row of sets
+    (`sets`, a `set_packing.SetBlocks`): (1, total, hidden) -> (S, hidden)."""
+    if sets is not None:
+        return sets.mean_per_set(hidden_states)
     if key_mask is None:
         return hidden_states.mean(dim=1)
     weights = key_mask.to(hidden_states.dtype).unsqueeze(-1)  # (b, n, 1)

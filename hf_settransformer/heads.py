@@ -16,6 +16,7 @@ from .blocks import PMA, masked_mean
 from .checks import checked
 from .label_checks import classification_labels, many_target_labels, masked_lm_labels, one_target_labels
 from .losses import problem_type_of, token_loss
+from .set_packing import sets_of
 
 
 class SequencePool(nn.Module):
@@ -25,11 +26,13 @@ class SequencePool(nn.Module):
         super().__init__()
         self.pma = PMA(config, num_seeds=1) if config.pooling == "pma" else None
 
-    def forward(self, hidden_states, key_mask=None):
-        """(b, n, hidden), (b, n) bool -> (b, hidden)."""
+    def forward(self, hidden_states, key_mask=None, packing=None):
+        """(b, n, hidden), (b, n) bool -> (b, hidden). A packed row of S sets (`packing`): (1, total, hidden) ->
+        (S, hidden), each set pooled alone."""
+        sets = sets_of(packing, hidden_states.device)
         if self.pma is None:
-            return masked_mean(hidden_states, key_mask)
-        mask = AttentionMask.build(key_mask)
+            return masked_mean(hidden_states, key_mask, sets)
+        mask = AttentionMask.build(key_mask) if sets is None else sets.route("pool")
         return self.pma(hidden_states, mask)[0][:, 0]
 
 
@@ -39,12 +42,14 @@ class PooledHeadMixin:
     def make_head_pool(self, config):
         return SequencePool(config)
 
-    def pool_outputs(self, outputs, key_mask):
-        """Default: pool the per-element states with this head's own `SequencePool`."""
-        return self.head_pool(outputs.last_hidden_state, key_mask)
+    def pool_outputs(self, outputs, key_mask, packing=None):
+        """Default: pool the per-element states with this head's own `SequencePool`. `packing`: a packed row's, whose
+        sets are pooled one by one."""
+        return self.head_pool(outputs.last_hidden_state, key_mask, packing)
 
     def run_base_model(self, attention_mask, output_attentions, output_hidden_states, **inputs):
-        """-> (the base model's output, (b, hidden) pooled over the real elements)."""
+        """-> (the base model's output, (b, hidden) pooled over the real elements; (S, hidden) for a packed row of S
+        sets)."""
         inputs = {k: v for k, v in inputs.items() if v is not None and k != "num_items_in_batch"}
         outputs = self.model(
             attention_mask=attention_mask,
@@ -53,7 +58,8 @@ class PooledHeadMixin:
             return_dict=True,
             **inputs,
         )
-        return outputs, self.pool_outputs(outputs, None if attention_mask is None else attention_mask.bool())
+        key_mask = None if attention_mask is None else attention_mask.bool()
+        return outputs, self.pool_outputs(outputs, key_mask, inputs.get("packing"))
 
 
 class LMHeadMixin:

@@ -97,12 +97,22 @@ def one_target_labels(model, inputs, b, n):
 def classification_labels(model, inputs, b, n):
     """`labels` as transformers' `ForSequenceClassificationLoss` needs them for `config.problem_type` (inferred as it
     does): class indices (b,) for single-label (read against `num_labels`), (b, num_labels) 0/1 values for multi-label,
-    numbers for regression. transformers would read float class ids as multi-label targets, fail on the shapes."""
+    numbers for regression. transformers would read float class ids as multi-label targets, fail on the shapes.
+    A packed batch of S sets (`inputs["packing"]`, one row) takes one label per set: b is S."""
     labels, config = inputs.get("labels"), model.config
     if labels is None:
         return (), n
     if not torch.is_tensor(labels):
         raise ValueError(f"`labels` must be a tensor, got {type(labels).__name__}.")
+    packing = inputs.get("packing")
+    if packing is not None:
+        b = packing.num_sequences
+        if labels.dim() == 0 or labels.shape[0] != b:
+            raise ValueError(
+                f"`labels` of a packed batch hold one label (or one row of labels) per set: this batch packs S = {b} "
+                f"sets (its `cu_seq_lens_q`/`cu_seq_lens_k` boundaries), so labels of shape ({b},) or ({b}, "
+                f"{config.num_labels}); got {labels.dtype} of shape {tuple(labels.shape)}."
+            )
     num_labels = config.num_labels
     problem, integer = problem_type_of(labels, num_labels, config)
     got = f"got {labels.dtype} of shape {tuple(labels.shape)}"

@@ -5,6 +5,8 @@ block of `num_self_attends_per_block` latent self-attention layers is applied `n
 (as transformers' `PerceiverModel` does). Decode: output queries cross-attend to the latents. Queries are the embedded
 inputs (`output_query_type="inputs"`, one per input position), their position embeddings only (`"positions"`), or
 `num_output_queries` learned vectors (`"learned"`). Cost is linear in the input length for either attention type.
+A packed batch (S sets in one row, `cu_seq_lens_q`/`cu_seq_lens_k`, `set_packing.py`) gives each set its own latents,
+which read that set's inputs only.
 """
 
 import torch
@@ -19,6 +21,7 @@ from .configuration_perceiver_io import PerceiverIOConfig
 from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, LearnedVectors, make_norm
 from .modeling_common import HfstPreTrainedModel, PerceiverIOModelOutput, record_outputs
+from .set_packing import check_packed_sets, sets_of
 
 
 class PerceiverIOPreTrainedModel(HfstPreTrainedModel):
@@ -32,8 +35,12 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
     Recorded by transformers' hooks (`_can_record_outputs`): `hidden_states`, the embedded inputs (the embeddings'
     output: they are no block's input), the latents after the cross-attention and after every self-attention layer,
     the last one before the latent norm (not tied to `last_hidden_state`, the decoded queries); `attentions`, the
-    latent self-attentions'; `cross_attentions`, the encoder's then the decoder's cross-attention."""
+    latent self-attentions'; `cross_attentions`, the encoder's then the decoder's cross-attention.
 
+    A packed batch of S sets (`packing`): latents (S, num_latents, hidden); `last_hidden_state` (1, total, hidden) for
+    per-position queries, (S, num_output_queries, hidden) for learned ones."""
+
+    takes_packed_batches = True
     _can_record_outputs = {
         "hidden_states": [
             OutputRecorder(InputEmbeddings, capture_initial_hidden_state=False),
@@ -83,11 +90,15 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         the `t = n - prefix_length` inputs after the prefix, plus the first t learned latents, are the latents; latent
         i cross-attends to the inputs up to its own position, the latent self-attention and the decoder (the latents
         querying the latents) are causal, and `last_hidden_state` is (b, t, hidden), one state per target."""
+        packing = kwargs.get("packing")
+        if packing is not None:
+            check_packed_sets(self.config, output_attentions, prefix_length)
         inputs, position_ids, mask = self.embed_inputs(
-            input_ids, input_features, inputs_embeds, attention_mask, position_ids
+            input_ids, input_features, inputs_embeds, attention_mask, position_ids, packing=packing
         )  # (b, n, hidden)
         b, n = inputs.shape[:2]
-        latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length)
+        sets = sets_of(packing, inputs.device)
+        latents, cross_mask, self_mask = self.initial_latents(inputs, mask, prefix_length, sets)
         latents, _, _ = self.encoder_cross_attention(
             latents, inputs, mask=cross_mask, output_attentions=output_attentions
         )  # (b, num_latents or t, hidden)
@@ -96,20 +107,26 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
                 latents, _, _ = layer(latents, mask=self_mask, output_attentions=output_attentions)
         latents = self.latent_norm(latents)
         # Perceiver AR: latent i decodes target i, reading the latents up to it
-        queries = self.decoder_queries(inputs, position_ids, b, n) if prefix_length is None else latents
+        queries = self.decoder_queries(inputs, position_ids, latents.shape[0], n) if prefix_length is None else latents
+        # a packed row's per-position queries read their own set's latents; learned ones are an ordinary batch
+        per_position = sets is not None and self.config.output_query_type != "learned"
+        decoder_mask = sets.route("broadcast") if per_position else self_mask
         outputs, _, _ = self.decoder_cross_attention(
-            queries, latents, mask=self_mask, output_attentions=output_attentions
-        )  # (b, q or t, hidden)
+            queries, latents, mask=decoder_mask, output_attentions=output_attentions
+        )  # (b, q or t, hidden); a packed row's per-position queries: (1, total, hidden)
         return PerceiverIOModelOutput(
             last_hidden_state=self.final_norm(outputs),
             latent_hidden_state=latents,
         )
 
-    def initial_latents(self, inputs, mask, prefix_length):
+    def initial_latents(self, inputs, mask, prefix_length, sets=None):
         """-> (latents (b, num_latents or t, hidden), the encoder cross-attention's mask, the latents' mask). Perceiver
         AR (`prefix_length`): latent i is target i's input plus the i-th learned latent; it reads the inputs and the
-        latents up to its own position."""
+        latents up to its own position. A packed row of S sets (`sets`, a `set_packing.SetBlocks`): (S, num_latents,
+        hidden) latents, each reading its own set's inputs (the "pool" route)."""
         b, n = inputs.shape[:2]
+        if sets is not None:
+            return self.latents(sets.num_sets), sets.route("pool"), AttentionMask()
         if prefix_length is None:
             return self.latents(b), mask, AttentionMask()
         t = n - prefix_length
@@ -131,9 +148,9 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
 
 
 class PerceiverPooledHeadMixin:
-    def pool_outputs(self, outputs, key_mask):
-        per_input = self.config.output_query_type != "learned"
-        return self.head_pool(outputs.last_hidden_state, key_mask if per_input else None)
+    def pool_outputs(self, outputs, key_mask, packing=None):
+        per_input = self.config.output_query_type != "learned"  # else (b or S, q, hidden): an ordinary batch
+        return self.head_pool(outputs.last_hidden_state, *((key_mask, packing) if per_input else (None, None)))
 
 
 class PerceiverIOForMaskedLM(ForMaskedLMMixin, PerceiverIOPreTrainedModel):
@@ -145,6 +162,9 @@ class PerceiverIOForMaskedLM(ForMaskedLMMixin, PerceiverIOPreTrainedModel):
 class PerceiverIOForSequenceClassification(
     PerceiverPooledHeadMixin, ForSequenceClassificationMixin, PerceiverIOPreTrainedModel
 ):
+    """Classification/regression of a sequence or set; a packed batch of S sets gives logits (S, num_labels)."""
+
+    takes_packed_batches = True
     base_model_class = PerceiverIOModel
 
 

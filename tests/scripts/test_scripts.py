@@ -780,6 +780,45 @@ def test_bench_sets_table_of_made_up_timings():
     assert bench.table_line(alone, ["SAB"]) == "| 128 | 4.0 | ISAB not run | 4.0 |"
 
 
+@pytest.mark.slow
+def test_bench_sets_variable_tiny(tmp_path):
+    """`--variable --tiny` end to end, one contender: its table row (padded and packed steps, their ratios) and record."""
+    stdout = run_script("bench_sets.py", "--variable", "--tiny", "--contenders", "Perceiver IO linear", "--output_dir",
+                        tmp_path)
+    assert "| model | padded ms | packed ms | speed-up | padded MiB | packed MiB |" in stdout
+    assert table_line(stdout, "Perceiver IO linear").endswith("| - |")  # no CUDA peak on a CPU
+    report = json.loads((tmp_path / "bench_sets_variable.json").read_text())
+    assert list(report["rows"]) == ["Perceiver IO linear"] and len(report["sizes"]) == 6
+    for form in ("padded", "packed"):
+        assert report["rows"]["Perceiver IO linear"][form]["ms"] > 0
+
+
+def test_bench_sets_variable_sizes_vary_eightfold_and_packed_keeps_less_for_backward():
+    """The full-size draw: 32 sets from 50 to 4,000 points, max / mean >= 8. At `--tiny` size, every contender's packed
+    step keeps less for the backward than its padded one (untimed), and takes the same batch of sets."""
+    bench = import_from("benchmarks", "bench_sets")
+    sizes = bench.variable_sizes(bench.parse_args(["--variable", "--device", "cpu"]))
+    assert len(sizes) == 32 and min(sizes) >= 50 and max(sizes) == 4000
+    assert max(sizes) / (sum(sizes) / len(sizes)) >= 8
+    args = bench.parse_args(["--variable", "--tiny", "--device", "cpu"])
+    assert args.contenders == list(bench.VARIABLE_CONTENDERS)
+    padded, packed = bench.variable_batches(args, bench.variable_sizes(args))
+    assert packed["input_features"].shape[1] == padded["attention_mask"].sum() and torch.equal(
+        packed["labels"], padded["labels"])
+    for name in args.contenders:
+        model = bench.build_variable(args, name)
+        assert bench.one_step(model, packed, "cpu")[1] < bench.one_step(model, padded, "cpu")[1], name
+
+
+def test_bench_sets_variable_table_of_made_up_timings():
+    bench = import_from("benchmarks", "bench_sets")
+    row = {"padded": {"ms": 300.0, "saved_mib": 80.0, "cuda_peak_mib": None},
+           "packed": {"ms": 60.0, "saved_mib": 20.0, "cuda_peak_mib": None}}
+    assert bench.variable_line("ISAB", row) == "| ISAB | 300.0 | 60.0 | 5.0x | 80.0 | 20.0 | 0.25x | - |"
+    row["padded"]["cuda_peak_mib"], row["packed"]["cuda_peak_mib"] = 512.0, 100.4
+    assert bench.variable_line("ISAB", row).endswith("| 0.25x | 512 / 100 |")
+
+
 def test_peak_memory_counts_what_the_call_allocates():
     peak_memory_bytes = import_from("benchmarks", "bench_common").peak_memory_bytes
 
