@@ -1,6 +1,8 @@
 """Pre-norm Transformer encoder (Vaswani et al. 2017) with ScaleNorm (Nguyen & Salazar 2019) and selectable
 softmax or linear attention. Each block is `MAB(X, X)`: `H = X + Attn(Norm(X))`, `out = H + FF(Norm(H))`; a final
-norm closes the stack. With `position_embedding_type="none"` the encoder is permutation equivariant."""
+norm closes the stack. With `position_embedding_type="none"` the encoder is permutation equivariant. A packed row
+(several sequences in one, `packing.py`): each sequence attends to itself only, its positions counted from its start.
+"""
 
 
 from torch import nn
@@ -12,6 +14,7 @@ from .configuration_encoder import TransformerEncoderConfig
 from .heads import ForMaskedLMMixin, ForNextTokenPredictionMixin, ForSequenceClassificationMixin
 from .layers import InputEmbeddings, make_norm
 from .modeling_common import HfstPreTrainedModel, record_outputs
+from .set_packing import self_route_applies, sets_of
 
 
 class TransformerEncoderPreTrainedModel(HfstPreTrainedModel):
@@ -24,6 +27,7 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
     are recorded by transformers' hooks (`_can_record_outputs`)."""
 
     _can_record_outputs = {"hidden_states": MAB, "attentions": MAB}
+    takes_packed_batches = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -58,7 +62,10 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
             position_ids,
             causal=prefix_length is not None,
             prefix_length=prefix_length or 0,
+            packing=kwargs.get("packing"),
         )
+        if mask.packing is not None and self_route_applies(self.config, output_attentions):
+            mask = sets_of(mask.packing, hidden_states.device).route("self")  # segmented; else block-diagonal
         for layer in self.layers:
             hidden_states, _, _ = layer(hidden_states, mask=mask, output_attentions=output_attentions)
         return BaseModelOutput(
@@ -69,12 +76,15 @@ class TransformerEncoderModel(TransformerEncoderPreTrainedModel):
 class TransformerEncoderForMaskedLM(ForMaskedLMMixin, TransformerEncoderPreTrainedModel):
     """Encoder with a (tied) vocabulary projection at every position."""
 
+    takes_packed_batches = True
     base_model_class = TransformerEncoderModel
 
 
 class TransformerEncoderForSequenceClassification(ForSequenceClassificationMixin, TransformerEncoderPreTrainedModel):
-    """Encoder, attention pooling (PMA, one seed) or mean pooling, linear classifier."""
+    """Encoder, attention pooling (PMA, one seed) or mean pooling, linear classifier; a packed row of S sequences
+    gives logits (S, num_labels)."""
 
+    takes_packed_batches = True
     base_model_class = TransformerEncoderModel
 
 

@@ -154,8 +154,10 @@ class PerceiverPooledHeadMixin:
 
 
 class PerceiverIOForMaskedLM(ForMaskedLMMixin, PerceiverIOPreTrainedModel):
-    """Perceiver IO with one output query per input position and a (tied) vocabulary projection."""
+    """Perceiver IO with one output query per input position and a (tied) vocabulary projection; a packed row's
+    sequences each get latents of their own."""
 
+    takes_packed_batches = True
     base_model_class = PerceiverIOModel
 
 

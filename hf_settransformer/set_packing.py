@@ -166,6 +166,16 @@ def check_packed_sets(config, output_attentions=False, prefix_length=None):
         )
 
 
+def self_route_applies(config, output_attentions=False):
+    """Whether a packed row's bidirectional self-attention runs the "self" route (segmented: the work of the sum of
+    the squared lengths) rather than the block-diagonal `AttentionMask.packing` that transformers' attention functions
+    take (flex and flash attention, and the weights `output_attentions` asks for)."""
+    implementation = config._attn_implementation or "sdpa"
+    return config.attention_type in PACKED_SET_KERNELS and not output_attentions and (
+        config.attention_type != "softmax" or implementation in PACKED_SET_IMPLEMENTATIONS
+    )
+
+
 @dataclass(eq=False)
 class SetAttention:
     """One route of attention over a packed row of sets (see the module's docstring), handed to a `MAB` as its mask.

@@ -160,16 +160,87 @@ def test_a_packed_batch_with_a_cache_is_refused():
         model(input_ids=batch["input_ids"], cu_seq_lens_q=batch["cu_seq_lens_q"], past_key_values=cache)
 
 
+BIDIRECTIONAL = [("softmax", "elu", "sdpa"), ("softmax", "elu", "eager"), ("linear", "elu", "sdpa"),
+                 ("linear", "exp", "sdpa")]
+
+
 @pytest.mark.parametrize("family,cls", [("encoder", hfst.TransformerEncoderForMaskedLM),
                                         ("perceiver_io", hfst.PerceiverIOForMaskedLM)])
-def test_a_family_without_packing_refuses_a_packed_batch(family, cls):
-    """Restarting positions with no mask used to run as one sequence, every token reading the others."""
+@pytest.mark.parametrize("attention_type,feature_map,implementation", BIDIRECTIONAL)
+def test_a_masked_lm_gives_each_packed_sequence_its_logits_loss_and_gradients(
+    family, cls, attention_type, feature_map, implementation
+):
+    model = make_model(cls, tiny_config(family, attention_type, feature_map)).train()  # no dropout
+    model.set_attn_implementation(implementation)
+    seqs = sequences()
+    batch = packed(seqs)
+    labels = batch["input_ids"].clone()
+    labels[:, ::3] = -100
+    out = model(input_ids=batch["input_ids"], labels=labels, position_ids=batch["position_ids"])
+    targets = int((labels != -100).sum())
+    (out.loss * targets).backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    total = 0
+    for seq, seq_labels, logits in zip(seqs, per_sequence(labels, seqs), per_sequence(out.logits, seqs)):
+        alone = model(input_ids=seq[None], labels=seq_labels[None])
+        torch.testing.assert_close(logits, alone.logits[0], atol=1e-5, rtol=1e-5)
+        if (seq_labels != -100).any():
+            total = total + alone.loss * int((seq_labels != -100).sum())
+    torch.testing.assert_close(out.loss * targets, total, atol=1e-5, rtol=1e-5)
+    total.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(packed_grads[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("implementation", ["flex_attention", "eager"])
+def test_an_encoder_keeps_packed_sequences_apart_under_every_implementation_and_with_weights(implementation):
+    model = make_model(hfst.TransformerEncoderForMaskedLM, tiny_config("encoder"))
+    model.set_attn_implementation(implementation)
+    seqs = sequences()
+    batch = packed(seqs)
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], output_attentions=True)
+        for seq, logits in zip(seqs, per_sequence(out.logits, seqs)):
+            torch.testing.assert_close(logits, model(input_ids=seq[None]).logits[0], atol=1e-5, rtol=1e-5)
+    if implementation == "eager":  # the block-diagonal weights: no weight across a boundary
+        weights = out.attentions[0][0, 0]  # (total, total)
+        ids = batch["seq_idx"][0]
+        assert float(weights[ids[:, None] != ids[None, :]].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("attention_type", ["softmax", "linear"])
+@pytest.mark.parametrize("pooling", ["pma", "mean"])
+def test_an_encoder_classifier_gives_one_row_per_packed_sequence(attention_type, pooling):
+    model = make_model(hfst.TransformerEncoderForSequenceClassification,
+                       tiny_config("encoder", attention_type, pooling=pooling))
+    seqs = sequences()
+    batch = packed(seqs)
+    labels = torch.tensor([0, 2, 1, 2])
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels)
+        alone = [model(input_ids=s[None], labels=labels[i:i + 1]) for i, s in enumerate(seqs)]
+    assert out.logits.shape == (len(seqs), 3)
+    torch.testing.assert_close(out.logits, torch.cat([a.logits for a in alone]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, torch.stack([a.loss for a in alone]).mean(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="labels"):
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels[:3])
+
+
+@pytest.mark.parametrize("family,cls,given", [
+    ("encoder", hfst.TransformerEncoderForNextTokenPrediction, "position_ids"),
+    ("encoder", hfst.TransformerEncoderForNextTokenPrediction, "cu_seq_lens_q"),
+    ("perceiver_io", hfst.PerceiverIOForNextTokenPrediction, "position_ids"),
+    ("perceiver_io", hfst.PerceiverIOForNextTokenPrediction, "seq_idx"),
+    ("set_transformer", hfst.SetTransformerForNextTokenPrediction, "cu_seq_lens_k"),  # no positions: a set
+])
+def test_a_head_without_packing_refuses_a_packed_batch(family, cls, given):
+    """The next-token window heads: restarting positions with no mask would run as one window."""
     model = make_model(cls, tiny_config(family))
     batch = packed(sequences())
     with pytest.raises(ValueError, match="does not take packed batches"):
-        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
-    with pytest.raises(ValueError, match="does not take packed batches"):
-        model(input_ids=batch["input_ids"], cu_seq_lens_q=batch["cu_seq_lens_q"])
+        model(input_ids=batch["input_ids"], **{given: batch[given]})
 
 
 def test_the_trainer_trains_from_data_collator_with_flattening(tmp_path):
