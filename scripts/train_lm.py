@@ -499,11 +499,11 @@ def main(argv=None):
             return run(model_args, data_args, training_args, command)
     finally:
         lock.release()
-        # the Trainer and its model went with `run`: free them now, while the interpreter is whole. Several processes:
-        # a sharded model's parameters hold the process groups (their device mesh); destroyed at interpreter exit
-        # instead, gloo's threads can abort a process whose work is done ("terminate called without an active
-        # exception")
-        gc.collect()
+        if training_args.world_size > 1:
+            # the Trainer and its model went with `run`: free them now, while the interpreter is whole. A sharded
+            # model's parameters hold the process groups (their device mesh); destroyed at interpreter exit instead,
+            # gloo's threads can abort a process whose work is done ("terminate called without an active exception")
+            gc.collect()
 
 
 if __name__ == "__main__":

@@ -364,11 +364,11 @@ def main(argv=None):
             return run(args, training_args, model)
     finally:
         lock.release()
-        # the Trainer and its model went with `run`: free them now, while the interpreter is whole. Several processes:
-        # a sharded model's parameters hold the process groups (their device mesh); destroyed at interpreter exit
-        # instead, gloo's threads can abort a process whose work is done ("terminate called without an active
-        # exception")
-        gc.collect()
+        if training_args.world_size > 1:
+            # the Trainer and its model went with `run`: free them now, while the interpreter is whole. A sharded
+            # model's parameters hold the process groups (their device mesh); destroyed at interpreter exit instead,
+            # gloo's threads can abort a process whose work is done ("terminate called without an active exception")
+            gc.collect()
 
 
 def run(args, training_args, model=None):

@@ -64,7 +64,7 @@ def test_a_packed_row_gives_each_sequence_its_logits_loss_and_gradients(
             torch.testing.assert_close(packed_grads[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("implementation", ["eager", "flex_attention"])
+@pytest.mark.parametrize("implementation", ["eager", pytest.param("flex_attention", marks=pytest.mark.slow)])
 def test_every_softmax_implementation_keeps_the_sequences_apart(implementation):
     model = decoder("softmax", "elu")
     model.set_attn_implementation(implementation)

@@ -666,7 +666,7 @@ def _packed_inputs(feature_map, decay, seed):
 
 
 @pytest.mark.parametrize("decay", [None, "fixed", "gated"], ids=["no_decay", "fixed", "gated"])
-@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("feature_map", ["elu", pytest.param("exp", marks=pytest.mark.slow)])  # exp: interpreter-slow
 def test_fused_packed_rows_match_float64_reference_with_gradients(feature_map, decay):
     """Packed rows with key padding and key dropout: the outputs and the gradients of q, k, v (and the decay) equal
     the float64 reference, where no query sees a key of another sequence; the final state (the last sequence's, exp's
@@ -696,6 +696,7 @@ def test_fused_packed_rows_match_float64_reference_with_gradients(feature_map, d
         _assert_close(state.k_max, want_state.k_max, 1e-5, 1e-5, "k_max")
 
 
+@pytest.mark.slow  # the interpreter runs each sequence alone too; the reference test above keeps the fast tier's
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_fused_packed_rows_give_each_sequence_what_it_gets_alone(feature_map):
     """A gated decay, no padding: each sequence's outputs and gradients (q, k, v, decay) as the kernels give them for

@@ -191,7 +191,7 @@ def test_a_token_alone_reads_only_itself(feature_map, n):
     assert sequence_ids(seq_idx).tolist() == [list(range(n))]
 
 
-@pytest.mark.parametrize("feature_map", ["elu", "exp"])
+@pytest.mark.parametrize("feature_map", ["elu", pytest.param("exp", marks=pytest.mark.slow)])
 def test_packed_rows_compile_into_one_graph_on_the_cpu(feature_map):
     """No host read and no data-dependent branch: torch.compile(fullgraph=True) traces the packed PyTorch op (forward
     and backward, AOT autograd) and gives eager mode's outputs and gradients."""
