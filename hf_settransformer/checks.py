@@ -148,8 +148,9 @@ def check_packing(model, inputs, b, n, read_values=True):
                          "`position_ids`): pass those instead.")
     takes = model.takes_packed_batches
     positions = "position_ids" in forward_names(type(model.base_model)) and (takes or read_values)
+    device = next(inputs[name] for name in EMBEDDABLE if inputs.get(name) is not None).device
     packing = read_packing(inputs, b, n, takes_position_ids=positions, keeps_a_cache=model.keeps_a_cache,
-                           read_values=read_values)
+                           read_values=read_values, device=device)
     if packing is None:
         return
     if not takes:

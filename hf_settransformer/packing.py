@@ -33,6 +33,7 @@ class Packing:
     cu_seqlens: torch.Tensor | None = None
     lengths: tuple | None = None
     _positions: torch.Tensor | None = field(default=None, repr=False)
+    memo: dict = field(default_factory=dict, repr=False)  # what the layers derive once per forward (`set_packing`)
 
     @property
     def total(self):
@@ -89,7 +90,7 @@ def _integers(name, x, dims, shape):
         raise ValueError(f"`{name}` of a packed batch must be an integer tensor of shape {shape}; got {what}.")
 
 
-def read_packing(inputs, b, n, *, takes_position_ids=True, keeps_a_cache=False, read_values=True):
+def read_packing(inputs, b, n, *, takes_position_ids=True, keeps_a_cache=False, read_values=True, device=None):
     """The packed-batch inputs of one forward (`PACKING_INPUTS`, and `position_ids` where the model takes them) ->
     a checked `Packing`, or None for an ordinary batch. The raw inputs are taken out of `inputs`.
 
@@ -97,9 +98,11 @@ def read_packing(inputs, b, n, *, takes_position_ids=True, keeps_a_cache=False, 
     `seq_idx`, `cu_seq_lens_q`/`_k` or `position_ids` that disagree; a packed batch of more than one row, with
     padding (`attention_mask` 0) or with a cache. `max_length_q`/`_k` are not used: the lengths are read from the
     boundaries. Compiled (`read_values=False`), only types and shapes are checked, and `position_ids` of one row
-    always count as packed (all one sequence where they never restart), as in transformers' own models."""
+    always count as packed (all one sequence where they never restart), as in transformers' own models. `device`: the
+    inputs', where the boundaries and ids are put (a collator's tensors may still be on the CPU)."""
     cu_q, cu_k = inputs.pop("cu_seq_lens_q", None), inputs.pop("cu_seq_lens_k", None)
-    inputs.pop("max_length_q", None), inputs.pop("max_length_k", None)
+    for unused in ("max_length_q", "max_length_k"):  # read from the boundaries instead
+        inputs.pop(unused, None)
     seq_idx = inputs.pop("seq_idx", None)
     position_ids = inputs.get("position_ids") if takes_position_ids else None
     explicit = [name for name, x in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k), ("seq_idx", seq_idx))
@@ -137,6 +140,7 @@ def read_packing(inputs, b, n, *, takes_position_ids=True, keeps_a_cache=False, 
                 f"`cu_seq_lens_q` and `cu_seq_lens_k` must be the same boundaries here (queries and keys are the "
                 f"same elements); got {cu_q.shape[0] - 1} and {cu_k.shape[0] - 1} sequences."
             )
+        cu_q, cu_k, seq_idx = (None if x is None else x.to(device) for x in (cu_q, cu_k, seq_idx))
         if seq_idx is not None:
             _integers("seq_idx", seq_idx, (1, 2), f"(1, {n})")
             if seq_idx.numel() != n or (seq_idx.dim() == 2 and seq_idx.shape[0] != 1):

@@ -142,8 +142,14 @@ class SetBlocks:
 
 
 def sets_of(packing, device):
-    """The `SetBlocks` of a packed batch, or None for an ordinary one."""
-    return None if packing is None else SetBlocks.from_packing(packing, device)
+    """The `SetBlocks` of a packed batch, or None for an ordinary one: made once per forward and device (the base
+    model's routes and its head's pooling share them)."""
+    if packing is None:
+        return None
+    key = ("sets", torch.device(device))
+    if key not in packing.memo:
+        packing.memo[key] = SetBlocks.from_packing(packing, device)
+    return packing.memo[key]
 
 
 def check_packed_sets(config, output_attentions=False, prefix_length=None):
