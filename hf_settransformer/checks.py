@@ -83,13 +83,17 @@ def check_forward(model, inputs, read_values=True):
     check_cross_attention(config, inputs, b)
     check_logits_to_keep(inputs.get("logits_to_keep"), n, model.device, read_values)
     position_ids = inputs.get("position_ids")
+    packing = inputs.get("packing")
     if position_ids is not None and "position_ids" in forward_names(type(model.base_model)):
-        check_position_ids(position_ids, b, n_base)
+        check_position_ids(position_ids, b, n_base if packing is None else n)  # a packed row's: the row's
     learned = config.position_embedding_type == "learned"
     max_positions = config.max_position_embeddings if learned else None
+    positions = past_length + n_base if slots is None else slots
+    if packing is not None:  # each sequence counts its own positions: the longest one's (none to read compiled)
+        positions = min(positions, packing.max_length) if read_values else 0
     if not read_values:
         if position_ids is None and config.position_embedding_type != "none":
-            check_position_count(past_length + n_base if slots is None else slots, max_positions)
+            check_position_count(positions, max_positions)
         assert_input_values(
             inputs.get("input_ids"), mask, config.vocab_size, position_ids if learned else None, max_positions, labels
         )
@@ -98,7 +102,7 @@ def check_forward(model, inputs, read_values=True):
         inputs.get("input_ids"), mask, config.vocab_size, position_ids if learned else None, max_positions, labels
     )
     if position_ids is None and config.position_embedding_type != "none":
-        check_position_count(past_length + n_base if slots is None else slots, max_positions)
+        check_position_count(positions, max_positions)
     if all_real and mask is not None:
         inputs["attention_mask"] = None
     return inputs
@@ -147,7 +151,9 @@ def check_packing(model, inputs, b, n, read_values=True):
         raise ValueError("`packing` is made from a packed batch's inputs (`cu_seq_lens_q`/`cu_seq_lens_k`, `seq_idx` or "
                          "`position_ids`): pass those instead.")
     takes = model.takes_packed_batches
-    positions = "position_ids" in forward_names(type(model.base_model)) and (takes or read_values)
+    # restarting `position_ids` mark a packed row also where the model has no positions (a set model would otherwise
+    # read the whole row as one set); compiled, only where it takes one (a restart cannot be read)
+    positions = takes or read_values
     device = next(inputs[name] for name in EMBEDDABLE if inputs.get(name) is not None).device
     packing = read_packing(inputs, b, n, takes_position_ids=positions, keeps_a_cache=model.keeps_a_cache,
                            read_values=read_values, device=device)

@@ -268,6 +268,7 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
     }
     own_prefix_length = True  # where the targets begin in the window ("many"; refused by "window")
     predicts_every_position = False
+    takes_packed_batches = True  # each sequence's last window (`_forward_packed`)
 
     def __init__(self, config):
         super().__init__(config)
@@ -317,8 +318,54 @@ class ForNextTokenPredictionMixin(PooledHeadMixin, LMHeadMixin):
         take them under sequence/context parallelism; they replace `labels` ("window": the last one is the target)."""
         kwargs.pop("use_cache", None)  # no cache: every step reads the whole window
         predict = getattr(self, self.modes[self.next_token_mode].forward)
+        packing = kwargs.pop("packing", None)
+        if packing is not None:
+            return self._forward_packed(packing, predict, input_ids, inputs_embeds, labels, output_attentions,
+                                        output_hidden_states, **kwargs)
         return predict(input_ids, attention_mask, inputs_embeds, labels, output_attentions, output_hidden_states,
                        **kwargs)
+
+    def _forward_packed(self, packing, predict, input_ids, inputs_embeds, labels, output_attentions,
+                        output_hidden_states, shift_labels=None, prefix_length=None, position_ids=None, **kwargs):
+        """A packed row of S sequences (`packing`): the head reads each sequence's last window only, so the row is cut
+        into those windows (the last `context_length` + 1 tokens of each: the "window" mode's causal-LM labels take
+        one more), a left-padded batch of S rows that `predict` reads as any padded batch; no row is longer than the
+        window, and a sequence at least that long has no padding. "many": logits (1, total, vocab), each sequence's
+        targets at its own positions, zeros elsewhere; "window": logits (S, 1, vocab). The loss is the padded
+        batch's: the mean over every sequence's targets. `position_ids` (checked against the boundaries) are
+        replaced by each window's own, as alone."""
+        if prefix_length is not None:
+            raise ValueError("`prefix_length` takes an ordinary batch: in a packed row each sequence's window has its "
+                             "own prefix (all but the last `target_length` positions).")
+        if output_attentions or output_hidden_states:
+            raise ValueError("A next-token head reads a packed row as one window per sequence: its hidden states and "
+                             "attention weights are the windows', not the row's. Pass a padded batch to read them.")
+        windowed = self.next_token_mode == "window"
+        if windowed and labels is not None and labels.dim() == 1 and packing.num_sequences != labels.shape[0]:
+            raise ValueError("In a packed row the window head's `labels` are causal-LM labels shaped like `input_ids` "
+                             "(1, total): each sequence's last token is its target.")
+        if windowed and labels is not None and packing.lengths is not None and min(packing.lengths) < 2:
+            raise ValueError("The window head predicts each packed sequence's last token from the tokens before it: "
+                             f"every sequence needs 2 or more tokens; got lengths {list(packing.lengths)[:8]}.")
+        index, real = packing.last_windows(self.config.context_length + 1)  # (S, L)
+
+        def cut(x, fill):  # (1, total, ...) -> (S, L, ...), `fill` at the padding slots
+            if x is None:
+                return None
+            rows = x[0][index]
+            return torch.where(real.view(*real.shape, *[1] * (rows.dim() - 2)), rows, fill)
+
+        labels = labels if labels is None or labels.dim() == 1 else cut(labels, -100)
+        outputs = predict(cut(input_ids, 0), real.long(), cut(inputs_embeds, 0.0), labels, None, None,
+                          shift_labels=cut(shift_labels, -100), **kwargs)
+        if windowed or outputs.logits is None:
+            return outputs
+        # each window's positions back to the row's; the padding slots go to a spare last position (no boolean index:
+        # no host read)
+        to = torch.where(real, index, packing.total).flatten()
+        logits = outputs.logits.new_zeros(packing.total + 1, outputs.logits.shape[-1])
+        logits = logits.index_put((to,), outputs.logits.flatten(0, 1), accumulate=True)
+        return CausalLMOutput(loss=outputs.loss, logits=logits[None, :-1])
 
     def _forward_many_targets(self, input_ids, attention_mask, inputs_embeds, labels, output_attentions,
                              output_hidden_states, shift_labels=None, prefix_length=None, **kwargs):

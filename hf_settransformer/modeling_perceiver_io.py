@@ -134,7 +134,12 @@ class PerceiverIOModel(PerceiverIOPreTrainedModel):
         cross_mask = AttentionMask.build(key_mask, causal=True, num_queries=t, num_keys=n)
         self_mask = AttentionMask.build(None if key_mask is None else key_mask[:, -t:], causal=True, num_queries=t,
                                         num_keys=t)
-        return inputs[:, -t:] + self.latents(b)[:, :t], cross_mask, self_mask
+        if key_mask is None:
+            return inputs[:, -t:] + self.latents(b)[:, :t], cross_mask, self_mask
+        # the learned latents counted from each row's first real target: a left-padded row shorter than t gets the
+        # latents it gets alone
+        order = (key_mask[:, -t:].cumsum(-1) - 1).clamp_min(0)  # (b, t)
+        return inputs[:, -t:] + self.latents.weight[order], cross_mask, self_mask
 
     def decoder_queries(self, inputs, position_ids, batch_size, length):
         kind = self.config.output_query_type

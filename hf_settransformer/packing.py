@@ -60,6 +60,17 @@ class Packing:
             self.cu_seqlens = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
         return self.cu_seqlens
 
+    def last_windows(self, length):
+        """Each sequence's last `length` elements (fewer where it is shorter), as a left-padded batch: (S, L) int64
+        positions in the row (0 at a padding slot) and (S, L) bool, the real slots. L is `length`, or the longest
+        sequence where that is shorter and the lengths were read (no host read otherwise)."""
+        cu = self.boundaries().long()
+        if self.lengths is not None:
+            length = min(length, max(self.lengths))
+        slots = cu[1:, None] - length + torch.arange(length, device=cu.device)  # (S, L): each window ends its sequence
+        real = slots >= cu[:-1, None]
+        return torch.where(real, slots, 0), real
+
     def positions(self):
         """(1, total) int64: each position's place in its own sequence (0 at every start)."""
         if self._positions is None:

@@ -416,9 +416,10 @@ def run(model_args, data_args, training_args, command):
     length = example_length(model, data_args.block_size)
     # what the model can take (the training block is only what it was trained on): a longer prompt is no error
     tokenizer.model_max_length = model.config.max_position_embeddings
-    if data_args.packing and not model.takes_packed_batches:
-        raise SystemExit(f"--packing needs a model that takes packed rows: --family decoder (the causal LM), not "
-                         f"{type(model).__name__}.")
+    if data_args.packing and objective_of(model).name not in ("causal_lm", "masked_lm"):
+        raise SystemExit(f"--packing trains a causal LM (--family decoder) or a masked LM (--objective mlm); "
+                         f"{type(model).__name__} trains on windows of the running text, every one full (nothing to "
+                         "pack).")
     train_dataset, eval_dataset = training_datasets(model, streams, data_args, training_args.seed, eos_id)
     # The Trainer's own push uploads at every save, training_args.bin (a pickle) included: push_folder_to_hub uploads
     # the final folder instead, safetensors, JSON, code and text only.
@@ -437,7 +438,9 @@ def run(model_args, data_args, training_args, command):
                                                training_args.device)
     record_run_settings(callbacks, settings)
     objective = objective_of(model)
-    collator = PackedRowsCollator() if data_args.packing else objective.collator(tokenizer, data_args.mlm_probability)
+    collator = objective.collator(tokenizer, data_args.mlm_probability)
+    if data_args.packing:
+        collator = PackedRowsCollator(masking=collator)  # a masked LM's masking, else the lines' own labels
     trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,
                                        eval_dataset=eval_dataset, processing_class=tokenizer, data_collator=collator,
                                        callbacks=callbacks)

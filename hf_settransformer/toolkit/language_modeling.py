@@ -82,7 +82,7 @@ class BlockDataset(torch.utils.data.Dataset):
 
 
 class PackedLinesDataset(torch.utils.data.Dataset):
-    """Causal-LM training on packed rows (train_lm.py --packing): each line of the stream (its tokens and the eos after
+    """Causal- or masked-LM training on packed rows (train_lm.py --packing): each line of the stream (its tokens and the eos after
     it; empty lines, an eos alone, are left out) is a sequence of its own, and the sequences, in order, fill rows of
     `block_size` tokens; a line that does not fit is cut there, its rest beginning the next row. Items: "input_ids",
     "labels" and "position_ids", each (block_size,): positions restart at every sequence, whose first label is -100
@@ -115,16 +115,23 @@ class PackedLinesDataset(torch.utils.data.Dataset):
 class PackedRowsCollator:
     """Items of (length,) "input_ids" and "labels" (and "position_ids", else each item is one sequence) -> one packed
     row, transformers' format: (1, total) "input_ids", "labels" (-100 at every sequence's first position) and
-    "position_ids" restarting at each sequence. The model keeps each sequence to itself."""
+    "position_ids" restarting at each sequence. The model keeps each sequence to itself. `masking`: a masked LM's
+    collator (`transformers.DataCollatorForLanguageModeling`), whose masking then makes the row's inputs and labels."""
+
+    def __init__(self, masking=None):
+        self.masking = masking
 
     def __call__(self, items):
         ids = [torch.as_tensor(item["input_ids"]) for item in items]
         positions = [torch.as_tensor(item["position_ids"]) if "position_ids" in item else torch.arange(len(x))
                      for item, x in zip(items, ids)]
-        labels = [torch.as_tensor(item.get("labels", x)).masked_fill(p == 0, -100) for item, x, p in
-                  zip(items, ids, positions)]
-        return {"input_ids": torch.cat(ids)[None], "labels": torch.cat(labels)[None],
-                "position_ids": torch.cat(positions)[None]}
+        row = {"input_ids": torch.cat(ids)[None], "position_ids": torch.cat(positions)[None]}
+        if self.masking is not None:
+            row["input_ids"], row["labels"] = self.masking.torch_mask_tokens(row["input_ids"].clone())
+        else:
+            row["labels"] = torch.cat([torch.as_tensor(item.get("labels", x)).masked_fill(p == 0, -100)
+                                       for item, x, p in zip(items, ids, positions)])[None]
+        return row
 
 
 class TargetWindowDataset(torch.utils.data.Dataset):

@@ -226,8 +226,8 @@ class DataArguments:
     max_train_tokens: int | None = field(default=None, metadata={"help": "Use only the first N training tokens."})
     packing: bool = field(
         default=False,
-        metadata={"help": "Causal LM: each line a sequence of its own, packed into rows of --block_size tokens (each "
-                  "attends to itself only) instead of blocks cut from the running text."},
+        metadata={"help": "Causal or masked LM: each line a sequence of its own, packed into rows of --block_size "
+                  "tokens (each attends to itself only) instead of blocks cut from the running text."},
     )
     overwrite_output_dir: bool = field(
         default=False,

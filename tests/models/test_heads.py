@@ -104,6 +104,21 @@ def test_many_target_head_padding_values_do_not_matter(family):
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_many_target_head_reads_a_left_padded_row_as_alone(family):
+    """Rows shorter than the window, some shorter than `target_length` (Perceiver AR counts its latents from each
+    row's first real target), get the logits they get alone."""
+    model = many_target_head(family, "linear", "elu")
+    lengths = (12, 9, 4, 1)
+    rows = [batch_of_tokens(1, n) for n in lengths]
+    ids = torch.stack([torch.cat([r.new_zeros(12 - r.shape[1]), r[0]]) for r in rows])
+    mask = torch.stack([torch.arange(12) >= 12 - n for n in lengths]).long()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        for i, (row, n) in enumerate(zip(rows, lengths)):
+            torch.testing.assert_close(logits[i, 12 - n:], model(input_ids=row).logits[0], atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_many_target_head_training_loss_equals_evaluation_loss(family):
     """Training computes the loss from the target states without full logits; it equals the evaluation loss."""
     model = many_target_head(family, "linear", "elu")

@@ -166,17 +166,6 @@ def test_one_label_row_per_set_is_taken_for_multi_label_classification():
     assert torch.isfinite(model(**packed_inputs(sets_of_points()), labels=labels).loss)
 
 
-@pytest.mark.parametrize("cls", [hfst.SetTransformerForNextTokenPrediction, hfst.PerceiverIOForNextTokenPrediction],
-                         ids=lambda c: c.__name__)
-def test_the_next_token_heads_refuse_packed_batches(cls):
-    """Their windows and prefixes are per row (a packed row's masked LM: tests/models/test_packing.py)."""
-    family = "perceiver_io" if cls.__name__.startswith("Perceiver") else "set_transformer"
-    model = make_model(cls, tiny_config(family))
-    cu = boundaries([3, 4])
-    with pytest.raises(ValueError, match="does not take packed batches"):
-        model(input_ids=torch.randint(0, 30, (1, 7)), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
-
-
 def test_a_base_model_refuses_prefix_length_and_attention_weights_with_a_packed_batch():
     model = build("set-isab")
     inputs = packed_inputs(sets_of_points([3, 4]))

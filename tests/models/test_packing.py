@@ -5,8 +5,17 @@ Packed sets are in test_packed_sets.py."""
 
 import pytest
 import torch
-from tests.helpers import VOCAB, decoder, make_model, quiet_training_args, tiny_config
-from transformers import DataCollatorWithFlattening, Trainer
+from tests.helpers import (
+    HEAD_FAMILIES,
+    VOCAB,
+    decoder,
+    family_classes,
+    make_model,
+    many_target_head,
+    quiet_training_args,
+    tiny_config,
+)
+from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer
 
 import hf_settransformer as hfst
 
@@ -228,19 +237,99 @@ def test_an_encoder_classifier_gives_one_row_per_packed_sequence(attention_type,
         model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels[:3])
 
 
-@pytest.mark.parametrize("family,cls,given", [
-    ("encoder", hfst.TransformerEncoderForNextTokenPrediction, "position_ids"),
-    ("encoder", hfst.TransformerEncoderForNextTokenPrediction, "cu_seq_lens_q"),
-    ("perceiver_io", hfst.PerceiverIOForNextTokenPrediction, "position_ids"),
-    ("perceiver_io", hfst.PerceiverIOForNextTokenPrediction, "seq_idx"),
-    ("set_transformer", hfst.SetTransformerForNextTokenPrediction, "cu_seq_lens_k"),  # no positions: a set
+WINDOW_LENGTHS = (5, 1, 20, 9, 13)  # with context_length 12 and target_length 6: shorter than the targets, a single
+# token, longer than the window, between the two, one past the window
+
+
+def window_targets(length, config):
+    """The targets a sequence of `length` tokens has alone in the many-target head: its window's last positions,
+    less the last one (no token follows it)."""
+    return min(config.target_length, length, config.context_length) - 1
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+@pytest.mark.parametrize("attention_type,feature_map,decay", [
+    ("softmax", "elu", "none"), ("linear", "elu", "none"), ("linear", "exp", "none"), ("linear", "elu", "gated"),
 ])
-def test_a_head_without_packing_refuses_a_packed_batch(family, cls, given):
-    """The next-token window heads: restarting positions with no mask would run as one window."""
-    model = make_model(cls, tiny_config(family))
+def test_a_window_head_gives_each_packed_sequence_its_logits_loss_and_gradients(family, attention_type, feature_map,
+                                                                                  decay):
+    """The many-target next-token heads read each packed sequence's last window as they read the sequence alone."""
+    model = many_target_head(family, attention_type, feature_map, linear_attention_decay=decay)
+    seqs = sequences(WINDOW_LENGTHS)
+    batch = packed(seqs)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        for seq, part in zip(seqs, per_sequence(logits, seqs)):
+            torch.testing.assert_close(part, model(input_ids=seq[None]).logits[0], atol=1e-5, rtol=1e-5)
+    model.train()  # no dropout: the training forward, loss only
+    out = model(input_ids=batch["input_ids"], labels=batch["labels"], cu_seq_lens_q=batch["cu_seq_lens_q"])
+    assert out.logits is None
+    counts = [window_targets(len(s), model.config) for s in seqs]
+    (out.loss * sum(counts)).backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    total = sum(model(input_ids=s[None], labels=s[None]).loss * c for s, c in zip(seqs, counts) if c)
+    torch.testing.assert_close(out.loss * sum(counts), total, atol=1e-5, rtol=1e-5)
+    total.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(packed_grads[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
+def test_the_one_target_window_head_gives_one_row_per_packed_sequence(family):
+    config = tiny_config(family, context_length=4, next_token_mode="window")
+    model = make_model(family_classes(config)[AutoModelForCausalLM], config)
+    seqs = sequences((5, 2, 9, 4))
+    batch = packed(seqs)
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], seq_idx=batch["seq_idx"], labels=batch["input_ids"])
+        alone = [model(input_ids=s[None], labels=s[None]) for s in seqs]
+        plain = model(input_ids=batch["input_ids"], seq_idx=batch["seq_idx"]).logits
+    assert out.logits.shape == (len(seqs), 1, VOCAB)
+    torch.testing.assert_close(out.logits, torch.cat([a.logits for a in alone]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, torch.stack([a.loss for a in alone]).mean(), atol=1e-5, rtol=1e-5)
+    for seq, logits in zip(seqs, plain):  # without labels, each sequence's whole window predicts the next token
+        torch.testing.assert_close(logits, model(input_ids=seq[None]).logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_head_refuses_what_a_packed_row_cannot_give():
+    batch = packed(sequences(WINDOW_LENGTHS))
+    inputs = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    model = many_target_head("encoder")
+    with pytest.raises(ValueError, match="`prefix_length` takes an ordinary batch"):
+        model(**inputs, prefix_length=2)
+    for flag in ("output_attentions", "output_hidden_states"):
+        with pytest.raises(ValueError, match="Pass a padded batch to read them"):
+            model(**inputs, **{flag: True})
+    config = tiny_config("encoder", context_length=4, next_token_mode="window")
+    window = make_model(family_classes(config)[AutoModelForCausalLM], config)
+    with pytest.raises(ValueError, match="causal-LM labels shaped like `input_ids`"):
+        window(**inputs, labels=torch.tensor([3]))
+    with pytest.raises(ValueError, match=r"2 or more tokens; got lengths \[5, 1, 20"):
+        window(**inputs, labels=batch["input_ids"])
+
+
+def test_a_model_that_takes_no_packed_batch_refuses_one():
+    class Unpacked(hfst.TransformerEncoderForSequenceClassification):
+        takes_packed_batches = False
+
+    model = make_model(Unpacked, tiny_config("encoder"))
     batch = packed(sequences())
-    with pytest.raises(ValueError, match="does not take packed batches"):
-        model(input_ids=batch["input_ids"], **{given: batch[given]})
+    for given in ("position_ids", "cu_seq_lens_q", "seq_idx"):
+        with pytest.raises(ValueError, match="Unpacked does not take packed batches"):
+            model(input_ids=batch["input_ids"], **{given: batch[given]})
+
+
+def test_learned_positions_count_each_packed_sequence_alone():
+    model = decoder("softmax", "elu", position_embedding_type="learned", max_position_embeddings=16)
+    ids = torch.randint(0, VOCAB, (1, 30))
+    cu = torch.tensor([0, 10, 20, 30], dtype=torch.int32)
+    with torch.no_grad():
+        logits = model(input_ids=ids, cu_seq_lens_q=cu).logits  # 30 positions in all, 10 in each sequence
+        torch.testing.assert_close(logits[:, 10:20], model(input_ids=ids[:, 10:20]).logits, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs 17 positions but `max_position_embeddings` is 16"):
+        model(input_ids=ids, cu_seq_lens_q=torch.tensor([0, 17, 30], dtype=torch.int32))
 
 
 def test_the_trainer_trains_from_data_collator_with_flattening(tmp_path):
@@ -272,3 +361,16 @@ def test_a_compiled_forward_keeps_the_sequences_apart(attention_type):
         by_boundaries = compiled(input_ids=batch["input_ids"], cu_seq_lens_q=cu, cu_seq_lens_k=cu).logits
     torch.testing.assert_close(by_positions, eager, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(by_boundaries, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_compiled_window_head_reads_a_packed_row_in_one_graph():
+    """No host read: the windows are `context_length` + 1 long when the lengths are not read."""
+    model = many_target_head("encoder", "linear", "elu")
+    seqs = sequences(WINDOW_LENGTHS)
+    batch = packed(seqs)
+    cu = batch["cu_seq_lens_q"]
+    with torch.no_grad():
+        eager = model(input_ids=batch["input_ids"], cu_seq_lens_q=cu).logits
+        compiled = torch.compile(model, fullgraph=True)(input_ids=batch["input_ids"], cu_seq_lens_q=cu).logits
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)

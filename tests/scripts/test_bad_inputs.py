@@ -91,7 +91,8 @@ FLAG_CASES = [
     (["--learning_rate", "-1"], ["--learning_rate must be a finite number, not negative", "got -1.0"]),
     (["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be a positive integer, got 0"]),
     (["--context_length", "32"], ["--context_length cannot apply to --family decoder"]),
-    (["--family", "encoder", "--packing", "true"], ["--packing needs a model that takes packed rows", "--family decoder"]),
+    (["--family", "encoder", "--packing", "true"], ["--packing trains a causal LM (--family decoder) or a masked LM",
+                                                   "TransformerEncoderForNextTokenPrediction trains on windows"]),
     (["--packing", "true", "--block_size", "4096"], ["Cannot make train examples", "packed row of 4096 tokens"]),
     (["--next_token_mode", "window"], ["--next_token_mode window cannot apply to --family decoder"]),
     # TrainingArguments values transformers 5.23 accepts and then ignores or misreads

@@ -129,9 +129,10 @@ def test_tiny_run_for_every_family(tmp_path, corpus, family):
 
 
 @pytest.mark.slow
-def test_packing_trains_on_the_lines_and_the_card_says_so(tmp_path, corpus):
+@pytest.mark.parametrize("family,objective", [("decoder", []), ("encoder", ["--objective", "mlm"])])
+def test_packing_trains_on_the_lines_and_the_card_says_so(tmp_path, corpus, family, objective):
     out = tmp_path / "packed"
-    run(common_args(corpus, out, "decoder", steps=6, extra=["--attention_type", "linear", "--packing", "true"]))
+    run(common_args(corpus, out, family, steps=6, extra=["--attention_type", "linear", "--packing", "true", *objective]))
     results = json.loads((out / "all_results.json").read_text())
     assert results["packing"] is True and results["train_steps"] == 6
     assert math.isfinite(results["test_perplexity"]) and math.isfinite(results["train_loss"])

@@ -110,6 +110,31 @@ def test_a_packed_batch_gives_the_loss_of_its_lines_trained_alone():
                     for a, b in zip(starts, starts[1:]) if b - a > 1)
     torch.testing.assert_close(packed, alone)
 
+def test_a_packed_masked_lm_row_is_masked_as_the_masked_lm_collator_masks():
+    """With a masked LM's collator, the packed row's inputs and labels are its masking of the row (BERT's: labels at
+    the chosen tokens only, -100 elsewhere); the positions still restart at every line."""
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"w{i}": i for i in range(20)} | {"[MASK]": 20, "[PAD]": 21}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w1")),
+                                        mask_token="[MASK]", pad_token="[PAD]")
+    stream = torch.tensor([3, 4, 5, 0, 6, 7, 8, 9, 10, 0, 11, 12, 0, 13, 14, 15, 16, 0] * 8)
+    data = PackedLinesDataset(stream, block_size=12, eos_id=0)
+    items = [data[i] for i in range(len(data))]
+    masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.5)
+    torch.manual_seed(0)
+    batch = PackedRowsCollator(masking=masking)(items)
+    torch.manual_seed(0)
+    expected_ids, expected_labels = masking.torch_mask_tokens(torch.cat([x["input_ids"] for x in items])[None])
+    assert torch.equal(batch["input_ids"], expected_ids) and torch.equal(batch["labels"], expected_labels)
+    assert torch.equal(batch["position_ids"], torch.cat([x["position_ids"] for x in items])[None])
+    chosen = batch["labels"] != -100
+    original = torch.cat([x["input_ids"] for x in items])[None]
+    assert 0 < int(chosen.sum()) < chosen.numel() and torch.equal(batch["labels"][chosen], original[chosen])
+    assert (batch["input_ids"][chosen] == 20).any() and torch.equal(batch["input_ids"][~chosen], original[~chosen])
+
+
 @pytest.mark.parametrize("stride", [1, 3, 7])
 def test_decoder_windows_score_every_token_once_with_enough_context(stride):
     n, block = 23, 8
