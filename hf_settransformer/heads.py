@@ -114,6 +114,7 @@ class LMHeadMixin:
             return self.lm_head(hidden_states)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         with torch.autocast(device_type=flat.device.type, enabled=False):  # its index_copy_ mixes dtypes otherwise
+            # the output layer's dtype, read from a cluster (a tied layer's head is two matrices)
             log_probs = self.lm_head.log_prob(flat.to(self.lm_head.tail[0][1].weight.dtype))
         return log_probs.view(*hidden_states.shape[:-1], -1)
 

@@ -138,8 +138,12 @@ class AdaptiveSoftmaxHead(nn.Module):
         self.words = nn.Linear(hidden_size, shortlist_size, bias=False)
         self.clusters = nn.Linear(hidden_size, n_clusters, bias=False)
 
+    def reset_parameters(self):
+        self.words.reset_parameters()
+        self.clusters.reset_parameters()
+
     def forward(self, x):
-        return torch.cat([self.words(x), self.clusters(x)], dim=-1)
+        return torch.cat([self.words(x), self.clusters(x)], dim=-1)  # (..., shortlist + n_clusters)
 
 
 class TiedAdaptiveLogSoftmax(nn.AdaptiveLogSoftmaxWithLoss):
