@@ -173,6 +173,39 @@ def check_extra_keys(config_class, kwargs):
             )
 
 
+def check_adaptive_tie(config):
+    """`tie_adaptive_weights=True` shares each adaptive input cluster with the adaptive softmax cluster that holds the
+    same ids at the same width: both layers must exist and cut the vocabulary alike."""
+    input_cutoffs, output_cutoffs = config.adaptive_input_cutoffs, config.adaptive_softmax_cutoffs
+    if input_cutoffs is None or output_cutoffs is None:
+        raise ValueError(
+            "`tie_adaptive_weights=True` needs both an adaptive input and an adaptive softmax (`adaptive_input_cutoffs` "
+            f"and `adaptive_softmax_cutoffs`); got adaptive_input_cutoffs={input_cutoffs!r}, "
+            f"adaptive_softmax_cutoffs={output_cutoffs!r}."
+        )
+    if input_cutoffs != output_cutoffs:
+        raise ValueError(
+            "`tie_adaptive_weights=True` needs `adaptive_input_cutoffs` equal to `adaptive_softmax_cutoffs` (the tied "
+            f"clusters must hold the same ids); got {input_cutoffs!r} and {output_cutoffs!r}."
+        )
+    if float(config.adaptive_input_div_value) != float(config.adaptive_softmax_div_value):
+        raise ValueError(
+            "`tie_adaptive_weights=True` needs `adaptive_input_div_value` equal to `adaptive_softmax_div_value` (the "
+            f"tied clusters must have the same widths); got {config.adaptive_input_div_value} and "
+            f"{config.adaptive_softmax_div_value}."
+        )
+    # nn.AdaptiveLogSoftmaxWithLoss's widths; the adaptive input keeps at least 1
+    div = float(config.adaptive_softmax_div_value)
+    widths = [int(config.hidden_size // div**i) for i in range(len(output_cutoffs) + 1)]
+    if min(widths) < 1:
+        raise ValueError(
+            f"`tie_adaptive_weights=True`: with `hidden_size={config.hidden_size}` and "
+            f"`adaptive_softmax_div_value={config.adaptive_softmax_div_value}` the cluster widths are {widths}; the "
+            "adaptive input keeps at least 1 where the adaptive softmax has 0, so the clusters cannot be shared. Use "
+            "fewer clusters or a smaller div value."
+        )
+
+
 positive = interval(min=1)
 probability = interval(min=0.0, max=1.0, exclude_max=True)
 unit_scale = interval(min=0.0, max=1.0, exclude_min=True)  # an inf epsilon zeroes every output, an inf std gives NaN
@@ -186,7 +219,10 @@ class HfstConfig(PreTrainedConfig):
     `feature_maps.FEATURE_MAPS`, its `linear_attention_decay` one of `decay.DECAYS` ("fixed": RetNet's per-head
     gamma_h = 1 - 2^(-5-h), Sun et al. 2023; "gated": a per-token, per-head gate as simple GLA, Yang et al. 2024; causal
     attention only). The adaptive layers (Grave et al. 2017 for the output, Baevski & Auli 2019 for the input) need token
-    ids ordered by decreasing frequency; with one, logits are log-probabilities and nothing is tied."""
+    ids ordered by decreasing frequency; with one, logits are log-probabilities. `tie_adaptive_weights` shares the
+    adaptive input's cluster tables with the adaptive softmax's word matrices (Baevski & Auli 2019), and with
+    `tie_adaptive_projections` each cluster's input projection with its output projection (read transposed): both
+    layers must then cut the same clusters at the same widths."""
 
     # whether the family has the pooled and window heads (`PooledHeadsConfig`)
     windowed_heads: ClassVar[bool] = False
@@ -214,6 +250,8 @@ class HfstConfig(PreTrainedConfig):
     adaptive_softmax_div_value: int | float = div_value(default=4.0)  # width divisor of each next output cluster
     adaptive_input_cutoffs: list[int] | None = validated_field(check_cutoffs, default=None)  # adaptive embedding
     adaptive_input_div_value: int | float = div_value(default=4.0)  # width divisor of each next input cluster
+    tie_adaptive_weights: bool = False  # adaptive input tables shared with the adaptive softmax's word matrices
+    tie_adaptive_projections: bool = True  # with tie_adaptive_weights: the cluster projections shared too
     initializer_range: int | float = unit_scale(default=0.02)  # std of the normal initialisation
     pad_token_id: int | None = validated_field(check_token_ids, default=None)  # padding (`generate` pads with it)
     bos_token_id: int | None = validated_field(check_token_ids, default=None)  # what an empty prompt starts with
@@ -254,6 +292,8 @@ class HfstConfig(PreTrainedConfig):
                     f"`tie_word_embeddings=True` cannot hold with `{prefix}_cutoffs`: {layer} has no vocabulary x "
                     "hidden matrix to share (leave it unset or False)."
                 )
+        if self.tie_adaptive_weights:
+            check_adaptive_tie(self)
         read = kernel_config_fields()[self.attention_type]
         for name, default in (("feature_map", "elu"), ("linear_attention_decay", "none")):
             if name not in read and getattr(self, name) != default:

@@ -15,6 +15,7 @@ from .attention import AttentionMask
 from .blocks import PMA, masked_mean
 from .checks import checked
 from .label_checks import classification_labels, many_target_labels, masked_lm_labels, one_target_labels
+from .layers import TiedAdaptiveLogSoftmax
 from .losses import problem_type_of, token_loss
 from .set_packing import sets_of
 
@@ -63,13 +64,36 @@ class PooledHeadMixin:
 
 
 class LMHeadMixin:
-    """A vocabulary projection `lm_head`, tied to the input embedding when `config.tie_word_embeddings`."""
+    """A vocabulary projection `lm_head`, tied to the input embedding when `config.tie_word_embeddings`; an adaptive
+    softmax, tied to the adaptive input when `config.tie_adaptive_weights` (`layers.TiedAdaptiveLogSoftmax`)."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
     predicts_tokens = True
     predicts_every_position = True
 
+    @property
+    def _tied_weights_keys(self):
+        # transformers' {tied parameter: its source}; also the patterns by which a save finds the copies to drop
+        lm_head = self._modules.get("lm_head")
+        if isinstance(lm_head, TiedAdaptiveLogSoftmax):
+            return lm_head.tied_keys("lm_head", "model.embeddings.embed_tokens")
+        return {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+
+    def get_expanded_tied_weights_keys(self, all_submodels=False):
+        """As transformers', which ties only with `tie_word_embeddings` (refused beside an adaptive layer): a tied
+        adaptive softmax's pairs are tied as well."""
+        if not all_submodels and isinstance(self._modules.get("lm_head"), TiedAdaptiveLogSoftmax):
+            return dict(self._tied_weights_keys)
+        return super().get_expanded_tied_weights_keys(all_submodels)
+
     def make_lm_head(self, config):
+        if config.adaptive_softmax_cutoffs and config.tie_adaptive_weights:
+            return TiedAdaptiveLogSoftmax(
+                config.hidden_size,
+                config.vocab_size,
+                config.adaptive_softmax_cutoffs,
+                div_value=float(config.adaptive_softmax_div_value),
+                tie_projections=config.tie_adaptive_projections,
+            )
         if config.adaptive_softmax_cutoffs:  # Grave et al. 2017; ids ordered by decreasing frequency
             return nn.AdaptiveLogSoftmaxWithLoss(
                 config.hidden_size,
@@ -90,7 +114,8 @@ class LMHeadMixin:
             return self.lm_head(hidden_states)
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
         with torch.autocast(device_type=flat.device.type, enabled=False):  # its index_copy_ mixes dtypes otherwise
-            log_probs = self.lm_head.log_prob(flat.to(self.lm_head.head.weight.dtype))
+            # the output layer's dtype, read from a cluster (a tied layer's head is two matrices)
+            log_probs = self.lm_head.log_prob(flat.to(self.lm_head.tail[0][1].weight.dtype))
         return log_probs.view(*hidden_states.shape[:-1], -1)
 
     def lm_loss(self, hidden_states, targets, divisor=None):
@@ -106,7 +131,7 @@ class LMHeadMixin:
         if self.adaptive_output:
             hidden, targets = hidden[keep], targets[keep]
             with torch.autocast(device_type=hidden.device.type, enabled=False):  # as in lm_logits
-                total = -self.lm_head(hidden.to(self.lm_head.head.weight.dtype), targets).output.float().sum()
+                total = -self.lm_head(hidden.to(self.lm_head.tail[0][1].weight.dtype), targets).output.float().sum()
         else:
             total = F.cross_entropy(self.lm_head(hidden).float(), targets, ignore_index=-100, reduction="sum")
         return total / (keep.sum().clamp_min(1) if divisor is None else divisor)

@@ -119,6 +119,57 @@ class AdaptiveEmbedding(nn.Module):
         return f"{self.vocab_size}, {self.hidden_size}, cutoffs={cutoffs}, widths={self.widths}, scale={self.scale:g}"
 
 
+class TransposedProjection(AdaptiveProjection):
+    """An adaptive softmax cluster's projection hidden -> width that reads a (hidden, width) weight transposed: the
+    layout of the adaptive input cluster's `AdaptiveProjection`, so the two can share one tensor (fairseq's
+    `TiedLinear(transpose=True)`). Initialised as that projection is."""
+
+    def forward(self, x):
+        return x @ self.weight  # (..., hidden) -> (..., width)
+
+
+class AdaptiveSoftmaxHead(nn.Module):
+    """The head of a tied adaptive softmax: the shortlist's word matrix `words` (shortlist, hidden), shared with the
+    adaptive input's first cluster, and the cluster logits' own `clusters` (n_clusters, hidden); one
+    (..., shortlist + n_clusters) output, as `nn.AdaptiveLogSoftmaxWithLoss`'s single `head` gives."""
+
+    def __init__(self, hidden_size, shortlist_size, n_clusters):
+        super().__init__()
+        self.words = nn.Linear(hidden_size, shortlist_size, bias=False)
+        self.clusters = nn.Linear(hidden_size, n_clusters, bias=False)
+
+    def reset_parameters(self):
+        self.words.reset_parameters()
+        self.clusters.reset_parameters()
+
+    def forward(self, x):
+        return torch.cat([self.words(x), self.clusters(x)], dim=-1)  # (..., shortlist + n_clusters)
+
+
+class TiedAdaptiveLogSoftmax(nn.AdaptiveLogSoftmaxWithLoss):
+    """An adaptive softmax whose word matrices (and, with `tie_projections`, cluster projections) an `AdaptiveEmbedding`
+    of the same cutoffs and widths shares (Baevski & Auli 2019): head words <-> cluster 0's table, `tail[i][1]` <->
+    cluster i+1's table, `tail[i][0]` <-> cluster i+1's projection, transposed. The sharing itself is transformers'
+    weight tying (`tied_keys` lists the pairs), so saving stores each tensor once and loading ties them again."""
+
+    def __init__(self, in_features, n_classes, cutoffs, div_value=4.0, tie_projections=True):
+        super().__init__(in_features, n_classes, cutoffs, div_value=div_value)
+        self.head = AdaptiveSoftmaxHead(in_features, self.shortlist_size, self.n_clusters)
+        for cluster in self.tail:
+            width = cluster[0].out_features
+            if tie_projections and width != in_features:  # a full-width input cluster has no projection to share
+                cluster[0] = TransposedProjection(width, in_features, bias=False)
+
+    def tied_keys(self, prefix, input_prefix):
+        """{this layer's parameter: the `AdaptiveEmbedding`'s it shares}, named under `prefix` and `input_prefix`."""
+        keys = {f"{prefix}.head.words.weight": f"{input_prefix}.embeddings.0.weight"}
+        for i, (projection, _) in enumerate(self.tail):
+            keys[f"{prefix}.tail.{i}.1.weight"] = f"{input_prefix}.embeddings.{i + 1}.weight"
+            if isinstance(projection, TransposedProjection):
+                keys[f"{prefix}.tail.{i}.0.weight"] = f"{input_prefix}.projections.{i + 1}.weight"
+        return keys
+
+
 def make_norm(config):
     if config.norm_type == "layernorm":
         return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)

@@ -74,7 +74,9 @@ def test_legacy_auto_map_names_current_classes(name):
         assert hasattr(importlib.import_module(f"hf_settransformer.{module_name}"), class_name), path
 
 
-ADDED_SINCE_DEFAULTS = {"linear_attention_decay": "none"}  # fields newer than the legacy checkpoints
+ADDED_SINCE_DEFAULTS = {  # fields newer than the legacy checkpoints
+    "linear_attention_decay": "none", "tie_adaptive_weights": False, "tie_adaptive_projections": True,
+}
 DERIVED = {"num_hidden_layers"}  # Perceiver IO's, derived from its factors since: read, checked, no longer written
 
 
