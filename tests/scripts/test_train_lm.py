@@ -284,6 +284,47 @@ def test_resume_from_the_final_checkpoint_only_evaluates(tmp_path, corpus):
     assert again["test_perplexity"] == first["test_perplexity"]
 
 
+@pytest.mark.slow
+def test_muon_a_fitted_decay_and_a_weight_average_train_and_resume(tmp_path, corpus):
+    """--optimizer muon, --lr_scheduler_type warmup_stable_decay --decay_fraction and --average_weights last in one
+    tiny run: all_results.json and the card record them, the saved model is the final checkpoint's average (not its
+    last weights), a restart after the last checkpoint evaluates that same average, and a resume with another
+    optimizer is refused."""
+    out = tmp_path / "run"
+    methods = ["--optimizer", "muon", "--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.5",
+               "--average_weights", "last", "--save_strategy", "steps", "--save_steps", 5, "--logging_steps", 1]
+    args = common_args(corpus, out, "decoder", steps=10, extra=methods)
+    run(args)
+    results = json.loads((out / "all_results.json").read_text())
+    hyper = results["hyperparameters"]
+    assert (hyper["optimizer"], hyper["muon_adjust_lr_fn"], hyper["decay_fraction"]) == ("muon", "match_rms_adamw", 0.5)
+    assert hyper["muon_parameters"] > 0 and hyper["lr_scheduler_type"] == "warmup_stable_decay"
+    assert (results["average_weights"], results["averaged_steps"], results["averaged_from_step"]) == ("last", 5, 6)
+    assert results["averaged_weights_applied"] and results["selected_by"] == "last weight average"
+    state = json.loads((out / "trainer_state.json").read_text())
+    lrs = {e["step"]: e["learning_rate"] for e in state["log_history"] if "learning_rate" in e}
+    assert lrs[6] == 3e-3 > lrs[7] > lrs[10] > 0  # the decay: steps 5 to 10 of the planned 10
+    card = (out / "README.md").read_text()
+    assert "Muon for the attention and feed-forward weight matrices" in card
+    assert "the last 50% of the 10 planned steps decay" in card and "the mean of the weights after steps 6 to 10" in card
+    saved, average = load_file(out / "model.safetensors"), load_file(out / "checkpoint-10" / "weight_average.safetensors")
+    last = load_file(out / "checkpoint-10" / "model.safetensors")
+    assert set(average) <= set(saved)
+    assert all(torch.equal(saved[name], average[name]) for name in average)
+    assert not all(torch.equal(saved[name], last[name]) for name in average)
+
+    again = run(args + ["--resume_from_checkpoint", "true"])
+    resumed = json.loads((out / "all_results.json").read_text())
+    assert resumed["resumed_from_step"] == 10 and resumed["averaged_weights_applied"], again.stdout[-2000:]
+    assert resumed["validation_perplexity"] == results["validation_perplexity"]
+    assert resumed["test_perplexity"] == results["test_perplexity"]
+    assert all(torch.equal(load_file(out / "model.safetensors")[name], average[name]) for name in average)
+
+    refused = subprocess.run([sys.executable, str(SCRIPT)] + [str(a) for a in args] + [
+        "--resume_from_checkpoint", "true", "--optimizer", "adamw"], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode != 0 and "optimizer: the checkpoint's run has 'muon'" in refused.stderr + refused.stdout
+
+
 LOAD_FROM_HUB = """
 import json, sys
 sys.modules["hf_settransformer"] = None  # the code must come with the checkpoint
