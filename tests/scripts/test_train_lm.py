@@ -211,6 +211,23 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
 
 
 @pytest.mark.slow
+def test_two_process_run_with_muon_a_fitted_decay_and_an_average(tmp_path, corpus):
+    """Data parallel: both replicas step Muon on the same all-reduced gradients and keep the same average, so they
+    end holding one model, the average."""
+    out = tmp_path / "ddp"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    methods = ["--optimizer", "muon", "--lr_scheduler_type", "warmup_stable_decay", "--average_weights", "ema",
+               "--ema_decay", "0.5"]
+    run(common_args(corpus, out, "decoder", steps=10, extra=methods), launcher=launcher, timeout=400)
+    results = json.loads((out / "all_results.json").read_text())
+    assert len(results["replica_checksums"]) == 2
+    assert results["replica_checksums"][0] == results["replica_checksums"][1]
+    assert results["hyperparameters"]["decay_fraction"] == 0.2 and results["averaged_steps"] == 2
+    assert results["averaged_weights_applied"] and results["device"].endswith("x 2")
+
+
+@pytest.mark.slow
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--save_total_limit", 5, "--max_eval_tokens", 200]
     extra += ["--eval_strategy", "steps", "--eval_steps", 4, "--logging_steps", 1]

@@ -133,6 +133,19 @@ def test_the_trainer_trains_with_muon_and_its_scheduler_drives_every_group(tmp_p
     assert losses[-1] < losses[0]
 
 
+def test_a_resumed_muon_run_with_gradient_accumulation_equals_an_uninterrupted_one(tmp_path):
+    fields = dict(gradient_accumulation_steps=2, lr_scheduler_type="warmup_stable_decay", save_strategy="steps",
+                  save_steps=4, save_total_limit=None)
+    straight = methods_trainer(tmp_path / "straight", steps=8, optimizer="muon", decay_fraction=0.5, **fields)
+    straight.train()
+    assert straight.state.global_step == 8  # optimizer steps, two micro-batches each
+    resumed = methods_trainer(tmp_path / "straight", steps=8, optimizer="muon", decay_fraction=0.5, **fields)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-4"))
+    assert resumed.optimizer.optimizer.muon.state  # the Muon momentum came back from the checkpoint
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
 def test_the_budget_probe_steps_with_the_runs_optimizer(tmp_path, monkeypatch):
     trainer = methods_trainer(tmp_path, optimizer="muon")
     made = []
