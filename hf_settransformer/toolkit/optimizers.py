@@ -133,6 +133,9 @@ class MethodsTrainer(PerplexityLoggingTrainer):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}.")
         super().__init__(*args, **kwargs)
+        scheduler = str(getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type))
+        if decay_fraction is not None and scheduler != "warmup_stable_decay":
+            raise ValueError(f"decay_fraction sizes the decay of lr_scheduler_type warmup_stable_decay, not {scheduler}.")
         self.optimizer_name, self.decay_fraction = optimizer, decay_fraction
 
     def create_optimizer(self, model=None):

@@ -179,24 +179,31 @@ def test_the_decay_is_the_last_fraction_and_ends_at_the_planned_last_step(steps,
     assert all(a > b for a, b in zip(lrs[start:steps], lrs[start + 1:steps + 1], strict=True))  # decaying to the end
 
 
-def test_a_resumed_run_with_a_new_plan_moves_the_decay_to_its_end(tmp_path):
-    """A time budget planned anew on resume sets a new max_steps: the schedule is rebuilt for it before the
-    checkpoint's scheduler state (its step count) is loaded, so the decay ends at the new last step."""
+def test_a_time_budget_planned_anew_on_resume_moves_the_decay_to_its_end(tmp_path, monkeypatch):
+    """The budget sets max_steps before training; a resume with another budget plans again: the schedule is rebuilt
+    for the new max_steps before the checkpoint's scheduler state (its step count) is loaded, so the decay ends at the
+    new last step."""
+    monkeypatch.setattr(budget, "probe_seconds_per_step", lambda trainer, clock: 0.5)  # 0.51 s a step with the 2%
     fields = dict(warmup_steps=2, lr_scheduler_type="warmup_stable_decay", save_strategy="steps", save_steps=5,
                   logging_strategy="steps", logging_steps=1)
-    first = methods_trainer(tmp_path, steps=20, decay_fraction=0.25, **fields)
+    first = methods_trainer(tmp_path, steps=1, decay_fraction=0.25, **fields)
+    timer = budget.TimedEvalCallback(clock="cpu")
+    first.args.max_steps = budget.max_steps_for_budget(first, 0.17, timer)
+    assert first.args.max_steps == 20
     first.train()
     assert first.lr_scheduler.get_last_lr()[0] == 0.0  # the end of its decay (min_lr_ratio 0)
     lrs = {e["step"]: e["learning_rate"] for e in first.state.log_history if "learning_rate" in e}
     # the logged lr of step s is the one its update used, the schedule's value after s - 1 steps: 15 to 20 decay
     assert all(lrs[s] == 3e-3 for s in range(3, 17)) and lrs[18] < lrs[17] < 3e-3
 
-    resumed = methods_trainer(tmp_path, steps=40, decay_fraction=0.25, **fields)  # the new plan: 40 steps
+    resumed = methods_trainer(tmp_path, steps=1, decay_fraction=0.25, **fields)
+    resumed.args.max_steps = budget.max_steps_for_budget(resumed, 0.35, timer)  # a larger budget: planned anew
+    assert resumed.args.max_steps == 41
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
     lrs = {e["step"]: e["learning_rate"] for e in resumed.state.log_history if "learning_rate" in e}
-    assert all(lrs[s] == 3e-3 for s in range(11, 32))  # the stable phase now runs to step 30
-    assert lrs[33] < lrs[32] < 3e-3 and resumed.lr_scheduler.get_last_lr()[0] == 0.0  # and the decay ends at 40
-    assert resumed.state.global_step == 40
+    assert all(lrs[s] == 3e-3 for s in range(11, 32))  # the stable phase now runs to step 30 (11 steps decay)
+    assert lrs[33] < lrs[32] < 3e-3 and resumed.lr_scheduler.get_last_lr()[0] == 0.0  # and the decay ends at 41
+    assert resumed.state.global_step == 41
 
 
 def test_the_default_trains_as_the_plain_trainer_did(tmp_path):
@@ -214,3 +221,10 @@ def test_the_default_trains_as_the_plain_trainer_did(tmp_path):
     assert type(ours.optimizer.optimizer) is type(plain.optimizer.optimizer) is torch.optim.AdamW
     losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (ours, plain)]
     assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+def test_a_decay_fraction_needs_the_warmup_stable_decay_schedule(tmp_path):
+    with pytest.raises(ValueError, match="decay_fraction sizes the decay of lr_scheduler_type warmup_stable_decay"):
+        methods_trainer(tmp_path, decay_fraction=0.2)  # the cosine schedule
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        methods_trainer(tmp_path, optimizer="sgd")
