@@ -44,6 +44,7 @@ from hf_settransformer.toolkit import (  # importing hf_settransformer registers
     train_and_measure,
     write_lm_model_card,
 )
+from hf_settransformer.toolkit.averaging import WeightAveragingCallback
 from hf_settransformer.toolkit.budget import max_steps_for_budget
 from hf_settransformer.toolkit.cards import data_file_record
 from hf_settransformer.toolkit.checkpoint_files import (
@@ -63,19 +64,20 @@ from hf_settransformer.toolkit.language_modeling import PackedLinesDataset, Pack
 from hf_settransformer.toolkit.lm_arguments import UNTUNED_PRESETS, check_arguments, new_config, parse_arguments
 from hf_settransformer.toolkit.machine import run_environment
 from hf_settransformer.toolkit.measure import (
-    PerplexityLoggingTrainer,
     model_flops_utilization,
     replica_checksums,
     sharding_of,
     tokens_per_step,
 )
 from hf_settransformer.toolkit.objectives import auto_class_for_flag, example_length
+from hf_settransformer.toolkit.optimizers import MUON_ADJUST_LR, MUON_MOMENTUM, MethodsTrainer, hidden_matrix_names
 from hf_settransformer.toolkit.resume_settings import check_run_settings, file_digest, run_settings
 from hf_settransformer.toolkit.run_folder import (
     check_inputs_outside,
     check_output_dir,
     check_resume_checkpoint,
     record_run_settings,
+    save_model_atomically,
     stops_say_where_to_resume,
     write_text_atomically,
 )
@@ -149,7 +151,7 @@ def settings_of_run(model_args, data_args, training_args, tokenizer):
         clock = "cpu" if training_args.device.type == "cpu" else "wall"
     return run_settings(training_args, **data, **{name: getattr(data_args, name) for name in (
         "block_size", "context_length", "target_length", "mlm_probability", "targets_per_epoch", "max_train_tokens",
-        "packing")},
+        "packing", "optimizer", "decay_fraction", "average_weights", "average_fraction", "ema_decay")},
         budget_clock=clock, objective=model_args.objective, next_token_mode=model_args.next_token_mode,
         precision=resolved_precision(training_args))
 
@@ -287,9 +289,11 @@ def describe_model(model, model_args):
             "adaptive_input_cutoffs": config.adaptive_input_cutoffs}
 
 
-def describe_training(model, training_args, length):
-    """The sizes and hyper-parameters a tuning table compares (all_results.json `hyperparameters`)."""
-    config = model.config
+def describe_training(model, training_args, length, data_args):
+    """The sizes and hyper-parameters a tuning table compares (all_results.json `hyperparameters`), the training
+    methods among them: the optimizer (with Muon: how many parameters it trains, its learning-rate adjustment and
+    momentum) and the warmup-stable-decay schedule's decay fraction."""
+    config, hidden = model.config, hidden_matrix_names(model)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_self_attends_per_block", None)
     return {
         "hidden_size": config.hidden_size,
@@ -303,6 +307,11 @@ def describe_training(model, training_args, length):
         "weight_decay": training_args.weight_decay,
         "warmup_steps": training_args.warmup_steps,
         "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+        "decay_fraction": data_args.decay_fraction,
+        "optimizer": data_args.optimizer,
+        **({"muon_parameters": sum(p.numel() for n, p in model.named_parameters() if n in hidden),
+            "muon_adjust_lr_fn": MUON_ADJUST_LR, "muon_momentum": MUON_MOMENTUM}
+           if data_args.optimizer == "muon" else {}),
     }
 
 
@@ -437,13 +446,18 @@ def run(model_args, data_args, training_args, command):
     timer, budget, callbacks = timed_callbacks(resume, data_args.budget_clock, data_args.max_train_minutes,
                                                training_args.device)
     record_run_settings(callbacks, settings)
+    averaging = None
+    if data_args.average_weights != "none":  # before the checkpoint's completion marker: its file is in the checkpoint
+        averaging = WeightAveragingCallback(data_args.average_weights, data_args.average_fraction, data_args.ema_decay,
+                                            resume_from=resume)
+        callbacks.insert(0, averaging)
     objective = objective_of(model)
     collator = objective.collator(tokenizer, data_args.mlm_probability)
     if data_args.packing:
         collator = PackedRowsCollator(masking=collator)  # a masked LM's masking, else the lines' own labels
-    trainer = PerplexityLoggingTrainer(model=model, args=training_args, train_dataset=train_dataset,
-                                       eval_dataset=eval_dataset, processing_class=tokenizer, data_collator=collator,
-                                       callbacks=callbacks)
+    trainer = MethodsTrainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                             processing_class=tokenizer, data_collator=collator, callbacks=callbacks,
+                             optimizer=data_args.optimizer, decay_fraction=data_args.decay_fraction)
     environment = run_environment(trainer)
     if budget is not None and training_args.do_train:
         trainer.args.max_steps = max_steps_for_budget(trainer, budget.minutes, timer, script="train_lm")
@@ -458,7 +472,7 @@ def run(model_args, data_args, training_args, command):
             f"torch_compile {training_args.torch_compile}, {training_args.dataloader_num_workers} dataloader workers, "
             f"eval batch {training_args.per_device_eval_batch_size}")
     results = {**describe_model(model, model_args), "parameters": parameters, **environment,
-               "hyperparameters": describe_training(model, training_args, length), "command": command}
+               "hyperparameters": describe_training(model, training_args, length, data_args), "command": command}
     results.update({name: getattr(data_args, name) for name in objective.recorded_arguments})
     results["packing"] = data_args.packing
     files = data_files(data_args)
@@ -466,6 +480,13 @@ def run(model_args, data_args, training_args, command):
         results["data_files"] = data_file_record(files)
     if training_args.do_train:
         results.update(train_and_measure(trainer, resume, timer, budget, length, script="train_lm"))
+        if averaging is not None:
+            if averaging.average is not None and not averaging.applied:  # resumed after the last step: not trained
+                averaging.apply(model)
+                save_model_atomically(trainer)
+            results.update(averaging.record())  # the weights evaluated and saved below are the average
+            if averaging.applied:
+                results["selected_by"] = f"{data_args.average_weights} weight average"
         results.update(model_flops(trainer, model, results["train_tokens_per_wall_second"], environment["precision"],
                                    length))
     results.update(final_evaluation(trainer, streams, data_args, tokenizer, eos_id))

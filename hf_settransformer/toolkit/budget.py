@@ -100,12 +100,16 @@ def timed_callbacks(resume_from=None, clock="wall", max_minutes=None, device=Non
 
 
 def probe_seconds_per_step(trainer, clock=time.perf_counter, steps=16):
-    """Median seconds (on `clock`) of a training step (forward, backward, AdamW) of `trainer` on a copy of its model,
-    over its own training batches, after 4 warm-up steps, under the mixed precision the Trainer trains with
-    (accelerate's autocast, so that a bf16 run is timed in bf16); the model and optimizer of `trainer` are untouched.
-    16 steps: fewer overestimate a step (the first ones are slow), and a run planned on them stops short."""
+    """Median seconds (on `clock`) of a training step (forward, backward, optimizer: the run's own where `trainer`
+    can make one, `optimizer_like`, so that Muon's Newton-Schulz steps are timed; else AdamW) of `trainer` on a copy
+    of its model, over its own training batches, after 4 warm-up steps, under the mixed precision the Trainer trains
+    with (accelerate's autocast, so that a bf16 run is timed in bf16); the model and optimizer of `trainer` are
+    untouched. 16 steps: fewer overestimate a step (the first ones are slow), and a run planned on them stops short."""
     model = copy.deepcopy(trainer.model).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    if hasattr(trainer, "optimizer_like"):
+        optimizer = trainer.optimizer_like(model, lr=1e-6)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     loader = trainer.get_train_dataloader()
     # its batches again from the start where one epoch has fewer than `steps` (small data: it ran out, StopIteration)
     batches = (batch for _ in range(steps) for batch in loader)

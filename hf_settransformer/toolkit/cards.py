@@ -149,6 +149,7 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         training_speed=_card_training_speed(results) if trained else None,
         model_flops=_card_model_flops(results) if trained else None,
         weights=_card_weights(results) if _measured(results, "train_steps") is not None else None,
+        training_methods=_card_training_methods(results) if trained else None,
         wall_time=f"{results['wall_time_seconds'] / 60:.1f} min" + (
             f" (the last process: resumed at step {results['resumed_from_step']:,})"
             if results.get("resumed_from_step") else ""),
@@ -229,8 +230,35 @@ def _card_model_flops(results):
     return f"{text}, **MFU {results['mfu']:.1%}** of {results['mfu_note']}"
 
 
+def _card_training_methods(results):
+    """The optimizer and schedule of a run that used train_lm.py's training methods (Muon, warmup-stable-decay with
+    --decay_fraction, weight averaging); None for AdamW under another schedule without an average (the card then has
+    no such line)."""
+    hyper = results.get("hyperparameters", {})
+    parts = []
+    if hyper.get("optimizer") == "muon":
+        parts.append(f"Muon for the attention and feed-forward weight matrices ({hyper['muon_parameters']:,} "
+                     f"parameters; update scaled to AdamW's size, `{hyper['muon_adjust_lr_fn']}`, momentum "
+                     f"{hyper['muon_momentum']}), AdamW for the rest; learning rate {hyper['learning_rate']:g}, weight "
+                     f"decay {hyper['weight_decay']:g}")
+    if hyper.get("decay_fraction") is not None:
+        parts.append(f"warmup-stable-decay schedule: the last {hyper['decay_fraction']:.0%} of the "
+                     f"{results['max_steps']:,} planned steps decay, ending at the last one")
+    if results.get("average_weights"):
+        parts.append(f"weights averaged (`--average_weights {results['average_weights']}`) over the last "
+                     f"{results['average_fraction']:.0%} of the planned steps")
+    return "; ".join(parts) or None
+
+
 def _card_weights(results):
-    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`."""
+    """Which step's weights the card describes: the checkpoint selection of `train_and_measure`, or the weight
+    average that replaced the last step's (--average_weights)."""
+    if results.get("averaged_weights_applied"):
+        kind = (f"exponential moving average (decay {results['ema_decay']})" if results["average_weights"] == "ema"
+                else "mean")
+        last = results["averaged_from_step"] + results["averaged_steps"] - 1
+        return (f"the {kind} of the weights after steps {results['averaged_from_step']:,} to {last:,} of "
+                f"{results['train_steps']:,} ({results['averaged_steps']:,} steps): these are evaluated and published")
     step = results.get("selected_step")
     if step is None:
         return f"the last step ({results['train_steps']:,})"

@@ -173,7 +173,8 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    """train_lm.py's data flags: the splits, the example lengths, the token and time budgets, the evaluation's size."""
+    """train_lm.py's data and run flags: the splits, the example lengths, the token and time budgets, the evaluation's
+    size, the training methods (optimizer, schedule's decay, weight averaging)."""
 
     dataset_name: str | None = field(default="wikitext", metadata={"help": "A `datasets` name (needs the Hub)."})
     dataset_config_name: str | None = field(default="wikitext-2-v1", metadata={"help": "Its configuration."})
@@ -229,6 +230,29 @@ class DataArguments:
         metadata={"help": "Causal or masked LM: each line a sequence of its own, packed into rows of --block_size "
                   "tokens (each attends to itself only) instead of blocks cut from the running text."},
     )
+    optimizer: str = field(
+        default="adamw",
+        metadata={"help": "'adamw' (--optim's), or 'muon': Muon for the attention and feed-forward weight matrices "
+                  "(their update scaled to AdamW's size, so --learning_rate and --weight_decay serve both), AdamW for "
+                  "the rest. Not with --fsdp / --deepspeed.", "choices": ["adamw", "muon"]},
+    )
+    decay_fraction: float | None = field(
+        default=None,
+        metadata={"help": "--lr_scheduler_type warmup_stable_decay: the last fraction of the planned steps that "
+                  "decays, ending at the last one (0.2 where --lr_scheduler_kwargs sets no num_decay_steps)."},
+    )
+    average_weights: str = field(
+        default="none",
+        metadata={"help": "Average the weights over the last --average_fraction of the planned steps: 'last' (the "
+                  "mean), 'ema' (exponential, --ema_decay) or 'none'; the average is evaluated and saved.",
+                  "choices": ["none", "ema", "last"]},
+    )
+    average_fraction: float | None = field(
+        default=None,
+        metadata={"help": "The last fraction of the planned steps averaged (default: --decay_fraction's under "
+                  "warmup_stable_decay, else 0.2)."},
+    )
+    ema_decay: float = field(default=0.999, metadata={"help": "--average_weights ema: the average's decay per step."})
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Replace the run already in --output_dir (its checkpoints, weights and results are removed "
@@ -322,6 +346,8 @@ def parse_arguments(argv=None):
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
         extra["use_cpu"] = True  # several processes and no GPU: data parallel on CPUs (gloo)
     model_args, data_args, training_args = parse_flags(parse, extra)
+    if data_args.average_weights != "none" and "load_best_model_at_end" not in explicit:
+        extra["load_best_model_at_end"] = False  # the run ends with the average, not a checkpoint (check_arguments)
     is_cuda = torch.cuda.is_available() and not training_args.use_cpu
     preset = resolve_preset(model_args.preset, is_cuda)
     extra.update(training_defaults(preset, is_cuda, explicit, processes, training_args.learning_rate))
@@ -420,6 +446,7 @@ def check_arguments(model_args, data_args, training_args):
         raise SystemExit(f"--mlm_probability must be in (0, 1), got {data_args.mlm_probability}.")
     if model_args.config_overrides and not model_args.model_name_or_path:  # its keys, before any data is read
         parse_overrides(model_args.config_overrides, new_config_class(model_args.family))
+    check_training_methods(model_args, data_args, training_args)
     preset = PRESETS[model_args.preset]
     data_args.block_size = data_args.block_size or preset["context"]
     data_args.context_length = data_args.context_length or preset["context"]
@@ -429,6 +456,63 @@ def check_arguments(model_args, data_args, training_args):
             "window predicts its tokens after the first from the ones before them, so it can add at most "
             "block_size - 1 scored tokens; a longer stride would skip tokens, and the protocol scores every token once."
         )
+
+
+WSD_STEP_KWARGS = ("num_decay_steps", "num_stable_steps")  # --lr_scheduler_kwargs that size the phases in steps
+
+
+def check_training_methods(model_args, data_args, training_args):
+    """Refuses, naming the flags, what --optimizer, --decay_fraction and --average_weights cannot do with the other
+    flags, and fills in --decay_fraction (0.2 under warmup_stable_decay where --lr_scheduler_kwargs gives no steps)
+    and --average_fraction (--decay_fraction's, else 0.2)."""
+    given = getattr(model_args, "flags_given", None)
+
+    def gave(name):
+        return name in given if given is not None else flag_given(data_args, name)
+
+    sharded = [flag for flag, on in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if on]
+    if data_args.optimizer == "muon":
+        if sharded:
+            raise SystemExit(f"--optimizer muon cannot run with {' / '.join(sharded)}: Muon orthogonalises each weight "
+                             "matrix whole, and these shard it over processes. Use data parallelism (accelerate "
+                             "launch without them), or --optimizer adamw.")
+        optim = str(getattr(training_args.optim, "value", training_args.optim))
+        if optim not in ("adamw_torch", "adamw_torch_fused"):
+            raise SystemExit(f"--optimizer muon pairs Muon with PyTorch's AdamW: --optim must be adamw_torch or "
+                             f"adamw_torch_fused, not {optim}.")
+    scheduler = str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
+    kwargs = training_args.lr_scheduler_kwargs or {}
+    if data_args.decay_fraction is not None:
+        if scheduler != "warmup_stable_decay":
+            raise SystemExit(f"--decay_fraction cannot apply here: it sizes the decay of --lr_scheduler_type "
+                             f"warmup_stable_decay, and the schedule is {scheduler}.")
+        if not 0 < data_args.decay_fraction <= 1:
+            raise SystemExit(f"--decay_fraction must be in (0, 1], got {data_args.decay_fraction}.")
+        if set(WSD_STEP_KWARGS) & set(kwargs):
+            raise SystemExit(f"--decay_fraction sizes the decay from the planned steps: pass it or --lr_scheduler_kwargs "
+                             f"{' / '.join(sorted(set(WSD_STEP_KWARGS) & set(kwargs)))}, not both.")
+    elif scheduler == "warmup_stable_decay" and not set(WSD_STEP_KWARGS) & set(kwargs):
+        data_args.decay_fraction = 0.2
+    if data_args.average_weights == "none":
+        given = [f"--{name}" for name in ("average_fraction", "ema_decay") if gave(name)]
+        if given:
+            raise SystemExit(f"{', '.join(given)} cannot apply here: they shape the weight average, and "
+                             "--average_weights is none.")
+        return
+    if data_args.average_weights != "ema" and gave("ema_decay"):
+        raise SystemExit("--ema_decay cannot apply here: it is the decay of --average_weights ema.")
+    if sharded:
+        raise SystemExit(f"--average_weights cannot run with {' / '.join(sharded)}: the average is kept of whole "
+                         "parameters on every process, and these shard them. Use data parallelism.")
+    if training_args.load_best_model_at_end:
+        raise SystemExit("--average_weights ends the run with the averaged weights; --load_best_model_at_end would "
+                         "end it with a checkpoint's instead: pass one of them.")
+    if data_args.average_fraction is None:
+        data_args.average_fraction = data_args.decay_fraction or 0.2
+    if not 0 < data_args.average_fraction <= 1:
+        raise SystemExit(f"--average_fraction must be in (0, 1], got {data_args.average_fraction}.")
+    if not 0 < data_args.ema_decay < 1:
+        raise SystemExit(f"--ema_decay must be in (0, 1), got {data_args.ema_decay}.")
 
 
 def flagged_head(model_args):

@@ -42,6 +42,21 @@ NOT_APPLYING = [
     (["--trust_remote_code", "true"], ["--trust_remote_code cannot apply", "--model_name_or_path"]),
     (["--precision", "fp32", "--bf16", "true", "--use_cpu", "true"], ["--precision cannot apply", "--bf16"]),
     (["--eval_strategy", "no", "--periodic_eval_targets", "100"], ["--periodic_eval_targets cannot apply"]),
+    # the training methods
+    (["--decay_fraction", "0.2"], ["--decay_fraction cannot apply", "warmup_stable_decay", "cosine"]),
+    (["--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0"], ["--decay_fraction must be in (0, 1]"]),
+    (["--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.2", "--lr_scheduler_kwargs",
+      '{"num_decay_steps": 5}'], ["pass it or --lr_scheduler_kwargs num_decay_steps"]),
+    (["--average_fraction", "0.2"], ["--average_fraction cannot apply", "--average_weights is none"]),
+    (["--ema_decay", "0.999"], ["--ema_decay cannot apply"]),  # given at its default value: still refused
+    (["--average_weights", "last", "--ema_decay", "0.99"], ["--ema_decay cannot apply", "--average_weights ema"]),
+    (["--average_weights", "ema", "--ema_decay", "1"], ["--ema_decay must be in (0, 1)"]),
+    (["--average_weights", "last", "--average_fraction", "1.5"], ["--average_fraction must be in (0, 1]"]),
+    (["--average_weights", "last", "--load_best_model_at_end", "true", "--eval_strategy", "steps", "--save_steps",
+      "250"], ["--average_weights ends the run with the averaged weights", "--load_best_model_at_end"]),
+    (["--optimizer", "muon", "--optim", "adafactor"], ["--optim must be adamw_torch or adamw_torch_fused"]),
+    (["--optimizer", "muon", "--fsdp", "full_shard"], ["--optimizer muon cannot run with --fsdp"]),
+    (["--average_weights", "ema", "--fsdp", "full_shard"], ["--average_weights cannot run with --fsdp"]),
 ]
 
 
@@ -50,6 +65,27 @@ def test_train_lm_refuses_a_flag_that_cannot_apply(tmp_path, texts, train_lm, fl
     message = lm_refusal(train_lm, tmp_path, texts, *flags)
     for word in words:
         assert word in message, message
+
+
+def test_training_method_defaults_fill_in_where_the_flags_are_silent():
+    def checked(*flags):
+        model_args, data_args, training_args, _ = lm_arguments.parse_arguments(
+            ["--do_train", "--preset", "tiny", "--output_dir", "unused", "--report_to", "none", *flags])
+        lm_arguments.check_arguments(model_args, data_args, training_args)
+        return data_args, training_args
+
+    data_args, training_args = checked()
+    assert (data_args.optimizer, data_args.decay_fraction, data_args.average_weights) == ("adamw", None, "none")
+    assert data_args.average_fraction is None and training_args.load_best_model_at_end  # as before
+    data_args, training_args = checked("--lr_scheduler_type", "warmup_stable_decay", "--average_weights", "ema")
+    assert data_args.decay_fraction == 0.2 and data_args.average_fraction == 0.2  # the decay phase is averaged
+    assert not training_args.load_best_model_at_end  # the run ends with the average
+    data_args, _ = checked("--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs",
+                           '{"num_decay_steps": 5}')
+    assert data_args.decay_fraction is None  # transformers' own steps
+    data_args, _ = checked("--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.3",
+                           "--average_weights", "last", "--average_fraction", "0.1")
+    assert (data_args.decay_fraction, data_args.average_fraction) == (0.3, 0.1)
 
 
 def test_train_lm_refuses_training_flags_without_do_train(tmp_path, texts, train_lm):

@@ -212,6 +212,23 @@ def test_two_process_data_parallel_run(tmp_path, corpus):
 
 
 @pytest.mark.slow
+def test_two_process_run_with_muon_a_fitted_decay_and_an_average(tmp_path, corpus):
+    """Data parallel: both replicas step Muon on the same all-reduced gradients and keep the same average, so they
+    end holding one model, the average."""
+    out = tmp_path / "ddp"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    methods = ["--optimizer", "muon", "--lr_scheduler_type", "warmup_stable_decay", "--average_weights", "ema",
+               "--ema_decay", "0.5"]
+    run(common_args(corpus, out, "decoder", steps=10, extra=methods), launcher=launcher, timeout=400)
+    results = json.loads((out / "all_results.json").read_text())
+    assert len(results["replica_checksums"]) == 2
+    assert results["replica_checksums"][0] == results["replica_checksums"][1]
+    assert results["hyperparameters"]["decay_fraction"] == 0.2 and results["averaged_steps"] == 2
+    assert results["averaged_weights_applied"] and results["device"].endswith("x 2")
+
+
+@pytest.mark.slow
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path, corpus):
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--save_total_limit", 5, "--max_eval_tokens", 200]
     extra += ["--eval_strategy", "steps", "--eval_steps", 4, "--logging_steps", 1]
@@ -283,6 +300,47 @@ def test_resume_from_the_final_checkpoint_only_evaluates(tmp_path, corpus):
     for name in weights:
         assert torch.equal(weights[name], resumed[name]), name
     assert again["test_perplexity"] == first["test_perplexity"]
+
+
+@pytest.mark.slow
+def test_muon_a_fitted_decay_and_a_weight_average_train_and_resume(tmp_path, corpus):
+    """--optimizer muon, --lr_scheduler_type warmup_stable_decay --decay_fraction and --average_weights last in one
+    tiny run: all_results.json and the card record them, the saved model is the final checkpoint's average (not its
+    last weights), a restart after the last checkpoint evaluates that same average, and a resume with another
+    optimizer is refused."""
+    out = tmp_path / "run"
+    methods = ["--optimizer", "muon", "--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.5",
+               "--average_weights", "last", "--save_strategy", "steps", "--save_steps", 5, "--logging_steps", 1]
+    args = common_args(corpus, out, "decoder", steps=10, extra=methods)
+    run(args)
+    results = json.loads((out / "all_results.json").read_text())
+    hyper = results["hyperparameters"]
+    assert (hyper["optimizer"], hyper["muon_adjust_lr_fn"], hyper["decay_fraction"]) == ("muon", "match_rms_adamw", 0.5)
+    assert hyper["muon_parameters"] > 0 and hyper["lr_scheduler_type"] == "warmup_stable_decay"
+    assert (results["average_weights"], results["averaged_steps"], results["averaged_from_step"]) == ("last", 5, 6)
+    assert results["averaged_weights_applied"] and results["selected_by"] == "last weight average"
+    state = json.loads((out / "trainer_state.json").read_text())
+    lrs = {e["step"]: e["learning_rate"] for e in state["log_history"] if "learning_rate" in e}
+    assert lrs[6] == 3e-3 > lrs[7] > lrs[10] > 0  # the decay: steps 5 to 10 of the planned 10
+    card = (out / "README.md").read_text()
+    assert "Muon for the attention and feed-forward weight matrices" in card
+    assert "the last 50% of the 10 planned steps decay" in card and "the mean of the weights after steps 6 to 10" in card
+    saved, average = load_file(out / "model.safetensors"), load_file(out / "checkpoint-10" / "weight_average.safetensors")
+    last = load_file(out / "checkpoint-10" / "model.safetensors")
+    assert set(average) <= set(saved)
+    assert all(torch.equal(saved[name], average[name]) for name in average)
+    assert not all(torch.equal(saved[name], last[name]) for name in average)
+
+    again = run(args + ["--resume_from_checkpoint", "true"])
+    resumed = json.loads((out / "all_results.json").read_text())
+    assert resumed["resumed_from_step"] == 10 and resumed["averaged_weights_applied"], again.stdout[-2000:]
+    assert resumed["validation_perplexity"] == results["validation_perplexity"]
+    assert resumed["test_perplexity"] == results["test_perplexity"]
+    assert all(torch.equal(load_file(out / "model.safetensors")[name], average[name]) for name in average)
+
+    refused = subprocess.run([sys.executable, str(SCRIPT)] + [str(a) for a in args] + [
+        "--resume_from_checkpoint", "true", "--optimizer", "adamw"], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode != 0 and "optimizer: the checkpoint's run has 'muon'" in refused.stderr + refused.stdout
 
 
 LOAD_FROM_HUB = """
