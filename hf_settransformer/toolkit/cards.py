@@ -47,6 +47,7 @@ _FIELD_APPLIES = {
     "target_length": lambda config, objective: "target_length" in objective.data_flags,
     "adaptive_softmax_div_value": lambda config, objective: config.adaptive_softmax_cutoffs is not None,
     "adaptive_input_div_value": lambda config, objective: config.adaptive_input_cutoffs is not None,
+    "tie_adaptive_projections": lambda config, objective: getattr(config, "tie_adaptive_weights", False),
     "num_output_queries": lambda config, objective: getattr(config, "output_query_type", None) == "learned",
 }
 
