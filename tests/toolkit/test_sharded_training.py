@@ -118,17 +118,20 @@ def test_fsdp2_trains_evaluates_and_saves_with_the_shipped_config(tmp_path, corp
     torch.testing.assert_close(torch.tensor(json.loads(loaded.stdout.strip().splitlines()[-1])), local)
 
 
-def test_fsdp2_trains_the_weights_data_parallelism_trains(tmp_path, corpus):
-    """The same run under FSDP2 (full state dict this time) and DDP ends with the same weights. In fp32: on a CPU with
-    a bf16 path `--precision auto` trains in bf16, where the two runs end further apart than this tolerance."""
+@pytest.mark.parametrize("packing", [False, True], ids=["blocks", "packed"])
+def test_fsdp2_trains_the_weights_data_parallelism_trains(tmp_path, corpus, packing):
+    """The same run under FSDP2 (full state dict this time) and DDP ends with the same weights, on blocks of the
+    running text or on packed rows of lines (each process its own rows). In fp32: on a CPU with a bf16 path
+    `--precision auto` trains in bf16, where the two runs end further apart than this tolerance."""
     fsdp = tmp_path / "fsdp2_full"
     config = tmp_path / "fsdp2_full.yaml"
     config.write_text(FSDP2_CONFIG.read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT"))
-    extra = ["--attention_type", "linear", "--precision", "fp32"]
+    extra = ["--attention_type", "linear", "--precision", "fp32", *(["--packing", "true"] if packing else [])]
     launch(config, training_args(corpus, fsdp, "decoder", extra=extra))
     ddp = tmp_path / "ddp"
     launch(None, training_args(corpus, ddp, "decoder", extra=extra))
-    assert json.loads((ddp / "all_results.json").read_text())["replica_checksums"] is not None  # DDP: checked
+    results = json.loads((ddp / "all_results.json").read_text())
+    assert results["replica_checksums"] is not None and results["packing"] is packing  # DDP: checked
     sharded, replicated = load_file(fsdp / "model.safetensors"), load_file(ddp / "model.safetensors")
     assert sharded.keys() == replicated.keys()
     for name in sharded:
