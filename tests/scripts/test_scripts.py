@@ -1045,3 +1045,26 @@ def test_train_sets_model_name_or_path_continues_a_saved_model(tmp_path):
     )
     assert other.returncode != 0
     assert "the point_clouds task needs a SetTransformerForSequenceClassification" in other.stderr
+
+
+def test_the_methods_search_runs_each_method_with_its_flags_in_a_folder_of_its_own(tmp_path):
+    """scripts/wikitext2_methods.sh through the grid script, its launcher replaced by `echo`: the train_lm.py command
+    of each method (no training)."""
+    env = {**os.environ, "HFST_LAUNCH": "echo", "HFST_SEED": "1"}
+    methods = {"base": [], "muon": ["--optimizer muon"], "tied": ["tie_adaptive_weights=true"],
+               "wsd": ["--lr_scheduler_type warmup_stable_decay --decay_fraction 0.2"],
+               "average": ["--average_weights last --average_fraction 0.2"], "context256": ["--block_size 256"],
+               "combined": ["--optimizer muon", "tie_adaptive_weights=true", "warmup_stable_decay", "--average_weights last"]}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "wikitext2_methods.sh"), str(tmp_path),
+                             "decoder-linear-elu-gated", *methods], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.strip().splitlines()
+    assert len(commands) == len(methods)
+    for command, (method, flags) in zip(commands, methods.items()):
+        assert f"--output_dir {tmp_path}/{method}-seed1/decoder-linear-elu-gated" in command and "--seed 1" in command
+        assert "--linear_attention_decay gated" in command and "--max_train_minutes 90" in command
+        assert all(flag in command for flag in flags), (method, command)
+    assert "--optimizer" not in commands[0] and "tie_adaptive" not in commands[0]
+    unknown = subprocess.run(["bash", str(ROOT / "scripts" / "wikitext2_methods.sh"), str(tmp_path), "decoder-softmax",
+                              "adam"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert unknown.returncode == 2 and "unknown method: adam" in unknown.stderr
