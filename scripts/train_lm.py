@@ -461,6 +461,7 @@ def run(model_args, data_args, training_args, command):
     environment = run_environment(trainer)
     if budget is not None and training_args.do_train:
         trainer.args.max_steps = max_steps_for_budget(trainer, budget.minutes, timer, script="train_lm")
+        budget.replan_with(trainer)  # slower than the probe: fewer steps, the schedule still ending on the last
     parameters = sum(p.numel() for p in model.parameters())
     untuned = " (initial values, untuned: no GPU sweep yet)" if model_args.preset in UNTUNED_PRESETS else ""
     say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters (preset {model_args.preset}{untuned}), "

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, get_scheduler
 from transformers.utils import logging as hf_logging
 
 from .checkpoint_files import read_marker
@@ -66,15 +66,31 @@ class TimeBudgetCallback(TrainerCallback):
     `trainer.state.global_step` and `stopped_at_step`, so the run can be repeated deterministically with
     `--max_steps`. A checkpoint is saved at the stop (`should_save`). Under several processes the ranks agree on the
     step (any rank out of time stops all of them), since one rank stopping alone would leave the others waiting in
-    their next all-reduce."""
+    their next all-reduce.
+
+    With `replan_with(trainer)` (a run whose `max_steps` the budget planned), a run slower than its probe re-plans:
+    every `every` steps, once a tenth of the plan is done, the steps the rest of the budget holds at the pace of the
+    last `every` steps (their evaluation included) are counted, and where they end more than 1% before `max_steps`,
+    `max_steps` becomes that step and the learning-rate schedule is rebuilt for it (`schedule_lambdas`), so its
+    decay still ends at the run's last step instead of being cut off by the clock. Re-plans only shorten (the
+    Trainer's loop cannot run past the epochs it planned) and are recorded in `replans` and `time_budget.json`."""
 
     def __init__(self, minutes, timer):
         if not minutes > 0:
             raise ValueError(f"A training-time budget must be a positive number of minutes, got {minutes!r}.")
         self.minutes, self.seconds, self.timer, self.stopped_at_step = minutes, minutes * 60.0, timer, None
+        self.schedule_for, self.every, self.replans, self._window = None, None, [], None
 
-    def on_step_end(self, args, state, control, **kwargs):
-        out_of_time = self.timer.elapsed() >= self.seconds
+    def replan_with(self, trainer, every=None):
+        """Re-plan `trainer`'s `max_steps` and schedule as the run goes (see the class), every `every` steps (default:
+        its evaluation interval, else 250)."""
+        self.schedule_for = lambda steps: schedule_lambdas(trainer, steps)
+        self.every = every or _evaluations_every(trainer.args, trainer) or 250
+        self.output_dir = Path(trainer.args.output_dir)
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, optimizer=None, **kwargs):
+        now = self.timer.elapsed()
+        out_of_time = now >= self.seconds
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             flag = torch.tensor([float(out_of_time)], device=args.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
@@ -83,6 +99,60 @@ class TimeBudgetCallback(TrainerCallback):
             control.should_training_stop = True
             control.should_save = True
             self.stopped_at_step = state.global_step
+            return
+        if self.schedule_for is not None and state.global_step % self.every == 0:
+            self._replan(args, state, lr_scheduler, optimizer, now)
+        if state.global_step >= state.max_steps:  # a re-planned end (the Trainer's loop counts to its first plan)
+            control.should_training_stop = True
+            control.should_save = True
+
+    def _replan(self, args, state, lr_scheduler, optimizer, now):
+        window, self._window = self._window, (state.global_step, now)
+        if window is None or state.global_step < state.max_steps / 10:
+            return
+        pace = (now - window[1]) / (state.global_step - window[0])  # seconds per step, evaluations included
+        fits = state.global_step + int(max(self.seconds - now, 0.0) / pace) if pace > 0 else state.max_steps
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ends = torch.tensor([float(fits)], device=args.device)  # every rank stops at the same step
+            torch.distributed.all_reduce(ends, op=torch.distributed.ReduceOp.MIN)
+            fits = int(ends.item())
+        if fits >= state.max_steps * 0.99 or fits <= state.global_step:
+            return
+        live = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate wraps the Trainer's scheduler
+        if not isinstance(live, torch.optim.lr_scheduler.LambdaLR):
+            return  # a schedule this cannot rebuild: the clock stops the run as before
+        live.lr_lambdas = list(self.schedule_for(fits))
+        for group, base, factor in zip(live.optimizer.param_groups, live.base_lrs, live.lr_lambdas):
+            group["lr"] = base * factor(live.last_epoch)
+        live._last_lr = [group["lr"] for group in live.optimizer.param_groups]
+        state.max_steps = args.max_steps = fits
+        self.replans.append({"step": state.global_step, "max_steps": fits, "seconds_per_step": pace})
+        if args.process_index == 0:
+            path = self.output_dir / BUDGET_FILE
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            record.update(max_steps=fits, replans=self.replans)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)  # a resumed run keeps the re-planned steps
+            logger.info(f"[budget] step {state.global_step}: {pace:.3f} s/step -> max_steps={fits} (the schedule "
+                        "rebuilt to end there)")
+
+
+def schedule_lambdas(trainer, num_training_steps):
+    """The per-group learning-rate factors of `trainer`'s schedule planned for `num_training_steps`, as the Trainer
+    builds it (`scheduler_for` where the trainer has one, e.g. the warmup-stable-decay of `MethodsTrainer`), made on
+    a stand-in optimizer: the live optimizer's learning rates are untouched."""
+    groups = trainer.optimizer.param_groups
+    stand_in = torch.optim.SGD([{"params": [torch.zeros(1)], "lr": group.get("initial_lr", group["lr"])}
+                                for group in groups])
+    args = trainer.args
+    if hasattr(trainer, "scheduler_for"):
+        scheduler = trainer.scheduler_for(stand_in, num_training_steps)
+    else:
+        scheduler = get_scheduler(args.lr_scheduler_type, stand_in, num_warmup_steps=args.get_warmup_steps(
+            num_training_steps), num_training_steps=num_training_steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    return scheduler.lr_lambdas
 
 
 def timed_callbacks(resume_from=None, clock="wall", max_minutes=None, device=None):

@@ -85,6 +85,7 @@ def train_and_measure(trainer, resume=None, timer=None, budget=None, example_len
         "train_cpu_minutes": cpu_minutes,
         "max_train_minutes": budget.minutes if budget is not None else None,
         "stopped_by_time_budget": budget is not None and budget.stopped_at_step is not None,
+        "budget_replans": budget.replans if budget is not None else None,
         **selected_checkpoint(trainer),
     }
 

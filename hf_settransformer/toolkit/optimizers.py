@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 from transformers import Trainer
-from transformers.optimization import get_wsd_schedule
+from transformers.optimization import get_scheduler, get_wsd_schedule
 
 from ..attention import MultiHeadAttention
 from ..layers import FeedForward
@@ -157,10 +157,18 @@ class MethodsTrainer(PerplexityLoggingTrainer):
             return muon_with_adamw(model, args, set(self.get_decay_parameter_names(model)))
         return torch.optim.AdamW(model.parameters(), lr=lr)
 
+    def scheduler_for(self, optimizer, num_training_steps):
+        """This run's schedule over `optimizer` for `num_training_steps` (a time budget's re-plan rebuilds it)."""
+        args = self.args
+        if self.decay_fraction is not None:
+            return wsd_schedule(optimizer, num_training_steps, args.get_warmup_steps(num_training_steps),
+                                self.decay_fraction, args.lr_scheduler_kwargs)
+        return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(
+            num_training_steps), num_training_steps=num_training_steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.lr_scheduler is None and self.decay_fraction is not None:
-            self.lr_scheduler = wsd_schedule(optimizer or self.optimizer, num_training_steps,
-                                             self.args.get_warmup_steps(num_training_steps), self.decay_fraction,
-                                             self.args.lr_scheduler_kwargs)
+            self.lr_scheduler = self.scheduler_for(optimizer or self.optimizer, num_training_steps)
             self._created_lr_scheduler = True
         return super().create_scheduler(num_training_steps, optimizer)

@@ -271,6 +271,36 @@ def test_time_budget_stops_training_and_records_the_steps():
         toolkit.budget.TimeBudgetCallback(0, timer)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "warmup_stable_decay"])
+def test_a_run_slower_than_its_plan_ends_its_schedule_on_its_last_step(tmp_path, schedule):
+    """Planned for 100 steps in 131 s; the steps take 1 s each, then 2 s from step 21: at step 30 the budget holds 45
+    more, so the run re-plans to 75 steps, rebuilds the schedule for them and stops there, its learning rate at the
+    schedule's end (0) instead of being cut off by the clock part-way down the decay."""
+    trainer = decoder_trainer(tmp_path, steps=100, lr_scheduler_type=schedule, warmup_steps=0)
+    if schedule == "warmup_stable_decay":  # the decay: the last 20% of the plan
+        from hf_settransformer.toolkit.optimizers import MethodsTrainer
+
+        trainer = MethodsTrainer(model=trainer.model, args=trainer.args, train_dataset=trainer.train_dataset,
+                                 decay_fraction=0.2)
+    clock = {"now": 0.0}
+    timer = toolkit.budget.TimedEvalCallback()
+    timer.now = lambda: clock["now"]
+    budget = toolkit.budget.TimeBudgetCallback(131 / 60, timer)
+
+    class SlowSteps(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            clock["now"] += 1.0 if state.global_step < 20 else 2.0
+
+    for callback in (SlowSteps(), timer, budget):
+        trainer.add_callback(callback)
+    budget.replan_with(trainer, every=10)
+    trainer.train()
+    assert budget.replans == [{"step": 30, "max_steps": 75, "seconds_per_step": 2.0}]
+    assert trainer.state.global_step == 75 and budget.stopped_at_step is None  # the plan's end, not the clock's
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+    assert json.loads((tmp_path / BUDGET_FILE).read_text())["max_steps"] == 75  # what a resumed run keeps
+
+
 def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
     """The "cpu" clock counts the process's CPU time: busy seconds count, seconds spent waiting (as when other
     programs hold the core) do not. A checkpoint records its clock and resuming on the other clock is refused."""
