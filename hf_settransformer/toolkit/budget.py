@@ -69,8 +69,9 @@ class TimeBudgetCallback(TrainerCallback):
     their next all-reduce.
 
     With `replan_with(trainer)` (a run whose `max_steps` the budget planned), a run slower than its probe re-plans:
-    every `every` steps, once a tenth of the plan is done, the steps the rest of the budget holds at the pace of the
-    last `every` steps (their evaluation included) are counted, and where they end more than 1% before `max_steps`,
+    every `every` steps, once a tenth of the plan is done, the steps the rest of the budget holds are counted at the
+    pace of recent steps (the median of the last three intervals' paces, each interval's evaluation included: one
+    interval slowed by another program does not shorten the run), and where they end more than 1% before `max_steps`,
     `max_steps` becomes that step and the learning-rate schedule is rebuilt for it (`schedule_lambdas`), so its
     decay still ends at the run's last step instead of being cut off by the clock. Re-plans only shorten (the
     Trainer's loop cannot run past the epochs it planned) and are recorded in `replans` and `time_budget.json`."""
@@ -79,7 +80,7 @@ class TimeBudgetCallback(TrainerCallback):
         if not minutes > 0:
             raise ValueError(f"A training-time budget must be a positive number of minutes, got {minutes!r}.")
         self.minutes, self.seconds, self.timer, self.stopped_at_step = minutes, minutes * 60.0, timer, None
-        self.schedule_for, self.every, self.replans, self._window = None, None, [], None
+        self.schedule_for, self.every, self.replans, self._window, self._paces = None, None, [], None, []
 
     def replan_with(self, trainer, every=None):
         """Re-plan `trainer`'s `max_steps` and schedule as the run goes (see the class), every `every` steps (default:
@@ -108,9 +109,12 @@ class TimeBudgetCallback(TrainerCallback):
 
     def _replan(self, args, state, lr_scheduler, optimizer, now):
         window, self._window = self._window, (state.global_step, now)
-        if window is None or state.global_step < state.max_steps / 10:
+        if window is None or state.global_step <= window[0]:
             return
-        pace = (now - window[1]) / (state.global_step - window[0])  # seconds per step, evaluations included
+        self._paces = (self._paces + [(now - window[1]) / (state.global_step - window[0])])[-3:]  # s/step, evals in
+        if len(self._paces) < 2 or state.global_step < state.max_steps / 10:
+            return
+        pace = sorted(self._paces)[len(self._paces) // 2] if len(self._paces) == 3 else sum(self._paces) / 2
         fits = state.global_step + int(max(self.seconds - now, 0.0) / pace) if pace > 0 else state.max_steps
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ends = torch.tensor([float(fits)], device=args.device)  # every rank stops at the same step

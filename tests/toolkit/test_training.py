@@ -273,9 +273,11 @@ def test_time_budget_stops_training_and_records_the_steps():
 
 @pytest.mark.parametrize("schedule", ["cosine", "warmup_stable_decay"])
 def test_a_run_slower_than_its_plan_ends_its_schedule_on_its_last_step(tmp_path, schedule):
-    """Planned for 100 steps in 131 s; the steps take 1 s each, then 2 s from step 21: at step 30 the budget holds 45
-    more, so the run re-plans to 75 steps, rebuilds the schedule for them and stops there, its learning rate at the
-    schedule's end (0) instead of being cut off by the clock part-way down the decay."""
+    """Planned for 100 steps in 131 s; the steps take 1 s each, then 2 s from step 21, and 3 s in steps 51-60: at
+    step 30 the recent pace (1.5 s, the mean of two intervals) re-plans to 90 steps, at step 40 (2 s) to 75, at step 60
+    to 70 (the 10 s the slow interval took are gone, but its pace, the median of the last three intervals leaves out:
+    at 3 s the plan would be 67). The schedule is rebuilt each time, and the run stops at 70 with its learning rate
+    at the schedule's end (0) instead of being cut off by the clock part-way down the decay."""
     trainer = decoder_trainer(tmp_path, steps=100, lr_scheduler_type=schedule, warmup_steps=0)
     if schedule == "warmup_stable_decay":  # the decay: the last 20% of the plan
         from hf_settransformer.toolkit.optimizers import MethodsTrainer
@@ -289,16 +291,18 @@ def test_a_run_slower_than_its_plan_ends_its_schedule_on_its_last_step(tmp_path,
 
     class SlowSteps(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            clock["now"] += 1.0 if state.global_step < 20 else 2.0
+            clock["now"] += 1.0 if state.global_step < 20 else 3.0 if 50 <= state.global_step < 60 else 2.0
 
     for callback in (SlowSteps(), timer, budget):
         trainer.add_callback(callback)
     budget.replan_with(trainer, every=10)
     trainer.train()
-    assert budget.replans == [{"step": 30, "max_steps": 75, "seconds_per_step": 2.0}]
-    assert trainer.state.global_step == 75 and budget.stopped_at_step is None  # the plan's end, not the clock's
+    assert budget.replans == [{"step": 30, "max_steps": 90, "seconds_per_step": 1.5},
+                              {"step": 40, "max_steps": 75, "seconds_per_step": 2.0},
+                              {"step": 60, "max_steps": 70, "seconds_per_step": 2.0}]
+    assert trainer.state.global_step == 70 and budget.stopped_at_step is None  # the plan's end, not the clock's
     assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
-    assert json.loads((tmp_path / BUDGET_FILE).read_text())["max_steps"] == 75  # what a resumed run keeps
+    assert json.loads((tmp_path / BUDGET_FILE).read_text())["max_steps"] == 70  # what a resumed run keeps
 
 
 def test_cpu_clock_counts_this_process_cpu_time_not_waiting(tmp_path):
