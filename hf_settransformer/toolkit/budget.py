@@ -144,18 +144,16 @@ class TimeBudgetCallback(TrainerCallback):
 
 def schedule_lambdas(trainer, num_training_steps):
     """The per-group learning-rate factors of `trainer`'s schedule planned for `num_training_steps`, as the Trainer
-    builds it (`scheduler_for` where the trainer has one, e.g. the warmup-stable-decay of `MethodsTrainer`), made on
+    builds it (the trainer's `scheduler_for` where it gives one, e.g. `MethodsTrainer`'s fitted decay), made on
     a stand-in optimizer: the live optimizer's learning rates are untouched."""
     groups = trainer.optimizer.param_groups
     stand_in = torch.optim.SGD([{"params": [torch.zeros(1)], "lr": group.get("initial_lr", group["lr"])}
                                 for group in groups])
     args = trainer.args
-    if hasattr(trainer, "scheduler_for"):
-        scheduler = trainer.scheduler_for(stand_in, num_training_steps)
-    else:
-        scheduler = get_scheduler(args.lr_scheduler_type, stand_in, num_warmup_steps=args.get_warmup_steps(
-            num_training_steps), num_training_steps=num_training_steps,
-            scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    own = getattr(trainer, "scheduler_for", lambda optimizer, steps: None)(stand_in, num_training_steps)
+    scheduler = own or get_scheduler(args.lr_scheduler_type, stand_in, num_training_steps=num_training_steps,
+                                     num_warmup_steps=args.get_warmup_steps(num_training_steps),
+                                     scheduler_specific_kwargs=args.lr_scheduler_kwargs)
     return scheduler.lr_lambdas
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 from transformers import Trainer
-from transformers.optimization import get_scheduler, get_wsd_schedule
+from transformers.optimization import get_wsd_schedule
 
 from ..attention import MultiHeadAttention
 from ..layers import FeedForward
@@ -158,14 +158,13 @@ class MethodsTrainer(PerplexityLoggingTrainer):
         return torch.optim.AdamW(model.parameters(), lr=lr)
 
     def scheduler_for(self, optimizer, num_training_steps):
-        """This run's schedule over `optimizer` for `num_training_steps` (a time budget's re-plan rebuilds it)."""
+        """The fitted warmup-stable-decay over `optimizer` for `num_training_steps` (a time budget's re-plan rebuilds
+        it); None without `decay_fraction`: the Trainer's own schedule (`budget.schedule_lambdas`)."""
+        if self.decay_fraction is None:
+            return None
         args = self.args
-        if self.decay_fraction is not None:
-            return wsd_schedule(optimizer, num_training_steps, args.get_warmup_steps(num_training_steps),
-                                self.decay_fraction, args.lr_scheduler_kwargs)
-        return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(
-            num_training_steps), num_training_steps=num_training_steps,
-            scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        return wsd_schedule(optimizer, num_training_steps, args.get_warmup_steps(num_training_steps),
+                            self.decay_fraction, args.lr_scheduler_kwargs)
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.lr_scheduler is None and self.decay_fraction is not None:
