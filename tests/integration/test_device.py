@@ -60,6 +60,10 @@ def test_forward_and_backward_make_no_tensor_off_the_inputs_device(family, cls, 
         loss.backward()
     assert loss.device.type == "cpu" and torch.isfinite(loss)
     assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())
+    if cls.__name__.endswith("NextTokenPrediction"):  # the windows' logits back to the row's positions, evaluated
+        with torch.device("meta"), torch.no_grad():
+            logits = model.eval()(**inputs).logits
+        assert logits.device.type == "cpu" and logits.shape == (1, 9, VOCAB)
 
 
 @pytest.mark.parametrize("family,cls,attention_type,feature_map", LM_HEADS, ids=LM_IDS)
@@ -242,7 +246,10 @@ PACKED = [("decoder", hfst.TransformerDecoderForCausalLM, "softmax"), ("decoder"
           ("encoder", hfst.TransformerEncoderForSequenceClassification, "softmax"),
           ("set_transformer", hfst.SetTransformerForSequenceClassification, "softmax"),
           ("set_transformer", hfst.SetTransformerForSequenceClassification, "linear"),
-          ("perceiver_io", hfst.PerceiverIOForSequenceClassification, "linear")]
+          ("perceiver_io", hfst.PerceiverIOForSequenceClassification, "linear"),
+          ("encoder", hfst.TransformerEncoderForNextTokenPrediction, "linear"),
+          ("set_transformer", hfst.SetTransformerForNextTokenPrediction, "softmax"),
+          ("perceiver_io", hfst.PerceiverIOForNextTokenPrediction, "linear")]
 
 
 @pytest.mark.parametrize("family,cls,attention_type", PACKED, ids=[f"{c.__name__}-{a}" for _, c, a in PACKED])
