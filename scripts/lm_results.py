@@ -4,6 +4,7 @@ validation perplexity against training CPU-minutes (wall minutes x threads).
     python scripts/lm_results.py outputs/wikitext2                 # prints the markdown table
     python scripts/lm_results.py outputs/wikitext2 --copy_to results/wikitext2 --plot results/wikitext2.png
     python scripts/lm_results.py outputs/wikitext2 --unigram ../shared/data/wikitext-2   # adds the unigram reference row
+    python scripts/lm_results.py outputs/methods --methods --copy_to results/wikitext2-methods   # a search's methods, seeds
 
 `--copy_to` keeps each run's all_results.json (small) where it can be committed, with the run's config (the card is
 written again from it: scripts/make_model_cards.py); the folder can be read back later.
@@ -38,8 +39,17 @@ def load(folders):
             result = read_results(path)
             scored = result is not None and {"validation_perplexity", "test_perplexity"} & set(result)
             if scored and "family" in result and numbers_where_recorded(result, SCORES, path):
-                result["name"], result["path"] = path.parent.name, path
+                # the run's folder under the one named: "decoder-softmax", or "muon/decoder-softmax" in a search
+                name = path.parent.relative_to(folder).as_posix()
+                result["name"], result["path"] = path.parent.name if name == "." else name, path
+                config = path.parent / "config.json"  # a run folder: the saved model's config beside its results
+                if "config" not in result and "tie_adaptive_weights" not in result and config.is_file():
+                    result["tie_adaptive_weights"] = (read_results(config) or {}).get("tie_adaptive_weights", False)
                 runs.append(result)
+    names = [r["name"] for r in runs]
+    if len(set(names)) < len(names):  # --copy_to would keep one of them
+        raise SystemExit(f"Two runs of the same name under {folders}: {sorted({n for n in names if names.count(n) > 1})}"
+                         "; name the folder above them instead.")
     key = {name: i for i, name in enumerate(ORDER)}
     runs.sort(key=lambda r: (key.get(r["family"], 9), design(r), r["attention"] != "softmax", r["feature_map"],
                          r.get("linear_attention_decay") or "none"))
@@ -99,6 +109,53 @@ def table(runs, unigram=None):
         lines.append(
             f"| unigram (training-split frequencies) | | | | | | | | | | | | {unigram['validation']:.1f} | "
             f"{unigram['test']:.1f} | {unigram['test_accuracy']:.3f} | |"
+        )
+    return "\n".join(lines)
+
+
+def methods_label(r):
+    """The training methods a run used beyond train_lm.py's defaults, as recorded ("Muon + tied adaptive + WSD 20% +
+    last average 20%"), or "defaults"."""
+    hyper = r.get("hyperparameters", {})
+    parts = []
+    if hyper.get("optimizer") == "muon":
+        parts.append("Muon")
+    if r.get("tie_adaptive_weights") or (r.get("config") or {}).get("tie_adaptive_weights"):
+        parts.append("tied adaptive")
+    if hyper.get("lr_scheduler_type") == "warmup_stable_decay":
+        parts.append(f"WSD {hyper['decay_fraction']:.0%}")
+    if r.get("average_weights") not in (None, "none"):
+        parts.append(f"{r['average_weights']} average {r['average_fraction']:.0%}")
+    return " + ".join(parts) or "defaults"
+
+
+def run_seed(r):
+    """The run's seed: recorded, else the command's --seed, else the Trainer's default (42)."""
+    if r.get("hyperparameters", {}).get("seed") is not None:
+        return r["hyperparameters"]["seed"]
+    words = r.get("command", "").split()
+    return int(words[words.index("--seed") + 1]) if "--seed" in words else 42
+
+
+def methods_table(runs):
+    """One row per run of a training-methods search: the model, the methods, the seed, the context, and the figures a
+    method changes (steps in the budget, the selected weights, validation and test perplexity)."""
+    lines = [
+        "| model | methods | seed | context | parameters | CPU | precision | threads | CPU-min | steps "
+        "| selected | validation ppl | test ppl |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (attention_label(r) == "softmax", methods_label(r) != "defaults",
+                                         methods_label(r), r.get("hyperparameters", {}).get("sequence_length") or 0,
+                                         run_seed(r))):
+        cpu_minutes = r.get("train_cpu_minutes")
+        selected = r.get("selected_by") if "average" in (r.get("selected_by") or "") else selected_step(r)
+        lines.append(
+            f"| {r['family']}, {attention_label(r)} | {methods_label(r)} | {run_seed(r)} | "
+            f"{r.get('hyperparameters', {}).get('sequence_length', '?')} | {r['parameters'] / 1e6:.2f}M | "
+            f"{r.get('cpu_model', '?')} | {r.get('precision', 'fp32')} | {r['threads_per_process']} | "
+            f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | {selected} | "
+            f"{measured(r, 'validation_perplexity', '.1f')} | {measured(r, 'test_perplexity', '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -216,6 +273,8 @@ def main():
     p.add_argument("--copy_to", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--unigram", default=None, help="folder of wiki.{train,valid,test}.tokens: adds a reference row")
+    p.add_argument("--methods", action="store_true",
+                   help="the training-methods table (scripts/wikitext2_methods.sh): methods and seed of each run")
     p.add_argument("--refresh_cards", action="store_true",
                    help="write each run's model card again with the current templates (folders with config.json)")
     args, unknown = p.parse_known_args()
@@ -235,7 +294,7 @@ def main():
                 print(f"refreshed {refresh_model_card(r['path'].parent)}")
             else:
                 print(f"not refreshed {r['path'].parent}: no saved model (config.json) there")
-    print(table(runs, unigram_reference(args.unigram) if args.unigram else None))
+    print(methods_table(runs) if args.methods else table(runs, unigram_reference(args.unigram) if args.unigram else None))
     if args.copy_to:
         keep(runs, args.copy_to)
     if args.plot:

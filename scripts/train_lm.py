@@ -286,7 +286,8 @@ def describe_model(model, model_args):
             "linear_attention_decay": config.linear_attention_decay, "preset": model_args.preset,
             "next_token_mode": objective.next_token_mode,
             "adaptive_softmax_cutoffs": config.adaptive_softmax_cutoffs,
-            "adaptive_input_cutoffs": config.adaptive_input_cutoffs}
+            "adaptive_input_cutoffs": config.adaptive_input_cutoffs,
+            "tie_adaptive_weights": getattr(config, "tie_adaptive_weights", False)}
 
 
 def describe_training(model, training_args, length, data_args):
@@ -303,6 +304,7 @@ def describe_training(model, training_args, length, data_args):
         "sequence_length": length,
         "target_length": getattr(config, "target_length", None) if config.windowed_heads else None,
         "examples_per_step": tokens_per_step(training_args, length) // length,
+        "seed": training_args.seed,
         "learning_rate": training_args.learning_rate,
         "weight_decay": training_args.weight_decay,
         "warmup_steps": training_args.warmup_steps,

@@ -110,6 +110,40 @@ def test_lm_results_table_and_plot(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+def test_lm_results_methods_table_names_each_runs_methods_and_seed_and_keeps_them_apart(tmp_path):
+    """A training-methods search (<root>/<method>/<run>, scripts/wikitext2_methods.sh): a row per run naming the methods
+    it recorded and its seed, and --copy_to keeps runs of the same name apart by their method's folder."""
+    base = {"family": "decoder", "attention": "linear", "feature_map": "elu", "linear_attention_decay": "gated",
+            "parameters": 2_200_073, "cpu_model": "AMD EPYC", "precision": "bf16", "threads_per_process": 1,
+            "train_cpu_minutes": 90.0, "train_steps": 16_000, "selected_step": 15_750, "validation_perplexity": 118.0,
+            "test_perplexity": 111.0, "command": "python scripts/train_lm.py --family decoder",
+            "hyperparameters": {"sequence_length": 128, "optimizer": "adamw", "lr_scheduler_type": "cosine",
+                                "decay_fraction": None}}
+    combined = dict(base, parameters=1_496_721, test_perplexity=101.0, command=base["command"] + " --seed 1",
+                    hyperparameters=dict(base["hyperparameters"], optimizer="muon", decay_fraction=0.2,
+                                         lr_scheduler_type="warmup_stable_decay"),
+                    average_weights="last", average_fraction=0.2, selected_by="last weight average")
+    for method, result in (("base", base), ("combined-seed1", combined)):
+        (tmp_path / "runs" / method / "decoder-linear-elu-gated").mkdir(parents=True)
+        (tmp_path / "runs" / method / "decoder-linear-elu-gated" / "all_results.json").write_text(json.dumps(result))
+    # the tie is read from the saved model's config where the results do not record it
+    (tmp_path / "runs" / "combined-seed1" / "decoder-linear-elu-gated" / "config.json").write_text(
+        json.dumps({"tie_adaptive_weights": True}))
+    stdout = run_script("lm_results.py", tmp_path / "runs", "--methods", "--copy_to", tmp_path / "kept", timeout=120)
+    assert ("| decoder, linear elu, gated decay | defaults | 42 | 128 | 2.20M | AMD EPYC | bf16 | 1 | 90.0 | 16,000 "
+            "| 15,750 | 118.0 | 111.0 |") in stdout
+    assert ("| decoder, linear elu, gated decay | Muon + tied adaptive + WSD 20% + last average 20% | 1 | 128 | 1.50M "
+            "| AMD EPYC | bf16 | 1 | 90.0 | 16,000 | last weight average | 118.0 | 101.0 |") in stdout
+    for method in ("base", "combined-seed1"):
+        assert (tmp_path / "kept" / method / "decoder-linear-elu-gated" / "all_results.json").is_file()
+    # two folders holding runs of the same name would keep one of them: refused, naming the run
+    result = subprocess.run([sys.executable, str(script_path("lm_results.py")), str(tmp_path / "runs" / "base"),
+                             str(tmp_path / "runs" / "combined-seed1"), "--methods"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and "Two runs of the same name" in result.stderr
+    assert "decoder-linear-elu-gated" in result.stderr
+
+
 def test_the_kept_results_use_todays_keys():
     """Every all_results.json kept in results/ names its durations and speeds by their clock, as train_lm.py and
     train_sets.py write them today, and a language-model run records its budget clock: the tables and the model

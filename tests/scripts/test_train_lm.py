@@ -317,6 +317,7 @@ def test_muon_a_fitted_decay_and_a_weight_average_train_and_resume(tmp_path, cor
     hyper = results["hyperparameters"]
     assert (hyper["optimizer"], hyper["muon_adjust_lr_fn"], hyper["decay_fraction"]) == ("muon", "match_rms_adamw", 0.5)
     assert hyper["muon_parameters"] > 0 and hyper["lr_scheduler_type"] == "warmup_stable_decay"
+    assert hyper["seed"] == 0 and results["tie_adaptive_weights"] is False  # common_args' --seed 0; untied
     assert (results["average_weights"], results["averaged_steps"], results["averaged_from_step"]) == ("last", 5, 6)
     assert results["averaged_weights_applied"] and results["selected_by"] == "last weight average"
     state = json.loads((out / "trainer_state.json").read_text())
