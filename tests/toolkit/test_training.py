@@ -391,6 +391,54 @@ def test_every_rank_takes_the_main_process_time_budget(tmp_path):
     assert all(p["first"] == p["again"] == int(2 * 60 / (0.5 * 1.02)) for p in plans), plans
 
 
+RANKS_REPLAN = """
+import json, sys
+from pathlib import Path
+import transformers
+sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
+from hf_settransformer import toolkit
+from tests.helpers import decoder_trainer
+
+trainer = decoder_trainer(sys.argv[1], steps=100, use_cpu=True, lr_scheduler_type="cosine", warmup_steps=0)
+rank = trainer.args.process_index
+clock = {"now": 0.0}
+timer = toolkit.budget.TimedEvalCallback()
+timer.now = lambda: clock["now"]
+budget = toolkit.budget.TimeBudgetCallback(131 / 60, timer)
+
+
+class SlowSteps(transformers.TrainerCallback):  # 1 s a step, then from step 21 2 s on rank 0 and 2.5 s on rank 1
+    def on_step_begin(self, args, state, control, **kwargs):
+        clock["now"] += 1.0 if state.global_step < 20 else 2.0 + 0.5 * rank
+
+
+for callback in (SlowSteps(), timer, budget):
+    trainer.add_callback(callback)
+budget.replan_with(trainer, every=10)
+trainer.train()
+(Path(sys.argv[1]) / f"replan-{rank}.json").write_text(json.dumps(
+    {"replans": budget.replans, "step": trainer.state.global_step, "stopped": budget.stopped_at_step,
+     "lr": trainer.lr_scheduler.get_last_lr()[0]}))
+trainer.accelerator.wait_for_everyone()
+trainer.accelerator.end_training()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_replan_to_the_same_step_the_slower_ones(tmp_path):
+    """Two gloo processes whose steps slow differently re-plan together: each re-plan takes the step the slower rank
+    reaches (at step 30, rank 1's pace of (1 + 2.5) / 2 s leaves (131 - 45) / 1.75 = 49 steps: 79, where rank 0 alone
+    would plan 90), both rebuild their schedule for it and stop there by plan with the learning rate at 0; a rank
+    stopping alone would leave the other waiting in its next all-reduce."""
+    out = launch_two(RANKS_REPLAN, tmp_path)
+    ranks = [json.loads((out / f"replan-{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["replans"][0]["step"] == 30 and ranks[0]["replans"][0]["max_steps"] == 79
+    assert [r["max_steps"] for r in ranks[0]["replans"]] == [r["max_steps"] for r in ranks[1]["replans"]]
+    last = ranks[0]["replans"][-1]["max_steps"]
+    assert all(r["step"] == last and r["stopped"] is None and abs(r["lr"]) < 1e-12 for r in ranks), ranks
+    assert json.loads((out / BUDGET_FILE).read_text())["max_steps"] == last  # written once, by rank 0
+
+
 def _evaluating_trainer(output_dir, **fields):
     return decoder_trainer(output_dir, eval_dataset=BlockDataset(torch.arange(200) % 11, 8), **fields)  # 25 blocks
 
