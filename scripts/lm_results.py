@@ -137,6 +137,12 @@ def run_seed(r):
     return int(words[words.index("--seed") + 1]) if "--seed" in words else 42
 
 
+def cpu_kind(r):
+    """The CPU model and, where the run recorded it, whether it has a fast bf16 path ("AMD EPYC, avx512_bf16")."""
+    fast = r.get("cpu_fast_bf16")
+    return r.get("cpu_model", "?") + ("" if fast is None else ", avx512_bf16 / amx" if fast else ", no bf16 kernel")
+
+
 def methods_table(runs):
     """One row per run of a training-methods search: the model, the methods, the seed, the context, and the figures a
     method changes (steps in the budget, the selected weights, validation and test perplexity)."""
@@ -153,7 +159,7 @@ def methods_table(runs):
         lines.append(
             f"| {r['family']}, {attention_label(r)} | {methods_label(r)} | {run_seed(r)} | "
             f"{r.get('hyperparameters', {}).get('sequence_length', '?')} | {r['parameters'] / 1e6:.2f}M | "
-            f"{r.get('cpu_model', '?')} | {r.get('precision', 'fp32')} | {r['threads_per_process']} | "
+            f"{cpu_kind(r)} | {r.get('precision', 'fp32')} | {r['threads_per_process']} | "
             f"{'?' if cpu_minutes is None else f'{cpu_minutes:.1f}'} | {r.get('train_steps', 0):,} | {selected} | "
             f"{measured(r, 'validation_perplexity', '.1f')} | {measured(r, 'test_perplexity', '.1f')} |"
         )

@@ -169,7 +169,8 @@ def lm_model_card_fields(model, results, family=None, block_size=None, mlm_proba
         protocol=results["eval_protocol"],
         cpu_model=results["cpu_model"],
         hardware=(f"{results['gpu_name']}, CPU {results['cpu_model']}" if results.get("gpu_name")
-                  else results["cpu_model"]),
+                  else results["cpu_model"] + {True: " with a bf16 kernel (AVX512-BF16 or AMX)",
+                                               False: " without a bf16 kernel"}.get(results.get("cpu_fast_bf16"), "")),
         threads=results["threads_per_process"],
         precision=results["precision"],
         cpu_minutes=_measured(results, "train_cpu_minutes", "{:.1f}") or ("unknown" if trained else None),

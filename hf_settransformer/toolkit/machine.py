@@ -45,12 +45,14 @@ def fast_bf16_available(use_cpu=False):
 
 
 def run_environment(trainer):
-    """What a run's results should say about where it ran: {"cpu_model", "threads_per_process", "precision" (what the
-    Trainer's accelerator actually runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training
-    device's `torch.cuda.get_device_name`, None off CUDA), "transformers_version", "torch_version"}."""
+    """What a run's results should say about where it ran: {"cpu_model", "cpu_fast_bf16" (AVX512-BF16 or AMX: the
+    CPU kind a CPU figure depends on), "threads_per_process", "precision" (what the Trainer's accelerator actually
+    runs: "bf16", "fp16" or "fp32"), "torch_compile", "gpu_name" (the training device's `torch.cuda.get_device_name`,
+    None off CUDA), "transformers_version", "torch_version"}."""
     mixed, device = trainer.accelerator.mixed_precision, trainer.args.device
     return {
         "cpu_model": cpu_model_name(),
+        "cpu_fast_bf16": fast_bf16_available(use_cpu=True),
         "threads_per_process": torch.get_num_threads(),
         "precision": "fp32" if mixed in (None, "no") else mixed,
         "torch_compile": bool(trainer.args.torch_compile),

@@ -120,6 +120,7 @@ def test_lm_results_methods_table_names_each_runs_methods_and_seed_and_keeps_the
             "hyperparameters": {"sequence_length": 128, "optimizer": "adamw", "lr_scheduler_type": "cosine",
                                 "decay_fraction": None}}
     combined = dict(base, parameters=1_496_721, test_perplexity=101.0, command=base["command"] + " --seed 1",
+                    cpu_fast_bf16=True,  # recorded by runs since the base one
                     hyperparameters=dict(base["hyperparameters"], optimizer="muon", decay_fraction=0.2,
                                          lr_scheduler_type="warmup_stable_decay"),
                     average_weights="last", average_fraction=0.2, selected_by="last weight average")
@@ -133,7 +134,7 @@ def test_lm_results_methods_table_names_each_runs_methods_and_seed_and_keeps_the
     assert ("| decoder, linear elu, gated decay | defaults | 42 | 128 | 2.20M | AMD EPYC | bf16 | 1 | 90.0 | 16,000 "
             "| 15,750 | 118.0 | 111.0 |") in stdout
     assert ("| decoder, linear elu, gated decay | Muon + tied adaptive + WSD 20% + last average 20% | 1 | 128 | 1.50M "
-            "| AMD EPYC | bf16 | 1 | 90.0 | 16,000 | last weight average | 118.0 | 101.0 |") in stdout
+            "| AMD EPYC, avx512_bf16 / amx | bf16 | 1 | 90.0 | 16,000 | last weight average | 118.0 | 101.0 |") in stdout
     for method in ("base", "combined-seed1"):
         assert (tmp_path / "kept" / method / "decoder-linear-elu-gated" / "all_results.json").is_file()
     # two folders holding runs of the same name would keep one of them: refused, naming the run

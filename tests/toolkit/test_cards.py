@@ -112,6 +112,15 @@ def test_other_local_data_keeps_its_command_and_the_card_says_so(data_files, not
     assert (note in sentence and "not published with this model" in sentence) if note else sentence == ""
 
 
+@pytest.mark.parametrize("fast,words", [(True, "(a CPU with a bf16 kernel (AVX512-BF16 or AMX), 2 thread(s), bf16)"),
+                                         (False, "(a CPU without a bf16 kernel, 2 thread(s), bf16)"),
+                                         (None, "(a CPU, 2 thread(s), bf16)")])  # results from before the record
+def test_the_card_names_the_cpu_kind_a_cpu_figure_depends_on(tmp_path, fast, words):
+    """A bf16 run is about 300x slower on a CPU without a bf16 kernel: the card's hardware says which kind ran it."""
+    results = dict(RESULTS, train_tokens_per_cpu_second=500.0, **({} if fast is None else {"cpu_fast_bf16": fast}))
+    assert words in card(tmp_path, model("decoder"), results)
+
+
 def test_data_file_record_holds_each_files_sha256(tmp_path):
     (tmp_path / "train.txt").write_text(" the cat \n")
     record = toolkit.cards.data_file_record({"train": tmp_path / "train.txt"})

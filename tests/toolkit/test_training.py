@@ -543,7 +543,7 @@ def test_run_environment_and_replica_checksums_of_a_single_process(tmp_path):
     assert environment["gpu_name"] is None  # trained on the CPU
     assert (environment["transformers_version"], environment["torch_version"]) == (
         transformers.__version__, torch.__version__)
-    assert isinstance(toolkit.machine.fast_bf16_available(use_cpu=True), bool)
+    assert environment["cpu_fast_bf16"] is toolkit.machine.fast_bf16_available(use_cpu=True)
     total = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     assert toolkit.measure.replica_checksums(trainer) == [pytest.approx(total)]
     assert toolkit.measure.tokens_per_step(trainer.args, 8) == 4 * 8
