@@ -1089,6 +1089,7 @@ def test_the_methods_search_runs_each_method_with_its_flags_in_a_folder_of_its_o
     methods = {"base": [], "muon": ["--optimizer muon"], "tied": ["tie_adaptive_weights=true"],
                "wsd": ["--lr_scheduler_type warmup_stable_decay --decay_fraction 0.2"],
                "average": ["--average_weights last --average_fraction 0.2"], "context256": ["--block_size 256"],
+               "deep": ["--config_overrides num_hidden_layers=8"],
                "combined": ["--optimizer muon", "tie_adaptive_weights=true", "warmup_stable_decay", "--average_weights last"]}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "wikitext2_methods.sh"), str(tmp_path),
                              "decoder-linear-elu-gated", *methods], capture_output=True, text=True, env=env, cwd=ROOT)
