@@ -5,6 +5,7 @@ import collections
 import contextlib
 import importlib
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -390,9 +391,26 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def leave_process_group():
+    """The last line of a `launch_two` script, once its results are written: every rank waits for the others, leaves the
+    process group and exits 0 at once. Interpreter teardown after a finished gloo run can still abort a process
+    ("terminate called without an active exception", SIGABRT) in torch's and gloo's threads, after the process group is
+    destroyed; the tests assert on the files the ranks wrote, so an exit code decided by that race would fail them at
+    random. Everything before this line still fails the run."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def launch_two(script, tmp_path, timeout=300, env=None):
     """Runs the Python source `script` in 2 gloo processes (`torch.distributed.run`, from the repository), its argument
-    an empty folder `tmp_path / "out"`, asserts both exited 0, and returns that folder."""
+    an empty folder `tmp_path / "out"`, asserts both exited 0, and returns that folder. The script writes its results
+    there and ends with `leave_process_group()`."""
     path = tmp_path / "script.py"
     path.write_text(script)
     out = tmp_path / "out"

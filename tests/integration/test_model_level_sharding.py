@@ -208,14 +208,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
+from tests.helpers import leave_process_group
 from tests.integration.test_model_level_sharding import FSDP2_CASES, fsdp2_case
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 results = [fsdp2_case(*case) for case in FSDP2_CASES]
 (Path(sys.argv[1]) / f"rank-{dist.get_rank()}.json").write_text(json.dumps(results))
-dist.barrier()
-dist.destroy_process_group()  # gloo threads left running at exit can abort a finished process
+leave_process_group()
 """
 
 
@@ -422,6 +422,7 @@ import torch
 import torch.distributed as dist
 import deepspeed
 sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
+from tests.helpers import leave_process_group
 from tests.integration.test_model_level_sharding import FAMILIES, ZERO3_CASES, zero3_case, zero3_save_case, zero_init_case
 
 torch.set_num_threads(1)
@@ -433,8 +434,7 @@ results = {
     "saves": [zero3_save_case(family, sys.argv[1]) for family in ("decoder", "set_transformer")],
 }
 (Path(sys.argv[1]) / f"rank-{dist.get_rank()}.json").write_text(json.dumps(results))
-dist.barrier()
-dist.destroy_process_group()  # gloo threads left running at exit can abort a finished process
+leave_process_group()
 """
 
 

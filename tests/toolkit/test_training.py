@@ -363,7 +363,7 @@ from pathlib import Path
 import torch
 sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
 from hf_settransformer import toolkit
-from tests.helpers import decoder_trainer
+from tests.helpers import decoder_trainer, leave_process_group
 
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
@@ -376,8 +376,7 @@ toolkit.budget.probe_seconds_per_step = lambda trainer, clock: 1 / 0
 again = toolkit.budget.max_steps_for_budget(trainer, 2, timer)  # the record, read by rank 0 only
 # one file per rank: two processes printing to one pipe can interleave their lines
 (Path(sys.argv[1]) / f"plan-{rank}.json").write_text(json.dumps({"rank": rank, "first": first, "again": again}))
-trainer.accelerator.wait_for_everyone()
-trainer.accelerator.end_training()  # gloo threads left running at exit can abort a finished process (SIGABRT)
+leave_process_group()
 """
 
 
@@ -397,7 +396,7 @@ from pathlib import Path
 import transformers
 sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
 from hf_settransformer import toolkit
-from tests.helpers import decoder_trainer
+from tests.helpers import decoder_trainer, leave_process_group
 
 trainer = decoder_trainer(sys.argv[1], steps=100, use_cpu=True, lr_scheduler_type="cosine", warmup_steps=0)
 rank = trainer.args.process_index
@@ -419,8 +418,7 @@ trainer.train()
 (Path(sys.argv[1]) / f"replan-{rank}.json").write_text(json.dumps(
     {"replans": budget.replans, "step": trainer.state.global_step, "stopped": budget.stopped_at_step,
      "lr": trainer.lr_scheduler.get_last_lr()[0]}))
-trainer.accelerator.wait_for_everyone()
-trainer.accelerator.end_training()
+leave_process_group()
 """
 
 
