@@ -113,9 +113,12 @@ def table(runs, unigram=None):
     return "\n".join(lines)
 
 
+PLAIN_METHODS = "AdamW + cosine"  # no method of the search: train_lm.py's defaults before it
+
+
 def methods_label(r):
-    """The training methods a run used beyond train_lm.py's defaults, as recorded ("Muon + tied adaptive + WSD 20% +
-    last average 20%"), or "defaults"."""
+    """The training methods a run used, as recorded ("Muon + tied adaptive + WSD 20% + last average 20%"), or
+    PLAIN_METHODS for none of them."""
     hyper = r.get("hyperparameters", {})
     parts = []
     if hyper.get("optimizer") == "muon":
@@ -126,7 +129,7 @@ def methods_label(r):
         parts.append(f"WSD {hyper['decay_fraction']:.0%}")
     if r.get("average_weights") not in (None, "none"):
         parts.append(f"{r['average_weights']} average {r['average_fraction']:.0%}")
-    return " + ".join(parts) or "defaults"
+    return " + ".join(parts) or PLAIN_METHODS
 
 
 def run_seed(r):
@@ -151,7 +154,7 @@ def methods_table(runs):
         "| selected | validation ppl | test ppl |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(runs, key=lambda r: (attention_label(r) == "softmax", methods_label(r) != "defaults",
+    for r in sorted(runs, key=lambda r: (attention_label(r) == "softmax", methods_label(r) != PLAIN_METHODS,
                                          methods_label(r), r.get("hyperparameters", {}).get("sequence_length") or 0,
                                          run_seed(r))):
         cpu_minutes = r.get("train_cpu_minutes")

@@ -1,6 +1,7 @@
 """The model card of every released checkpoint, written from the runs' all_results.json alone: each run folder of
 `--results_dirs` becomes `--output_dir`/<run>.md (default model_cards/), with the package's templates
-(`hf_settransformer.toolkit.cards`). The default folders: the 90 CPU-minute WikiText-2 grid
+(`hf_settransformer.toolkit.cards`). The default folders: the two decoders trained with train_lm.py's default
+training methods (results/wikitext2-methods/combined/<run>/), the 90 CPU-minute WikiText-2 grid
 (results/wikitext2-90min-v2/<run>/) and its decayed linear runs (results/wikitext2-90min-decay/<run>/, whose
 undecayed same-CPU baselines share the grid's run names). A run whose name an earlier folder already has is the
 earlier folder's (the script says which it leaves out). The cards describe the weights in the runs' `outputs/`
@@ -23,7 +24,7 @@ from transformers import HfArgumentParser
 from hf_settransformer.toolkit.cards import read_results, refresh_model_card
 
 ROOT = Path(__file__).resolve().parents[1]
-RELEASED = ["wikitext2-90min-v2", "wikitext2-90min-decay"]  # the results folders of the released checkpoints
+RELEASED = ["wikitext2-methods/combined", "wikitext2-90min-v2", "wikitext2-90min-decay"]  # the released runs
 
 
 @dataclass

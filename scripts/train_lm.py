@@ -317,6 +317,18 @@ def describe_training(model, training_args, length, data_args):
     }
 
 
+def training_methods(data_args, training_args):
+    """The optimizer, schedule and weight average of the run in words, with why an `auto` one fell back."""
+    scheduler = str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
+    decay = f" (the last {data_args.decay_fraction:.0%} decaying)" if data_args.decay_fraction is not None else ""
+    average = (f"the last {data_args.average_fraction:.0%} of the steps averaged ({data_args.average_weights})"
+               if data_args.average_weights != "none" else "no weight average")
+    optim = str(getattr(training_args.optim, "value", training_args.optim))
+    optimizer = f"Muon for the hidden weight matrices, {optim} the rest" if data_args.optimizer == "muon" else optim
+    fallback = "".join(f"; {note}" for note in getattr(data_args, "methods_fallback", []))
+    return f"training methods: {optimizer}, {scheduler} schedule{decay}, {average}{fallback}"
+
+
 # ----------------------------------------------------------------------------------------- evaluation and outputs
 
 
@@ -469,6 +481,7 @@ def run(model_args, data_args, training_args, command):
     say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters (preset {model_args.preset}{untuned}), "
         f"{len(train_dataset):,} training examples of {length} tokens, max_steps={trainer.args.max_steps}, "
         f"{environment['precision']}, {torch.get_num_threads()} threads")
+    say(f"[train_lm] {training_methods(data_args, training_args)}")
     if environment["gpu_name"]:
         optim = getattr(training_args.optim, "value", training_args.optim)
         say(f"[train_lm] {environment['gpu_name']} x {training_args.world_size}: optim {optim}, "

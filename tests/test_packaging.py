@@ -359,24 +359,33 @@ def test_the_results_tables_are_the_kept_results(folder):
 
 
 def test_the_readme_quotes_the_results_files_and_their_machines():
-    """The README's perplexities are those of the runs it names (the command it shows, the best of a folder), with
-    the machine, threads and precision those runs recorded."""
+    """The README's perplexities are those of the runs it names (the command it shows and its gated linear sibling at
+    the defaults, two seeds; the plain training's; the grid's for the command and its best), with the machine,
+    threads and precision those runs recorded."""
     text = " ".join(README.split())
-    grid, decay = kept_runs("wikitext2-90min-v2"), kept_runs("wikitext2-90min-decay")
-    seed = kept_runs("wikitext2-90min-decay-seeds")["decoder-linear-elu-gated-seed1"]
+    combined, seed1 = kept_runs("wikitext2-methods/combined"), kept_runs("wikitext2-methods/combined-seed1")
+    plain, grid = kept_runs("wikitext2-methods/base"), kept_runs("wikitext2-90min-v2")
+    softmax, gated = "decoder-softmax", "decoder-linear-elu-gated"
     best = min(grid, key=lambda run: grid[run]["test_perplexity"])
-    assert best == "perceiver_io-linear-exp"  # the run the README names as the grid's best
-    assert (f"(`results/wikitext2-90min-v2/`, an AMD EPYC with `avx512_bf16`, bf16) this command gives "
-            f"{grid['decoder-softmax']['test_perplexity']:.1f} test perplexity, the best run (Perceiver IO as Perceiver "
-            f"AR, linear exp) {grid[best]['test_perplexity']:.1f};") in text
-    assert (f"(`results/wikitext2-90min-decay/`, an EPYC without `avx512_bf16`, fp32) "
-            f"{decay['decoder-softmax']['test_perplexity']:.1f}, the gated linear elu decoder "
-            f"{decay['decoder-linear-elu-gated']['test_perplexity']:.1f} ({seed['test_perplexity']:.1f} with "
-            "`--seed 1`)") in text
-    for runs, precision in ((grid, "bf16"), (decay, "fp32"), ({"seed": seed}, "fp32")):
+
+    def ppl(runs, run):
+        return f"{runs[run]['test_perplexity']:.1f}"
+
+    assert (f"On an AMD EPYC with `avx512_bf16` (bf16, one thread; `results/wikitext2-methods/`): "
+            f"{ppl(combined, softmax)} test perplexity ({ppl(seed1, softmax)} with `--seed 1`); with `--attention_type "
+            f"linear --linear_attention_decay gated` {ppl(combined, gated)} ({ppl(seed1, gated)}). AdamW with a cosine "
+            f"schedule gave {ppl(plain, softmax)} and {ppl(plain, gated)}:") in text
+    assert f"(this command {ppl(grid, softmax)}, the best run {ppl(grid, best)})" in text
+    for runs in (combined, seed1, plain, grid):
         for r in runs.values():
-            assert (r["cpu_model"], r["threads_per_process"], r["precision"]) == ("AMD EPYC", 1, precision)
-    assert "one thread each" in text and "as written, the numbers of" not in text
+            assert (r["cpu_model"], r["threads_per_process"], r["precision"]) == ("AMD EPYC", 1, "bf16")
+            assert r.get("cpu_fast_bf16", True)  # the runs before the key: the same machine kind (the folders' READMEs)
+    for runs in (combined, seed1):  # what the defaults are now
+        for r in runs.values():
+            assert (r["hyperparameters"]["optimizer"], r["hyperparameters"]["lr_scheduler_type"]) == (
+                "muon", "warmup_stable_decay")
+            assert r["average_weights"] == "last" and r["config"]["tie_adaptive_weights"]
+    assert "as written, the numbers of" not in text
 
 
 def documented_commands(path):

@@ -17,6 +17,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, HfArgumentParser
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
+from ..configuration_base import check_adaptive_tie
 from ..families import FAMILIES
 from ..decay import DECAYS, decay_applies
 from ..feature_maps import FEATURE_MAPS
@@ -59,6 +60,7 @@ PRESETS = {
         targets=64,
         adaptive_softmax_cutoffs=ADAPTIVE_CUTOFFS,
         adaptive_input_cutoffs=ADAPTIVE_CUTOFFS,
+        tie_adaptive_weights=True,  # where both adaptive layers are kept and cut alike (new_config)
     ),
     "base": dict(
         hidden_size=512,
@@ -231,10 +233,12 @@ class DataArguments:
                   "tokens (each attends to itself only) instead of blocks cut from the running text."},
     )
     optimizer: str = field(
-        default="adamw",
-        metadata={"help": "'adamw' (--optim's), or 'muon': Muon for the attention and feed-forward weight matrices "
-                  "(their update scaled to AdamW's size, so --learning_rate and --weight_decay serve both), AdamW for "
-                  "the rest. Not with --fsdp / --deepspeed.", "choices": ["adamw", "muon"]},
+        default="auto",
+        metadata={"help": "'muon': Muon for the attention and feed-forward weight matrices (their update scaled to "
+                  "AdamW's size, so --learning_rate and --weight_decay serve both), AdamW for the rest; not with "
+                  "--fsdp / --deepspeed. 'adamw': --optim's for every weight. 'auto': muon, or adamw where Muon "
+                  "cannot run (--fsdp, --deepspeed, an --optim other than PyTorch's AdamW).",
+                  "choices": ["auto", "adamw", "muon"]},
     )
     decay_fraction: float | None = field(
         default=None,
@@ -242,10 +246,11 @@ class DataArguments:
                   "decays, ending at the last one (0.2 where --lr_scheduler_kwargs sets no num_decay_steps)."},
     )
     average_weights: str = field(
-        default="none",
+        default="auto",
         metadata={"help": "Average the weights over the last --average_fraction of the planned steps: 'last' (the "
-                  "mean), 'ema' (exponential, --ema_decay) or 'none'; the average is evaluated and saved.",
-                  "choices": ["none", "ema", "last"]},
+                  "mean), 'ema' (exponential, --ema_decay) or 'none'; the average is evaluated and saved. 'auto': "
+                  "last, or none where it cannot run (--fsdp, --deepspeed, --load_best_model_at_end true).",
+                  "choices": ["auto", "none", "ema", "last"]},
     )
     average_fraction: float | None = field(
         default=None,
@@ -272,7 +277,11 @@ class LMTrainingArguments(CheckedTrainingArguments):
     )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     warmup_steps: float = field(default=0.02, metadata={"help": "Warm-up: steps, or a fraction of max_steps if < 1."})
-    lr_scheduler_type: SchedulerType | str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default="warmup_stable_decay",
+        metadata={"help": "Learning-rate schedule (warmup_stable_decay: the last --decay_fraction of the planned steps "
+                  "decays)."},
+    )
     per_device_train_batch_size: int = field(
         default=16,
         metadata={"help": "Sequences per step and process: the global batch is this times the processes (the gpu "
@@ -346,6 +355,7 @@ def parse_arguments(argv=None):
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
         extra["use_cpu"] = True  # several processes and no GPU: data parallel on CPUs (gloo)
     model_args, data_args, training_args = parse_flags(parse, extra)
+    resolve_training_methods(data_args, training_args, "load_best_model_at_end" in explicit)  # again in check_arguments
     if data_args.average_weights != "none" and "load_best_model_at_end" not in explicit:
         extra["load_best_model_at_end"] = False  # the run ends with the average, not a checkpoint (check_arguments)
     is_cuda = torch.cuda.is_available() and not training_args.use_cpu
@@ -459,6 +469,37 @@ def check_arguments(model_args, data_args, training_args):
 
 
 WSD_STEP_KWARGS = ("num_decay_steps", "num_stable_steps")  # --lr_scheduler_kwargs that size the phases in steps
+MUON_OPTIMS = ("adamw_torch", "adamw_torch_fused")  # the --optim values Muon's AdamW half can be
+
+
+def sharded_flags(training_args):
+    """What shards the parameters over processes: --fsdp, --deepspeed (as given), or an accelerate config that enables
+    FSDP or DeepSpeed (`accelerate launch` says so in the processes' environment)."""
+    given = [flag for flag, on in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if on]
+    for name, what in (("FSDP", "accelerate's FSDP"), ("DEEPSPEED", "accelerate's DeepSpeed")):
+        if not given and os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() in ("1", "true", "yes"):
+            given.append(what)
+    return given
+
+
+def resolve_training_methods(data_args, training_args, load_best_given):
+    """--optimizer auto and --average_weights auto -> the methods docs/tuning.md chose (muon, last), or where one
+    cannot run the plain choice (adamw, none), said in `data_args.methods_fallback`: Muon and the average keep whole
+    weight matrices (--fsdp, --deepspeed shard them), Muon's AdamW half is PyTorch's (--optim), and an average ends
+    the run where `load_best_given` (--load_best_model_at_end given true) asks for the best checkpoint."""
+    sharded = sharded_flags(training_args)
+    optim = str(getattr(training_args.optim, "value", training_args.optim))
+    fallback = []
+    if data_args.optimizer == "auto":
+        reason = " / ".join(sharded) if sharded else (f"--optim {optim}" if optim not in MUON_OPTIMS else None)
+        data_args.optimizer = "adamw" if reason else "muon"
+        fallback += [f"--optimizer auto is adamw ({reason}: Muon cannot run with it)"] if reason else []
+    if data_args.average_weights == "auto":
+        reason = " / ".join(sharded) if sharded else (
+            "--load_best_model_at_end" if load_best_given and training_args.load_best_model_at_end else None)
+        data_args.average_weights = "none" if reason else "last"
+        fallback += [f"--average_weights auto is none ({reason}: no average with it)"] if reason else []
+    data_args.methods_fallback = getattr(data_args, "methods_fallback", []) + fallback  # each auto resolves once
 
 
 def check_training_methods(model_args, data_args, training_args):
@@ -470,14 +511,15 @@ def check_training_methods(model_args, data_args, training_args):
     def gave(name):
         return name in given if given is not None else flag_given(data_args, name)
 
-    sharded = [flag for flag, on in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if on]
+    resolve_training_methods(data_args, training_args, gave("load_best_model_at_end"))
+    sharded = sharded_flags(training_args)
     if data_args.optimizer == "muon":
         if sharded:
             raise SystemExit(f"--optimizer muon cannot run with {' / '.join(sharded)}: Muon orthogonalises each weight "
                              "matrix whole, and these shard it over processes. Use data parallelism (accelerate "
                              "launch without them), or --optimizer adamw.")
         optim = str(getattr(training_args.optim, "value", training_args.optim))
-        if optim not in ("adamw_torch", "adamw_torch_fused"):
+        if optim not in MUON_OPTIMS:
             raise SystemExit(f"--optimizer muon pairs Muon with PyTorch's AdamW: --optim must be adamw_torch or "
                              f"adamw_torch_fused, not {optim}.")
     scheduler = str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
@@ -651,6 +693,7 @@ def new_config(model_args, data_args, vocab_size, eos_id):
     targets = preset.pop("targets")
     adaptive = {name: preset.pop(name) for name in ("adaptive_softmax_cutoffs", "adaptive_input_cutoffs")
                 if name in preset}
+    tie = preset.pop("tie_adaptive_weights", False)
     family_preset = FAMILY_PRESETS.get(model_args.family, FamilyPreset())
     fields = dict(
         preset,
@@ -674,8 +717,23 @@ def new_config(model_args, data_args, vocab_size, eos_id):
                       next_token_mode=model_args.next_token_mode)
     fields[family_preset.layers_field] = fields.pop("num_hidden_layers")
     fields.update({name: fields.get("target_length", targets) for name in family_preset.target_length_fields})
-    fields.update(parse_overrides(model_args.config_overrides, config_class))
+    overrides = parse_overrides(model_args.config_overrides, config_class)
+    fields.update(overrides)
     try:
-        return config_class(**fields)
+        config = config_class(**fields)
     except (ValueError, StrictDataclassError) as err:  # @strict's, for a field's value
         raise SystemExit(f"Invalid model configuration: {err}") from None
+    if tie and "tie_adaptive_weights" not in overrides and adaptive_tie_possible(config):
+        config = config_class(**fields, tie_adaptive_weights=True)
+    return config
+
+
+def adaptive_tie_possible(config):
+    """Whether `config`'s adaptive input and softmax can share their clusters (both kept and cut alike): the preset
+    ties them only then, so a tiny vocabulary (no adaptive layers) or --config_overrides adaptive_input_cutoffs=null
+    still builds."""
+    try:
+        check_adaptive_tie(config)
+    except ValueError:
+        return False
+    return True

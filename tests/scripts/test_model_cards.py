@@ -1,5 +1,6 @@
-"""model_cards/: the card of every released checkpoint (the 90 CPU-minute WikiText-2 grid and its decayed linear
-runs), as scripts/make_model_cards.py writes it from the runs' all_results.json with the package's templates."""
+"""model_cards/: the card of every released checkpoint (the two decoders trained with the training methods, the 90
+CPU-minute WikiText-2 grid and its decayed linear runs), as scripts/make_model_cards.py writes it from the runs'
+all_results.json with the package's templates."""
 
 import importlib.util
 import json
@@ -12,9 +13,11 @@ from hf_settransformer import toolkit
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "results" / "wikitext2-90min-v2"
 DECAY = ROOT / "results" / "wikitext2-90min-decay"  # decayed runs, and undecayed baselines of the grid's names
+METHODS = ROOT / "results" / "wikitext2-methods" / "combined"  # the defaults' methods: the decoders' released runs
 CARDS = ROOT / "model_cards"
-# run name -> its folder; the grid's where both have the name (the script's rule)
-RELEASED = {path.parent.name: path.parent for folder in (DECAY, GRID) for path in folder.glob("*/all_results.json")}
+# run name -> its folder; the earliest folder of the script's list where several have the name (the script's rule)
+RELEASED = {path.parent.name: path.parent for folder in (DECAY, GRID, METHODS)
+            for path in folder.glob("*/all_results.json")}
 
 
 def make_model_cards():
@@ -30,14 +33,16 @@ def test_every_released_run_has_its_card_and_nothing_else_is_there():
     assert len(grid) == 13, sorted(grid)
     assert decayed and all(name.endswith(("-fixed", "-gated")) for name in decayed), sorted(decayed)
     assert {path.name for path in CARDS.iterdir()} == {f"{run}.md" for run in grid | decayed}
-    assert not list(GRID.glob("*/README.md")) and not list(DECAY.glob("*/README.md"))  # one copy: model_cards/
+    assert {path.parent.name for path in METHODS.glob("*/all_results.json")} == {"decoder-linear-elu-gated",
+                                                                                 "decoder-softmax"}
+    assert not any(list(folder.glob("*/README.md")) for folder in (GRID, DECAY, METHODS))  # one copy: model_cards/
 
 
 def test_the_cards_are_what_the_script_writes_from_the_results(tmp_path):
     """Run `python scripts/make_model_cards.py` after a change to the templates or to a run's results."""
     script = make_model_cards()
-    assert [Path(folder) for folder in script.Arguments().results_dirs] == [GRID, DECAY]
-    written = script.write_cards([GRID, DECAY], tmp_path, quiet=True)
+    assert [Path(folder) for folder in script.Arguments().results_dirs] == [METHODS, GRID, DECAY]
+    written = script.write_cards([METHODS, GRID, DECAY], tmp_path, quiet=True)
     assert len(written) == len(list(CARDS.glob("*.md")))
     for path in written:
         assert path.read_text() == (CARDS / path.name).read_text(), (

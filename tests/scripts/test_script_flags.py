@@ -43,12 +43,15 @@ NOT_APPLYING = [
     (["--precision", "fp32", "--bf16", "true", "--use_cpu", "true"], ["--precision cannot apply", "--bf16"]),
     (["--eval_strategy", "no", "--periodic_eval_targets", "100"], ["--periodic_eval_targets cannot apply"]),
     # the training methods
-    (["--decay_fraction", "0.2"], ["--decay_fraction cannot apply", "warmup_stable_decay", "cosine"]),
+    (["--lr_scheduler_type", "cosine", "--decay_fraction", "0.2"],
+     ["--decay_fraction cannot apply", "warmup_stable_decay", "cosine"]),
     (["--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0"], ["--decay_fraction must be in (0, 1]"]),
     (["--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.2", "--lr_scheduler_kwargs",
       '{"num_decay_steps": 5}'], ["pass it or --lr_scheduler_kwargs num_decay_steps"]),
-    (["--average_fraction", "0.2"], ["--average_fraction cannot apply", "--average_weights is none"]),
-    (["--ema_decay", "0.999"], ["--ema_decay cannot apply"]),  # given at its default value: still refused
+    (["--average_weights", "none", "--average_fraction", "0.2"],
+     ["--average_fraction cannot apply", "--average_weights is none"]),
+    (["--average_weights", "none", "--ema_decay", "0.999"], ["--ema_decay cannot apply"]),  # at its default: refused
+    (["--ema_decay", "0.99"], ["--ema_decay cannot apply", "--average_weights ema"]),  # auto averages the last steps
     (["--average_weights", "last", "--ema_decay", "0.99"], ["--ema_decay cannot apply", "--average_weights ema"]),
     (["--average_weights", "ema", "--ema_decay", "1"], ["--ema_decay must be in (0, 1)"]),
     (["--average_weights", "last", "--average_fraction", "1.5"], ["--average_fraction must be in (0, 1]"]),
@@ -74,9 +77,14 @@ def test_training_method_defaults_fill_in_where_the_flags_are_silent():
         lm_arguments.check_arguments(model_args, data_args, training_args)
         return data_args, training_args
 
-    data_args, training_args = checked()
-    assert (data_args.optimizer, data_args.decay_fraction, data_args.average_weights) == ("adamw", None, "none")
-    assert data_args.average_fraction is None and training_args.load_best_model_at_end  # as before
+    data_args, training_args = checked()  # docs/tuning.md's choice: Muon, WSD with 20% decay, the last 20% averaged
+    assert (data_args.optimizer, data_args.decay_fraction, data_args.average_weights) == ("muon", 0.2, "last")
+    assert training_args.lr_scheduler_type == "warmup_stable_decay" and data_args.average_fraction == 0.2
+    assert not training_args.load_best_model_at_end and data_args.methods_fallback == []
+    data_args, training_args = checked("--optimizer", "adamw", "--lr_scheduler_type", "cosine", "--average_weights",
+                                       "none")  # the defaults before the search
+    assert (data_args.decay_fraction, data_args.average_fraction) == (None, None)
+    assert training_args.load_best_model_at_end
     data_args, training_args = checked("--lr_scheduler_type", "warmup_stable_decay", "--average_weights", "ema")
     assert data_args.decay_fraction == 0.2 and data_args.average_fraction == 0.2  # the decay phase is averaged
     assert not training_args.load_best_model_at_end  # the run ends with the average
@@ -86,6 +94,35 @@ def test_training_method_defaults_fill_in_where_the_flags_are_silent():
     data_args, _ = checked("--lr_scheduler_type", "warmup_stable_decay", "--decay_fraction", "0.3",
                            "--average_weights", "last", "--average_fraction", "0.1")
     assert (data_args.decay_fraction, data_args.average_fraction) == (0.3, 0.1)
+
+
+@pytest.mark.parametrize("flags,methods,said", [
+    (["--fsdp", "full_shard"], ("adamw", "none"), ["--optimizer auto is adamw (--fsdp",
+                                                   "--average_weights auto is none (--fsdp"]),
+    ([{"ACCELERATE_USE_FSDP": "true"}], ("adamw", "none"), ["adamw (accelerate's FSDP", "none (accelerate's FSDP"]),
+    ([{"ACCELERATE_USE_DEEPSPEED": "true"}], ("adamw", "none"), ["adamw (accelerate's DeepSpeed",
+                                                                "none (accelerate's DeepSpeed"]),
+    (["--optim", "adafactor"], ("adamw", "last"), ["--optimizer auto is adamw (--optim adafactor"]),
+    (["--load_best_model_at_end", "true"], ("muon", "none"), ["--average_weights auto is none (--load_best_model_at_end"]),
+    (["--load_best_model_at_end", "false"], ("muon", "last"), []),
+    (["--optimizer", "adamw", "--fsdp", "full_shard", "--average_weights", "none"], ("adamw", "none"), []),
+])
+def test_auto_training_methods_fall_back_where_they_cannot_run_and_say_so(train_lm, monkeypatch, flags, methods, said):
+    """--optimizer auto and --average_weights auto (the defaults) take Muon and the average, except with the flags
+    (or the accelerate config, a dict: its environment) they cannot run with: then AdamW and no average, and the
+    run's start line says which flag made it so."""
+    for name, value in (flags[0] if flags and isinstance(flags[0], dict) else {}).items():
+        monkeypatch.setenv(name, value)
+        flags = flags[1:]
+    model_args, data_args, training_args, _ = lm_arguments.parse_arguments(
+        ["--do_train", "--preset", "tiny", "--output_dir", "unused", "--report_to", "none", *flags])
+    lm_arguments.check_arguments(model_args, data_args, training_args)
+    assert (data_args.optimizer, data_args.average_weights) == methods
+    assert len(data_args.methods_fallback) == len(said)
+    assert all(words in note for words, note in zip(said, data_args.methods_fallback)), data_args.methods_fallback
+    line = train_lm.training_methods(data_args, training_args)
+    assert all(note in line for note in data_args.methods_fallback)
+    assert ("Muon for the hidden weight matrices" in line) == (methods[0] == "muon")
 
 
 def test_train_lm_refuses_training_flags_without_do_train(tmp_path, texts, train_lm):

@@ -131,7 +131,7 @@ def test_lm_results_methods_table_names_each_runs_methods_and_seed_and_keeps_the
     (tmp_path / "runs" / "combined-seed1" / "decoder-linear-elu-gated" / "config.json").write_text(
         json.dumps({"tie_adaptive_weights": True}))
     stdout = run_script("lm_results.py", tmp_path / "runs", "--methods", "--copy_to", tmp_path / "kept", timeout=120)
-    assert ("| decoder, linear elu, gated decay | defaults | 42 | 128 | 2.20M | AMD EPYC | bf16 | 1 | 90.0 | 16,000 "
+    assert ("| decoder, linear elu, gated decay | AdamW + cosine | 42 | 128 | 2.20M | AMD EPYC | bf16 | 1 | 90.0 | 16,000 "
             "| 15,750 | 118.0 | 111.0 |") in stdout
     assert ("| decoder, linear elu, gated decay | Muon + tied adaptive + WSD 20% + last average 20% | 1 | 128 | 1.50M "
             "| AMD EPYC, avx512_bf16 / amx | bf16 | 1 | 90.0 | 16,000 | last weight average | 118.0 | 101.0 |") in stdout
@@ -1086,11 +1086,14 @@ def test_the_methods_search_runs_each_method_with_its_flags_in_a_folder_of_its_o
     """scripts/wikitext2_methods.sh through the grid script, its launcher replaced by `echo`: the train_lm.py command
     of each method (no training)."""
     env = {**os.environ, "HFST_LAUNCH": "echo", "HFST_SEED": "1"}
-    methods = {"base": [], "muon": ["--optimizer muon"], "tied": ["tie_adaptive_weights=true"],
-               "wsd": ["--lr_scheduler_type warmup_stable_decay --decay_fraction 0.2"],
-               "average": ["--average_weights last --average_fraction 0.2"], "context256": ["--block_size 256"],
-               "deep": ["--config_overrides num_hidden_layers=8"],
-               "combined": ["--optimizer muon", "tie_adaptive_weights=true", "warmup_stable_decay", "--average_weights last"]}
+    plain = ["--optimizer adamw", "--lr_scheduler_type cosine", "--average_weights none", "tie_adaptive_weights=false"]
+    methods = {"base": plain, "muon": ["--optimizer muon", *plain[1:]], "tied": [*plain[:3], "tie_adaptive_weights=true"],
+               "wsd": ["--lr_scheduler_type warmup_stable_decay --decay_fraction 0.2", plain[0], *plain[2:]],
+               "average": ["--average_weights last --average_fraction 0.2", *plain[:2], plain[3]],
+               "context256": [*plain, "--block_size 256"],
+               "deep": [*plain[:3], "--config_overrides tie_adaptive_weights=false,num_hidden_layers=8"],
+               "combined": ["--optimizer muon", "tie_adaptive_weights=true", "--lr_scheduler_type warmup_stable_decay "
+                            "--decay_fraction 0.2", "--average_weights last"]}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "wikitext2_methods.sh"), str(tmp_path),
                              "decoder-linear-elu-gated", *methods], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
@@ -1100,7 +1103,7 @@ def test_the_methods_search_runs_each_method_with_its_flags_in_a_folder_of_its_o
         assert f"--output_dir {tmp_path}/{method}-seed1/decoder-linear-elu-gated" in command and "--seed 1" in command
         assert "--linear_attention_decay gated" in command and "--max_train_minutes 90" in command
         assert all(flag in command for flag in flags), (method, command)
-    assert "--optimizer" not in commands[0] and "tie_adaptive" not in commands[0]
+    assert "muon" not in commands[0] and "warmup_stable_decay" not in commands[0]  # the plain training, spelled out
     unknown = subprocess.run(["bash", str(ROOT / "scripts" / "wikitext2_methods.sh"), str(tmp_path), "decoder-softmax",
                               "adam"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert unknown.returncode == 2 and "unknown method: adam" in unknown.stderr

@@ -709,12 +709,15 @@ def train_lm_module():
 
 
 def test_best_checkpoint_default_follows_the_save_and_eval_steps(tmp_path):
-    """On by default where every checkpoint has a validation; off where it could not be (an explicit request that
-    cannot hold is transformers' error, naming the flag)."""
+    """Without a weight average, on by default where every checkpoint has a validation; off where it could not be (an
+    explicit request that cannot hold is transformers' error, naming the flag). Off with the default average (the run
+    ends with it)."""
 
-    def parsed(*flags):
-        return lm_arguments.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true", *flags])[2]
+    def parsed(*flags, average="none"):
+        return lm_arguments.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true", "--average_weights",
+                                             average, *flags])[2]
 
+    assert not parsed(average="auto").load_best_model_at_end
     assert parsed().load_best_model_at_end  # save and validate every 250 steps
     assert parsed("--save_steps", "500").load_best_model_at_end
     assert not parsed("--save_strategy", "no").load_best_model_at_end
@@ -733,7 +736,7 @@ def test_a_run_ends_with_its_best_checkpoint(tmp_path, corpus):
     out = tmp_path / "best"
     extra = ["--save_strategy", "steps", "--save_steps", 4, "--eval_strategy", "steps", "--eval_steps", 4,
              "--learning_rate", 0.5, "--lr_scheduler_type", "constant", "--warmup_steps", 0,
-             "--resume_from_checkpoint", "true"]
+             "--optimizer", "adamw", "--average_weights", "none", "--resume_from_checkpoint", "true"]
     run(common_args(corpus, out, "decoder", steps=24, extra=extra))
     results = json.loads((out / "all_results.json").read_text())
     state = json.loads((out / "trainer_state.json").read_text())
@@ -772,7 +775,8 @@ def test_refresh_model_card_writes_the_card_again_from_what_the_run_recorded(tmp
     assert f"refreshed {out / 'README.md'}" in result.stdout
     assert f"not refreshed {tmp_path / 'copied'}: no saved model" in result.stdout  # results alone: nothing to read
     card = (out / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: transformers") and "| weights | the last step (8) |" in card
+    assert card.startswith("---\nlibrary_name: transformers")
+    assert "| weights | the mean of the weights after steps 7 to 8 of 8 (2 steps)" in card  # the default average
     assert f"```bash\n{command}\n```" in card and "an old command" not in card
     assert f"{results['test_perplexity']:.2f}" in card and "| context | 16 tokens |" in card  # the tiny preset's block
     # the run read local files that are not WikiText-2's: the card keeps the command and says so
@@ -882,8 +886,9 @@ def test_config_overrides_take_list_values():
 
 @pytest.mark.parametrize("family", ["decoder", "encoder", "set_transformer", "perceiver_io"])
 def test_small_preset_uses_adaptive_input_and_softmax(family):
-    """The tuned `small` preset (README, Tuning) gives a WikiText-2-sized vocabulary adaptive input and softmax; a tiny
-    vocabulary keeps the dense layers; `adaptive_input_cutoffs=null` turns the adaptive input off."""
+    """The tuned `small` preset (README, Tuning) gives a WikiText-2-sized vocabulary adaptive input and softmax, tied;
+    a tiny vocabulary keeps the dense layers; `adaptive_input_cutoffs=null` turns the adaptive input off (and so the
+    tie, which needs both); `tie_adaptive_weights=false` unties them."""
     from types import SimpleNamespace
 
     model_args = SimpleNamespace(preset="small", family=family, attention_type="softmax", feature_map="elu",
@@ -891,14 +896,23 @@ def test_small_preset_uses_adaptive_input_and_softmax(family):
     data_args = SimpleNamespace(block_size=128, context_length=128, target_length=None)
     config = lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert config.adaptive_input_cutoffs == config.adaptive_softmax_cutoffs == [2000, 10000]
-    assert not config.tie_word_embeddings
+    assert not config.tie_word_embeddings and config.tie_adaptive_weights
 
     tiny_vocab = lm_arguments.new_config(model_args, data_args, vocab_size=5000, eos_id=0)
     assert tiny_vocab.adaptive_input_cutoffs is None and tiny_vocab.adaptive_softmax_cutoffs is None
+    assert not tiny_vocab.tie_adaptive_weights
 
     model_args.config_overrides = "adaptive_input_cutoffs=null"
     dense_input = lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
     assert dense_input.adaptive_input_cutoffs is None and dense_input.adaptive_softmax_cutoffs == [2000, 10000]
+    assert not dense_input.tie_adaptive_weights
+    model_args.config_overrides = "adaptive_softmax_cutoffs=[1000,5000]"  # cut otherwise: nothing to share
+    assert not lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0).tie_adaptive_weights
+    model_args.config_overrides = "tie_adaptive_weights=false"
+    assert not lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0).tie_adaptive_weights
+    model_args.config_overrides = "adaptive_input_cutoffs=null,tie_adaptive_weights=true"  # asked for: refused
+    with pytest.raises(SystemExit, match="needs both an adaptive input and an adaptive softmax"):
+        lm_arguments.new_config(model_args, data_args, vocab_size=33278, eos_id=0)
 
 
 @pytest.mark.parametrize("architecture", ["OutputDirLock", "FAMILIES", "NoSuchClass", None])

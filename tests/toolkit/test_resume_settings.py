@@ -29,7 +29,7 @@ def test_training_args_bin_is_read_as_the_arguments_it_holds(tmp_path):
     read = resume_settings.read_training_args_file(tmp_path)
     assert read == resume_settings.run_settings(args)
     assert (read["learning_rate"], read["neftune_noise_alpha"], read["dataloader_drop_last"]) == (0.003, 5.0, True)
-    assert read["lr_scheduler_type"] == "cosine" and read["accelerator_config"]["split_batches"] is False
+    assert read["lr_scheduler_type"] == "warmup_stable_decay" and read["accelerator_config"]["split_batches"] is False
 
 
 class Payload:

@@ -79,6 +79,9 @@ def test_fsdp2_trains_evaluates_and_saves_with_the_shipped_config(tmp_path, corp
     results = json.loads((out / "all_results.json").read_text())
     assert results["device"].endswith("x 2") and results["replica_checksums"] is None
     assert "replica check skipped: the parameters are sharded (FSDP2)" in result.stdout + result.stderr
+    # the default methods cannot shard: AdamW and no average, said at the start
+    assert "--optimizer auto is adamw (accelerate's FSDP" in result.stdout + result.stderr
+    assert "--average_weights auto is none (accelerate's FSDP" in result.stdout + result.stderr
     # SHARDED_STATE_DICT checkpoints (each rank's part); the run ends with its best one, the same on every rank
     state = json.loads((out / "trainer_state.json").read_text())
     losses = {e["step"]: e["eval_loss"] for e in state["log_history"] if "eval_loss" in e}
@@ -126,7 +129,8 @@ def test_fsdp2_trains_the_weights_data_parallelism_trains(tmp_path, corpus, pack
     fsdp = tmp_path / "fsdp2_full"
     config = tmp_path / "fsdp2_full.yaml"
     config.write_text(FSDP2_CONFIG.read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT"))
-    extra = ["--attention_type", "linear", "--precision", "fp32", *(["--packing", "true"] if packing else [])]
+    extra = ["--attention_type", "linear", "--precision", "fp32", *(["--packing", "true"] if packing else []),
+             "--optimizer", "adamw", "--average_weights", "none"]  # FSDP's fallbacks from auto, for both runs
     launch(config, training_args(corpus, fsdp, "decoder", extra=extra))
     ddp = tmp_path / "ddp"
     launch(None, training_args(corpus, ddp, "decoder", extra=extra))
@@ -144,7 +148,7 @@ from pathlib import Path
 import torch
 sys.path.insert(0, ".")  # the working directory: the repository, whose tests/ is a package
 from hf_settransformer import toolkit
-from tests.helpers import decoder_trainer
+from tests.helpers import decoder_trainer, leave_process_group
 
 trainer = decoder_trainer(sys.argv[1], use_cpu=True)
 rank = trainer.args.process_index
@@ -159,8 +163,7 @@ try:
 except RuntimeError as err:
     caught = str(err)
 (Path(sys.argv[1]) / f"replicas-{rank}.json").write_text(json.dumps({"same": same, "caught": caught}))
-trainer.accelerator.wait_for_everyone()
-trainer.accelerator.end_training()
+leave_process_group()
 """
 
 
