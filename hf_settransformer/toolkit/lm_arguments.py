@@ -355,8 +355,8 @@ def parse_arguments(argv=None):
     if processes > 1 and not torch.cuda.is_available() and "use_cpu" not in explicit:
         extra["use_cpu"] = True  # several processes and no GPU: data parallel on CPUs (gloo)
     model_args, data_args, training_args = parse_flags(parse, extra)
-    resolve_training_methods(data_args, training_args, "load_best_model_at_end" in explicit)  # again in check_arguments
-    if data_args.average_weights != "none" and "load_best_model_at_end" not in explicit:
+    _, average, _ = auto_training_methods(data_args, training_args, "load_best_model_at_end" in explicit)
+    if average != "none" and "load_best_model_at_end" not in explicit:
         extra["load_best_model_at_end"] = False  # the run ends with the average, not a checkpoint (check_arguments)
     is_cuda = torch.cuda.is_available() and not training_args.use_cpu
     preset = resolve_preset(model_args.preset, is_cuda)
@@ -482,24 +482,25 @@ def sharded_flags(training_args):
     return given
 
 
-def resolve_training_methods(data_args, training_args, load_best_given):
-    """--optimizer auto and --average_weights auto -> the methods docs/tuning.md chose (muon, last), or where one
-    cannot run the plain choice (adamw, none), said in `data_args.methods_fallback`: Muon and the average keep whole
-    weight matrices (--fsdp, --deepspeed shard them), Muon's AdamW half is PyTorch's (--optim), and an average ends
-    the run where `load_best_given` (--load_best_model_at_end given true) asks for the best checkpoint."""
+def auto_training_methods(data_args, training_args, load_best_given):
+    """(optimizer, average_weights, fallback notes) of `data_args` with `auto` resolved: the methods docs/tuning.md
+    chose (muon, last), or where one cannot run the plain choice (adamw, none) and a note saying why. Muon and the
+    average keep whole weight matrices (--fsdp, --deepspeed shard them), Muon's AdamW half is PyTorch's (--optim), and
+    an average ends the run where `load_best_given` (--load_best_model_at_end given true) asks for the best
+    checkpoint."""
     sharded = sharded_flags(training_args)
     optim = str(getattr(training_args.optim, "value", training_args.optim))
-    fallback = []
-    if data_args.optimizer == "auto":
+    optimizer, average, notes = data_args.optimizer, data_args.average_weights, []
+    if optimizer == "auto":
         reason = " / ".join(sharded) if sharded else (f"--optim {optim}" if optim not in MUON_OPTIMS else None)
-        data_args.optimizer = "adamw" if reason else "muon"
-        fallback += [f"--optimizer auto is adamw ({reason}: Muon cannot run with it)"] if reason else []
-    if data_args.average_weights == "auto":
+        optimizer = "adamw" if reason else "muon"
+        notes += [f"--optimizer auto is adamw ({reason}: Muon cannot run with it)"] if reason else []
+    if average == "auto":
         reason = " / ".join(sharded) if sharded else (
             "--load_best_model_at_end" if load_best_given and training_args.load_best_model_at_end else None)
-        data_args.average_weights = "none" if reason else "last"
-        fallback += [f"--average_weights auto is none ({reason}: no average with it)"] if reason else []
-    data_args.methods_fallback = getattr(data_args, "methods_fallback", []) + fallback  # each auto resolves once
+        average = "none" if reason else "last"
+        notes += [f"--average_weights auto is none ({reason}: no average with it)"] if reason else []
+    return optimizer, average, notes
 
 
 def check_training_methods(model_args, data_args, training_args):
@@ -511,7 +512,9 @@ def check_training_methods(model_args, data_args, training_args):
     def gave(name):
         return name in given if given is not None else flag_given(data_args, name)
 
-    resolve_training_methods(data_args, training_args, gave("load_best_model_at_end"))
+    data_args.optimizer, data_args.average_weights, notes = auto_training_methods(
+        data_args, training_args, gave("load_best_model_at_end"))
+    data_args.methods_fallback = getattr(data_args, "methods_fallback", []) + notes  # said at the run's start
     sharded = sharded_flags(training_args)
     if data_args.optimizer == "muon":
         if sharded:
