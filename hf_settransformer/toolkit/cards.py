@@ -313,7 +313,9 @@ def hub_training_command(command, data_files=None):
     no copy of the run's local files: a run that read WikiText-2's own files (train and validation at least, by
     SHA-256 in `data_files`, see `data_file_record`) gets the `datasets` form of the same data in place of its file
     flags (`WIKITEXT2_DATASET_FLAGS`); a run that read other local files keeps its command, and the sentence says the
-    data were local files. A run that loaded a dataset through `datasets` keeps its command and gets no sentence."""
+    data were local files. A run that loaded a dataset through `datasets` keeps its command and gets no sentence.
+    An absolute `--output_dir` names a folder of the machine that trained: the card gives its last part."""
+    command = _relative_output_dir(command)
     words, dropped = [], []
     remaining = iter(command.split())
     for word in remaining:
@@ -337,6 +339,17 @@ def hub_training_command(command, data_files=None):
     names = ", ".join(f"`{Path(record['path']).name}`" for record in (data_files or {}).values()) or "the `--*_file` flags"
     return command, (f"The run read local text files ({names}), which are not published with this model: the command "
                      "needs files of the same form in their place. ")
+
+
+def _relative_output_dir(command):
+    """`command` with an absolute `--output_dir` (either spelling) cut to the folder's own name."""
+    words = command.split()
+    for i, word in enumerate(words):
+        if word.startswith("--output_dir=") and Path(word.split("=", 1)[1]).is_absolute():
+            words[i] = "--output_dir=" + Path(word.split("=", 1)[1]).name
+        elif word == "--output_dir" and i + 1 < len(words) and Path(words[i + 1]).is_absolute():
+            words[i + 1] = Path(words[i + 1]).name
+    return " ".join(words)
 
 
 def _data_flag(word):

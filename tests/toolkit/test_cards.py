@@ -112,6 +112,18 @@ def test_other_local_data_keeps_its_command_and_the_card_says_so(data_files, not
     assert (note in sentence and "not published with this model" in sentence) if note else sentence == ""
 
 
+@pytest.mark.parametrize("flag", ["--output_dir /home/me/runs/decoder-softmax", "--output_dir=/home/me/runs/decoder-softmax"])
+@pytest.mark.parametrize("data_files", [None, WIKITEXT2])
+def test_the_card_command_names_the_run_folder_not_the_training_machines_path(flag, data_files):
+    """An absolute `--output_dir` is a folder of the machine that trained: the card's command keeps its name only, a
+    relative one stays as it was run."""
+    command = f"python scripts/train_lm.py --family decoder {flag} --seed 1"
+    written, _ = toolkit.cards.hub_training_command(command, data_files)
+    assert "/home/me" not in written and "decoder-softmax --seed 1" in written
+    kept = "python scripts/train_lm.py --output_dir outputs/decoder-softmax"
+    assert toolkit.cards.hub_training_command(kept)[0] == kept
+
+
 @pytest.mark.parametrize("fast,words", [(True, "(a CPU with a bf16 kernel (AVX512-BF16 or AMX), 2 thread(s), bf16)"),
                                          (False, "(a CPU without a bf16 kernel, 2 thread(s), bf16)"),
                                          (None, "(a CPU, 2 thread(s), bf16)")])  # results from before the record
