@@ -358,6 +358,18 @@ def test_the_results_tables_are_the_kept_results(folder):
         assert re.search(row, text), f"docs/results.md has no row of results/{folder}/{run}: {row}"
 
 
+def test_the_families_table_holds_every_run_at_the_defaults():
+    """docs/results.md's table of the runs at the default training methods: each run of the folder, its steps and
+    figures, and its ratio to the best of them."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    runs = kept_runs("wikitext2-methods/combined")
+    best = min(r["test_perplexity"] for r in runs.values())
+    for run, r in runs.items():
+        row = (f"| {run} | {r['train_steps']:,} | {r['validation_perplexity']:.1f} / **{r['test_perplexity']:.1f}** | "
+               f"{r['test_perplexity'] / best:.2f} |")
+        assert row in text, f"docs/results.md has no row of results/wikitext2-methods/combined/{run}: {row}"
+
+
 def test_the_readme_quotes_the_results_files_and_their_machines():
     """The README's perplexities are those of the runs it names (the command it shows and its gated linear sibling at
     the defaults, two seeds; the plain training's; the grid's for the command and its best), with the machine,
@@ -376,6 +388,12 @@ def test_the_readme_quotes_the_results_files_and_their_machines():
             f"linear --linear_attention_decay gated` {ppl(combined, gated)} ({ppl(seed1, gated)}). AdamW with a cosine "
             f"schedule gave {ppl(plain, softmax)} and {ppl(plain, gated)}:") in text
     assert f"(this command {ppl(grid, softmax)}, the best run {ppl(grid, best)})" in text
+    families = {}  # each other family's best run at the defaults
+    for run, r in combined.items():
+        if r["family"] != "decoder":
+            families[r["family"]] = min(families.get(r["family"], r["test_perplexity"]), r["test_perplexity"])
+    assert len(families) == 3, families
+    assert f"The other families' best at the defaults, {min(families.values()):.1f}-{max(families.values()):.1f}," in text
     for runs in (combined, seed1, plain, grid):
         for r in runs.values():
             assert (r["cpu_model"], r["threads_per_process"], r["precision"]) == ("AMD EPYC", 1, "bf16")
