@@ -342,13 +342,16 @@ def hub_training_command(command, data_files=None):
 
 
 def _relative_output_dir(command):
-    """`command` with an absolute `--output_dir` (either spelling) cut to the folder's own name."""
+    """`command` with an absolute `--output_dir` (any spelling: `--output-dir`, `=value`) cut to the folder's name."""
     words = command.split()
     for i, word in enumerate(words):
-        if word.startswith("--output_dir=") and Path(word.split("=", 1)[1]).is_absolute():
-            words[i] = "--output_dir=" + Path(word.split("=", 1)[1]).name
-        elif word == "--output_dir" and i + 1 < len(words) and Path(words[i + 1]).is_absolute():
-            words[i + 1] = Path(words[i + 1]).name
+        flag, given, value = word.partition("=")
+        if "--" + flag[2:].replace("-", "_") != "--output_dir":
+            continue
+        at = i if given else i + 1  # the word holding the path
+        path = Path(value if given else words[at] if at < len(words) else "")
+        if path.is_absolute():
+            words[at] = f"{flag}={path.name}" if given else path.name
     return " ".join(words)
 
 

@@ -112,7 +112,8 @@ def test_other_local_data_keeps_its_command_and_the_card_says_so(data_files, not
     assert (note in sentence and "not published with this model" in sentence) if note else sentence == ""
 
 
-@pytest.mark.parametrize("flag", ["--output_dir /home/me/runs/decoder-softmax", "--output_dir=/home/me/runs/decoder-softmax"])
+@pytest.mark.parametrize("flag", ["--output_dir /home/me/runs/decoder-softmax", "--output_dir=/home/me/runs/decoder-softmax",
+                                  "--output-dir /home/me/runs/decoder-softmax"])
 @pytest.mark.parametrize("data_files", [None, WIKITEXT2])
 def test_the_card_command_names_the_run_folder_not_the_training_machines_path(flag, data_files):
     """An absolute `--output_dir` is a folder of the machine that trained: the card's command keeps its name only, a
