@@ -370,6 +370,34 @@ def test_the_families_table_holds_every_run_at_the_defaults():
         assert row in text, f"docs/results.md has no row of results/wikitext2-methods/combined/{run}: {row}"
 
 
+METHODS_ROWS = {"base": "AdamW + cosine", "muon": "Muon", "tied": "tied adaptive layers", "wsd": "WSD",
+                "average": "last 20% averaged", "context256": "context 256", "combined": "combined"}
+
+
+def test_the_methods_table_holds_every_decoder_run_of_the_search():
+    """docs/tuning.md's training-methods table: each decoder run of results/wikitext2-methods (a method alone, or the
+    combination; every seed) in the row of its methods and seed, under its decoder, with its steps, the weights it
+    kept (the selected step, or the average) and its validation and test perplexity."""
+    lines = (ROOT / "docs" / "tuning.md").read_text().splitlines()
+    columns = {"decoder-linear-elu-gated": 0, "decoder-softmax": 2}  # of the cells after the methods and the seed
+    folders = [path.name for path in sorted((ROOT / "results" / "wikitext2-methods").iterdir()) if path.is_dir()]
+    assert {"base", "combined", "combined-seed1"} <= set(folders), folders
+    for folder in folders:
+        method, _, seed = folder.partition("-seed")
+        start = f"| {METHODS_ROWS[method]} | {seed or 42} |"
+        rows = [line for line in lines if line.startswith(start)]
+        assert len(rows) == 1, f"docs/tuning.md has {len(rows)} rows starting {start!r}"
+        cells = [cell.strip().replace("**", "") for cell in rows[0].split("|")[3:-1]]
+        for run, r in kept_runs(f"wikitext2-methods/{folder}").items():
+            if r["family"] != "decoder":
+                continue
+            kept = "average" if "average" in r["selected_by"] else f"{r['selected_step']:,}"
+            figures = [f"{r['train_steps']:,} ({kept})",
+                       f"{r['validation_perplexity']:.1f} / {r['test_perplexity']:.1f}"]
+            at = columns[run]
+            assert cells[at:at + 2] == figures, f"{start} under {run}: {cells[at:at + 2]} against {figures}"
+
+
 def test_the_readme_quotes_the_results_files_and_their_machines():
     """The README's perplexities are those of the runs it names (the command it shows and its gated linear sibling at
     the defaults, two seeds; the plain training's; the grid's for the command and its best), with the machine,
