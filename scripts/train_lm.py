@@ -293,18 +293,24 @@ def describe_model(model, model_args):
 def describe_training(model, training_args, length, data_args):
     """The sizes and hyper-parameters a tuning table compares (all_results.json `hyperparameters`), the training
     methods among them: the optimizer (with Muon: how many parameters it trains, its learning-rate adjustment and
-    momentum) and the warmup-stable-decay schedule's decay fraction."""
+    momentum) and the warmup-stable-decay schedule's decay fraction. A run that only evaluates records the sizes: no
+    optimizer, schedule or learning rate acted on its weights (nor does its card name any)."""
     config, hidden = model.config, hidden_matrix_names(model)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_self_attends_per_block", None)
-    return {
+    sizes = {
         "hidden_size": config.hidden_size,
         "layers": layers,
         "dropout": config.hidden_dropout_prob,
         "attention_dropout": config.attention_probs_dropout_prob,
         "sequence_length": length,
         "target_length": getattr(config, "target_length", None) if config.windowed_heads else None,
-        "examples_per_step": tokens_per_step(training_args, length) // length,
         "seed": training_args.seed,
+    }
+    if not training_args.do_train:
+        return sizes
+    return {
+        **sizes,
+        "examples_per_step": tokens_per_step(training_args, length) // length,
         "learning_rate": training_args.learning_rate,
         "weight_decay": training_args.weight_decay,
         "warmup_steps": training_args.warmup_steps,
@@ -481,7 +487,8 @@ def run(model_args, data_args, training_args, command):
     say(f"[train_lm] {type(model).__name__}: {parameters:,} parameters (preset {model_args.preset}{untuned}), "
         f"{len(train_dataset):,} training examples of {length} tokens, max_steps={trainer.args.max_steps}, "
         f"{environment['precision']}, {torch.get_num_threads()} threads")
-    say(f"[train_lm] {training_methods(data_args, training_args)}")
+    if training_args.do_train:
+        say(f"[train_lm] {training_methods(data_args, training_args)}")
     if environment["gpu_name"]:
         optim = getattr(training_args.optim, "value", training_args.optim)
         say(f"[train_lm] {environment['gpu_name']} x {training_args.world_size}: optim {optim}, "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 import hf_settransformer
 from hf_settransformer import toolkit
@@ -508,6 +509,13 @@ def test_a_run_writes_its_card_whenever_it_trains_with_what_it_measured(tmp_path
                      extra=["--model_name_or_path", tmp_path / "validated"])
     results = json.loads((tmp_path / "evaluated" / "all_results.json").read_text())
     assert evaluated is None and results["validation_perplexity"] > 0 and "train_tokens" not in results
+    # no optimizer, schedule or learning rate acted on its weights: none recorded, so the card a push writes names none
+    hyper = results["hyperparameters"]
+    assert hyper["sequence_length"] == 16 and not {"optimizer", "learning_rate", "decay_fraction"} & set(hyper)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "validated")
+    card = toolkit.write_lm_model_card(tmp_path / "evaluated", model, results, 16, "evaluated", results["command"])
+    text = card.read_text()
+    assert "| validation perplexity |" in text and "Muon" not in text and "warmup-stable-decay" not in text
 
 
 LOAD_TOKENIZER = """
