@@ -345,9 +345,9 @@ def _relative_output_dir(command):
     """`command` with an absolute `--output_dir` (any spelling: `--output-dir`, `=value`) cut to the folder's name."""
     words = command.split()
     for i, word in enumerate(words):
-        flag, given, value = word.partition("=")
-        if "--" + flag[2:].replace("-", "_") != "--output_dir":
+        if _flag_name(word) != "--output_dir":
             continue
+        flag, given, value = word.partition("=")
         at = i if given else i + 1  # the word holding the path
         path = Path(value if given else words[at] if at < len(words) else "")
         if path.is_absolute():
@@ -355,13 +355,17 @@ def _relative_output_dir(command):
     return " ".join(words)
 
 
+def _flag_name(word):
+    """The flag a command word gives, spelt with underscores (`--output-dir=x` is `--output_dir`), or None."""
+    return "--" + word[2:].split("=", 1)[0].replace("-", "_") if word.startswith("--") else None
+
+
 def _data_flag(word):
     """The train_lm.py data flag `word` gives (`--train_file`, `--train-file=x`, or a prefix argparse accepts), or
     None."""
-    name = word.split("=", 1)[0].replace("-", "_")
-    if not word.startswith("--") or len(name) < 3:
+    name = _flag_name(word)
+    if name is None or len(name) < 3:
         return None
-    name = "--" + name[2:]
     matches = [flag for flag in _DATA_FLAGS if flag.startswith(name)]
     return matches[0] if len(matches) == 1 else None
 
